@@ -1,0 +1,78 @@
+"""bstar: how many sequences should your LLM server batch at once?
+
+The library API (a notebook imports this; the CLI is a thin layer over it). Heavy parts
+(numpy-based cost model, fitting, HTTP, plotting) load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; resolved lazily so `import bstar` stays light.
+_EXPORTS = {
+    "BstarError": "bstar.errors",
+    "ModelSpec": "bstar.specs.model", "from_hf_config": "bstar.specs.model",
+    "GpuSpec": "bstar.specs.gpu", "get_gpu": "bstar.specs.gpu", "gpu_catalog": "bstar.specs.gpu",
+    "get_model": "bstar.specs.presets", "model_index": "bstar.specs.presets",
+    "Precision": "bstar.specs.precision", "get_precision": "bstar.specs.precision",
+    "Deployment": "bstar.roofline", "Efficiency": "bstar.roofline", "IDEAL": "bstar.roofline",
+    "decode_step": "bstar.roofline", "curve": "bstar.roofline", "b_star": "bstar.roofline",
+    "b_mem": "bstar.roofline", "compute_crossover": "bstar.roofline",
+    "Recommendation": "bstar.recommend", "recommend": "bstar.recommend",
+    "Plan": "bstar.plan", "make_plan": "bstar.plan",
+}
+__all__ = [
+    "IDEAL",
+    "BstarError",
+    "Deployment",
+    "Efficiency",
+    "GpuSpec",
+    "ModelSpec",
+    "Plan",
+    "Precision",
+    "Recommendation",
+    "__version__",
+    "b_mem",
+    "b_star",
+    "compute_crossover",
+    "curve",
+    "decode_step",
+    "from_hf_config",
+    "get_gpu",
+    "get_model",
+    "get_precision",
+    "gpu_catalog",
+    "make_plan",
+    "model_index",
+    "recommend",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bstar.errors import BstarError
+    from bstar.plan import Plan, make_plan
+    from bstar.recommend import Recommendation, recommend
+    from bstar.roofline import (
+        IDEAL,
+        Deployment,
+        Efficiency,
+        b_mem,
+        b_star,
+        compute_crossover,
+        curve,
+        decode_step,
+    )
+    from bstar.specs.gpu import GpuSpec, get_gpu, gpu_catalog
+    from bstar.specs.model import ModelSpec, from_hf_config
+    from bstar.specs.precision import Precision, get_precision
+    from bstar.specs.presets import get_model, model_index
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'bstar' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(mod), name)

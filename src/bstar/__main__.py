@@ -1,0 +1,5 @@
+import sys
+
+from bstar.cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""The `bstar` command: a thin argparse layer over the library.
+
+Start-up stays light (`bstar --help` imports no numpy, plotting or HTTP stack): each command
+module registers its arguments with the standard library only and imports the heavy parts
+inside its `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from bstar import __version__
+from bstar.errors import BstarError
+
+# (command, module under bstar.commands, one-line help). Order is the order of `--help`.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("plan", "plan", "cost model for one model x GPU x context(s), with a recommendation"),
+    ("compare", "plan", "B*, B_mem and the recommendation for several models/GPUs/contexts"),
+    ("models", "plan", "list the bundled model presets"),
+    ("gpus", "plan", "list the bundled GPU catalog"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bstar",
+        description="How many sequences should your LLM server batch at once? Roofline cost "
+                    "model, fits of measured points, live sweeps and simulation.")
+    parser.add_argument("--version", action="version", version=f"bstar {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_ in COMMANDS:
+        mod = importlib.import_module(f"bstar.commands.{module}")
+        p = sub.add_parser(name, help=help_, description=help_)
+        getattr(mod, f"add_{name}_arguments")(p)
+        p.set_defaults(_run=f"{module}:run_{name}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    module, func = args._run.split(":")
+    run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
+    try:
+        return int(run(args) or 0)
+    except BstarError as e:
+        print(f"bstar: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bstar: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Argument helpers shared by commands. Standard library only: imported at start-up."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def _list_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
+    def parse(text: str) -> list[T]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}")
+        out = []
+        for s in items:
+            try:
+                out.append(kind(s))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{s!r} is not {what}") from None
+        return out
+    return parse
+
+
+def _int_token(s: str) -> int:
+    # Accept 2048, 2_048, 2k, 8K, 1M for token counts and batch sizes.
+    t = s.lower().replace("_", "")
+    mult = 1
+    if t.endswith("k"):
+        t, mult = t[:-1], 1024
+    elif t.endswith("m"):
+        t, mult = t[:-1], 1024 * 1024
+    return int(t) * mult
+
+
+int_list = _list_of(_int_token, "an integer")
+float_list = _list_of(float, "a number")
+str_list = _list_of(str, "a name")
+
+
+def positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {s}")
+    return v
+
+
+def non_negative_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {s}")
+    return v
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = _int_token(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {s}")
+    return v
+
+
+def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """--model/--gpu/--num-gpus/precision/memory/efficiency flags (DESIGN.md contract)."""
+    g = p.add_argument_group("model and hardware")
+    if many:
+        g.add_argument("--model", type=str_list, default=None,
+                       help="preset names or config.json paths, comma-separated")
+        g.add_argument("--gpu", type=str_list, default=None,
+                       help="GPU catalog ids or GPU files (TOML/JSON), comma-separated")
+    else:
+        g.add_argument("--model", default=None,
+                       help="preset name, config.json (or its folder), or hub id when online "
+                            "(default: llama-3-8b)")
+        g.add_argument("--gpu", default=None,
+                       help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
+    g.add_argument("--num-gpus", type=positive_int, default=1,
+                   help="tensor-parallel degree (default: 1)")
+    g.add_argument("--dtype", default="",
+                   help="weight precision: bf16, fp16, fp8, int8, int4 (W4A16, group 128) "
+                        "(default: the checkpoint's)")
+    g.add_argument("--kv-dtype", default="bf16", help="KV cache precision: bf16, fp16, fp8")
+    g.add_argument("--gpu-util", type=positive_float, default=0.9,
+                   help="fraction of GPU memory the engine may use (vLLM "
+                        "--gpu-memory-utilization; default 0.9)")
+    g.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
+                   help="per-GPU memory kept for activations, CUDA graphs and context, GiB "
+                        "(default 2)")
+    g.add_argument("--block-size", type=positive_int, default=16,
+                   help="KV cache block size in tokens (default 16)")
+    e = p.add_argument_group("efficiency (stated defaults; replace by calibration)")
+    e.add_argument("--bw-eff", type=positive_float, default=None,
+                   help="achieved fraction of peak HBM bandwidth (default 0.70)")
+    e.add_argument("--flops-eff", type=positive_float, default=None,
+                   help="achieved fraction of dense peak FLOP/s (default 0.60)")
+    e.add_argument("--overhead-ms", type=non_negative_float, default=None,
+                   help="per-step overhead, ms (default 0.5)")
+    e.add_argument("--overhead-per-seq-us", type=non_negative_float, default=None,
+                   help="per-step overhead per sequence, us (default 5)")
+    e.add_argument("--ideal", action="store_true",
+                   help="pure roofline: efficiencies 1, no overhead (the seeds' arithmetic)")

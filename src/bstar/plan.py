@@ -1,0 +1,162 @@
+"""`bstar plan` as a library call: one serializable result; renderers live elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.recommend import Recommendation, engine_flags, recommend
+
+DEFAULT_MODEL = "llama-3-8b"
+DEFAULT_GPU = "a100-80gb-sxm"
+DEFAULT_CONTEXTS = (512, 2048, 8192)
+MAX_CONTEXT = 10_000_000
+MAX_BATCH = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPlan:
+    context_tokens: int
+    kv_bytes_per_seq: int
+    kv_bytes_per_seq_allocated: int
+    b_star: float
+    b_star_read: float | None
+    b_mem: int
+    compute_crossover_batch: float | None
+    tpot_floor_s: float
+    curve: rl.Curve
+    recommendation: Recommendation
+    flags: dict[str, str]
+    prefill_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.curve
+        return {
+            "context_tokens": self.context_tokens,
+            "kv_bytes_per_seq": self.kv_bytes_per_seq,
+            "kv_bytes_per_seq_allocated_per_gpu": self.kv_bytes_per_seq_allocated,
+            "b_star": self.b_star,
+            "b_star_weights_read": self.b_star_read,
+            "b_mem": self.b_mem,
+            "compute_crossover_batch": self.compute_crossover_batch,
+            "tpot_floor_ms": self.tpot_floor_s * 1e3,
+            "prefill_ms": self.prefill_s * 1e3,
+            "curve": [
+                {"batch": int(c.batch[i]), "step_ms": float(c.step_s[i] * 1e3),
+                 "amortized_ms_per_token": float(c.amortized_s_per_token[i] * 1e3),
+                 "throughput_tok_s": float(c.throughput_tok_s[i]),
+                 "arithmetic_intensity": float(c.arithmetic_intensity[i]),
+                 "regime": c.regime[i],
+                 "tpot_ms": float(c.tpot_s[i] * 1e3),
+                 "running_batch": int(c.running_batch[i])}
+                for i in range(c.batch.size)],
+            "recommendation": {"max_num_seqs": self.recommendation.max_num_seqs,
+                               "reason": self.recommendation.reason,
+                               "bound": self.recommendation.bound,
+                               "flags": self.flags},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    deployment: rl.Deployment
+    weight_bytes: int
+    weight_bytes_per_gpu: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    contexts: tuple[ContextPlan, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.deployment
+        m, e = d.model, d.eff
+        return {
+            "model": m.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "ridge_flops_per_byte": d.gpu.ridge_flops_per_byte,
+            "contexts": [c.to_dict() for c in self.contexts],
+            "num_params": m.num_params, "num_active_params": m.num_active_params,
+            "attention": m.attention_kind, "weight_dtype": d.weight.name,
+            "kv_dtype": d.kv.name, "gpu_memory_bytes": d.gpu.memory_bytes,
+            "gpu_util": d.gpu_util, "reserve_bytes": d.reserve_bytes,
+            "kv_pool_bytes_per_gpu": self.kv_pool_bytes,
+            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
+            "efficiency": {"bandwidth": e.bandwidth, "compute": e.compute,
+                           "overhead_ms": e.overhead_s * 1e3,
+                           "overhead_per_seq_ms": e.overhead_per_seq_s * 1e3,
+                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3},
+            "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": 2**30,
+                      "tpot_ms": "per-request time between tokens (= step time)",
+                      "amortized_ms_per_token": "step time / batch = 1 / throughput "
+                                                "(seed 000's 'TPOT' curve)"},
+        }
+
+
+def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:
+    if not contexts:
+        raise BstarError("give at least one context length")
+    for c in contexts:
+        if not 1 <= c <= MAX_CONTEXT:
+            raise BstarError(f"context length must be in 1..{MAX_CONTEXT:,} tokens, got {c}")
+
+
+def check_batches(batches: list[int] | tuple[int, ...]) -> None:
+    for b in batches:
+        if not 1 <= b <= MAX_BATCH:
+            raise BstarError(f"batch size must be in 1..{MAX_BATCH:,}, got {b}")
+
+
+def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
+              batches: list[int] | None = None, max_tpot_ms: float | None = None,
+              input_tokens: int | None = None) -> Plan:
+    """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation.
+
+    `context_tokens` is the KV each running sequence holds (prompt + generated so far; the
+    seeds' seq_len). `input_tokens` (default: the context) sizes the prefill estimate.
+    """
+    check_contexts(contexts)
+    if batches is not None:
+        check_batches(batches)
+    if max_tpot_ms is not None and not max_tpot_ms > 0:
+        raise BstarError(f"--max-tpot-ms must be positive, got {max_tpot_ms}")
+    out = []
+    for ctx in contexts:
+        bm = rl.b_mem(d, ctx)
+        if bm < 1:
+            need = rl.min_gpus_that_fit(d, ctx)
+            pool = rl.kv_pool_bytes(d)
+            raise BstarError(
+                f"{d.model.name} does not fit on {d.num_gpus} x {d.gpu.id} at {ctx} tokens: "
+                f"weights {rl.weight_bytes_per_gpu(d) / 1e9:.2f} GB per GPU, KV pool "
+                f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / 2**30:.2f} GiB x "
+                f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / 2**30:.2f} GiB), one "
+                f"sequence needs {rl.kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
+                + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
+                   if need else "no tensor-parallel size up to 64 fits"))
+        bs = batches if batches is not None else rl.default_batches(bm)
+        c = rl.curve(d, bs, ctx)
+        bstar = rl.b_star(d, ctx)
+        cross = rl.compute_crossover(d, ctx)
+        sla_b = None
+        tpot1 = None
+        if max_tpot_ms is not None:
+            grid = np.arange(1, bm + 1)
+            tp = rl.curve(d, grid, ctx).tpot_s * 1e3
+            ok = np.flatnonzero(tp <= max_tpot_ms)
+            sla_b = int(grid[ok[-1]]) if ok.size else None
+            tpot1 = float(tp[0])
+        rec = recommend(bstar, bm, cross, sla_b, max_tpot_ms, tpot1)
+        out.append(ContextPlan(
+            context_tokens=ctx, kv_bytes_per_seq=rl.kv_bytes_per_seq(d, ctx),
+            kv_bytes_per_seq_allocated=rl.kv_bytes_per_seq_allocated(d, ctx),
+            b_star=bstar, b_star_read=rl.b_star_read(d, ctx), b_mem=bm,
+            compute_crossover_batch=cross, tpot_floor_s=rl.tpot_floor_s(d, ctx), curve=c,
+            recommendation=rec,
+            flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
+            prefill_s=rl.prefill_s(d, input_tokens or ctx)))
+    return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
+                rl.kv_pool_bytes(d), tuple(out))

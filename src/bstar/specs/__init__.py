@@ -1,0 +1,1 @@
+"""Model, GPU and precision specs."""

@@ -1,0 +1,122 @@
+"""GpuSpec: datasheet (or measured) figures of one accelerator, and the bundled catalog.
+
+Memory is exact bytes as the device reports it (nvidia-smi's MiB x 2**20): datasheets say
+"80GB" for 81,920 MiB. Bandwidth and FLOP/s are decimal, as datasheets give them.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bstar.errors import BstarError, closest
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    id: str
+    name: str
+    memory_bytes: int
+    hbm_bandwidth_bytes_s: float
+    bf16_flops: float
+    fp16_flops: float = 0.0
+    fp8_flops: float = 0.0
+    int8_ops: float = 0.0
+    interconnect_bytes_s: float = 0.0  # total (both directions) per GPU, as datasheets state
+    vendor: str = ""
+    source: str = ""
+    memory_source: str = ""
+    provenance: str = "datasheet"  # or "measured" (bstar probe)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
+            raise BstarError(f"GPU {self.id!r}: memory_bytes must be a positive integer")
+        for k in ("hbm_bandwidth_bytes_s", "bf16_flops"):
+            if not getattr(self, k) > 0:
+                raise BstarError(f"GPU {self.id!r}: {k} must be positive")
+        for k in ("fp16_flops", "fp8_flops", "int8_ops", "interconnect_bytes_s"):
+            if getattr(self, k) < 0:
+                raise BstarError(f"GPU {self.id!r}: {k} must not be negative")
+
+    def peak_flops(self, compute: str) -> float:
+        """Dense tensor rate for a compute dtype, falling back to 16-bit where the
+        hardware has no faster path (e.g. fp8 on an A100 runs as 16-bit)."""
+        rate = {"bf16": self.bf16_flops, "fp16": self.fp16_flops or self.bf16_flops,
+                "fp8": self.fp8_flops, "int8": self.int8_ops}.get(compute, 0.0)
+        return rate or self.bf16_flops
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Roofline ridge point (Williams et al. 2009): peak BF16 FLOP/s over HBM bytes/s."""
+        return self.bf16_flops / self.hbm_bandwidth_bytes_s
+
+
+_FIELDS = set(GpuSpec.__dataclass_fields__)
+_NUMERIC = {"hbm_bandwidth_bytes_s", "bf16_flops", "fp16_flops", "fp8_flops", "int8_ops",
+            "interconnect_bytes_s"}
+
+
+def gpu_from_mapping(gpu_id: str, d: Mapping[str, Any], where: str) -> GpuSpec:
+    unknown = set(d) - _FIELDS
+    if unknown:
+        raise BstarError(f"{where}: unknown GPU field(s) {', '.join(sorted(unknown))}")
+    for k in ("name", "memory_bytes", "hbm_bandwidth_bytes_s", "bf16_flops"):
+        if k not in d:
+            raise BstarError(f"{where}: GPU {gpu_id!r} is missing {k!r}")
+    kw = dict(d)
+    kw.setdefault("id", gpu_id)
+    mem = kw["memory_bytes"]
+    if isinstance(mem, float) and mem.is_integer():
+        kw["memory_bytes"] = int(mem)
+    if not isinstance(kw["memory_bytes"], int) or isinstance(kw["memory_bytes"], bool):
+        raise BstarError(f"{where}: memory_bytes must be an integer number of bytes")
+    for k in _NUMERIC & set(kw):
+        if isinstance(kw[k], bool) or not isinstance(kw[k], int | float):
+            raise BstarError(f"{where}: {k} must be a number, got {kw[k]!r}")
+        kw[k] = float(kw[k])
+    return GpuSpec(**kw)
+
+
+@cache
+def gpu_catalog() -> dict[str, GpuSpec]:
+    text = resources.files("bstar.presets").joinpath("gpus.toml").read_text()
+    data = tomllib.loads(text)
+    return {k: gpu_from_mapping(k, v, f"gpus.toml [{k}]") for k, v in data.items()}
+
+
+def load_gpu_file(path: Path) -> GpuSpec:
+    """A user GPU file: TOML or JSON, one table in the catalog's schema (optionally under
+    its id, as in the catalog)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise BstarError(f"{path}: cannot read GPU file ({e.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise BstarError(f"{path}: not valid {path.suffix.lstrip('.') or 'TOML'} ({e})") from None
+    if not isinstance(data, dict):
+        raise BstarError(f"{path}: expected a table of GPU fields")
+    if "name" not in data and len(data) == 1 and isinstance(next(iter(data.values())), dict):
+        gpu_id, data = next(iter(data.items()))
+    else:
+        gpu_id = str(data.get("id", path.stem))
+    return gpu_from_mapping(gpu_id, data, str(path))
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """A catalog id (case-insensitive) or a path to a TOML/JSON GPU file."""
+    p = Path(name)
+    if p.suffix in (".toml", ".json") or p.is_file():
+        return load_gpu_file(p)
+    cat = gpu_catalog()
+    key = name.lower().replace("_", "-").replace(" ", "-")
+    if key in cat:
+        return cat[key]
+    raise BstarError(f"unknown GPU {name!r}" + closest(key, cat) + " (see `bstar gpus`)")
