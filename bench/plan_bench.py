@@ -1,0 +1,84 @@
+"""Benchmark of the cost model and the CLI start-up (one command: python bench/plan_bench.py).
+
+Prints medians and ratios measured in this run, since these machines are shared and noisy:
+1. the full curve (batches 1..4096 at three contexts) in-library, against the 20 ms budget
+   and against a per-batch scalar loop over the same model (what vectorizing buys);
+2. `bstar --help` wall time against `python -c pass` on the same interpreter (budget 3x).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.specs.gpu import get_gpu
+from bstar.specs.presets import get_model
+
+CONTEXTS = (512, 2048, 8192)
+BATCHES = np.arange(1, 4097)
+
+
+def full_curve(d: rl.Deployment) -> None:
+    for ctx in CONTEXTS:
+        rl.curve(d, BATCHES, ctx)
+        rl.b_star(d, ctx)
+        rl.compute_crossover(d, ctx)
+
+
+def scalar_loop(d: rl.Deployment) -> None:
+    # One call per batch size: the cost of not vectorizing.
+    for ctx in CONTEXTS:
+        for b in BATCHES[::8]:  # every 8th batch, scaled up by 8 below
+            rl.decode_step(d, [int(b)], ctx)
+
+
+def median_s(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def wall_s(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    d = rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
+    full_curve(d)  # warm caches (catalog parsing, numpy first use)
+    t_vec = median_s(lambda: full_curve(d), 30)
+    t_loop = median_s(lambda: scalar_loop(d), 3) * 8
+    print(f"full curve, {BATCHES.size} batches x {len(CONTEXTS)} contexts: "
+          f"median {t_vec * 1e3:.2f} ms (budget 20 ms, ratio {t_vec / 0.020:.2f}); "
+          f"scalar per-batch loop {t_loop * 1e3:.0f} ms, {t_loop / t_vec:.0f}x slower")
+
+    script = Path(sysconfig.get_path("scripts")) / "bstar"
+    bstar_cmd = [str(script)] if script.exists() else [shutil.which("bstar") or "bstar"]
+    base_cmd = [sys.executable, "-c", "pass"]
+    base, cli = [], []
+    for _ in range(15):  # interleaved so both see the same machine load
+        base.append(wall_s(base_cmd))
+        cli.append(wall_s([*bstar_cmd, "--help"]))
+    ratio = statistics.median(cli) / statistics.median(base)
+    print(f"start-up: python -c pass median {statistics.median(base) * 1e3:.1f} ms, "
+          f"bstar --help median {statistics.median(cli) * 1e3:.1f} ms, ratio {ratio:.2f} "
+          f"(budget 3.0)")
+    ok = t_vec < 0.020 and ratio < 3.0
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
