@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("compare", "plan", "B*, B_mem and the recommendation for several models/GPUs/contexts"),
     ("models", "plan", "list the bundled model presets"),
     ("gpus", "plan", "list the bundled GPU catalog"),
+    ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
 )
 
 

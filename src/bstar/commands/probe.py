@@ -1,0 +1,61 @@
+"""`bstar probe -o FILE`: measure this machine and write a GPU file (catalog schema)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bstar.commands.common import positive_int
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="GPU file to write (TOML; use it with --gpu FILE)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="what to measure: CUDA device 0 when torch sees one (auto), or the CPU")
+    p.add_argument("--copy-mib", type=positive_int, default=None,
+                   help="size of the copied array, MiB (default 512 on CPU, 2048 on CUDA)")
+    p.add_argument("--gemm-n", type=positive_int, default=None,
+                   help="side of the square GEMM (default 2048 on CPU, 8192 on CUDA)")
+    p.add_argument("--repeats", type=positive_int, default=7,
+                   help="timed runs of each measurement; the median is kept (default 7)")
+    p.add_argument("--json", action="store_true", help="print the written fields as JSON")
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    from bstar import probe as pr
+    from bstar.errors import BstarError
+    from bstar.specs.gpu import load_gpu_file
+
+    if args.output.suffix not in ("", ".toml"):
+        raise BstarError(f"{args.output}: bstar probe writes TOML; name the file *.toml")
+    if args.device == "cuda" and not pr.cuda_available():
+        raise BstarError("--device cuda: torch with a CUDA device is not importable here")
+    sizes: dict[str, int] = {"repeats": args.repeats}
+    if args.copy_mib:
+        sizes["copy_bytes"] = args.copy_mib << 20
+    if args.gemm_n:
+        sizes["gemm_n"] = args.gemm_n
+    result = pr.probe(args.device, **sizes)
+    try:
+        args.output.write_text(result.to_toml())
+    except OSError as e:
+        raise BstarError(f"{args.output}: cannot write ({e.strerror})") from None
+    gpu = load_gpu_file(args.output)  # what every command will read back
+    if args.json:
+        print(json.dumps({"file": str(args.output), **result.gpu_mapping(),
+                          "bandwidth_runs_bytes_s": list(result.bandwidth.runs),
+                          "matmul_runs_flops": {k: list(m.runs)
+                                                for k, m in result.matmul.items()},
+                          "elapsed_s": result.elapsed_s}, indent=2))
+        return 0
+    print(f"{gpu.name} ({result.device}, {result.threads} threads), {result.elapsed_s:.1f} s")
+    print(f"  memory     {gpu.memory_bytes / 2**30:.1f} GiB ({result.memory_how})")
+    print(f"  bandwidth  {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s  (runs spread "
+          f"{result.bandwidth.spread:.0%}; {result.bandwidth.how})")
+    for k, m in result.matmul.items():
+        print(f"  {k} GEMM  {m.median / 1e9:.1f} GFLOP/s  (runs spread {m.spread:.0%})")
+    print(f"  ridge      {gpu.ridge_flops_per_byte:.1f} FLOP/byte")
+    print(f"wrote {args.output} (id {gpu.id}); use it with --gpu {args.output}")
+    return 0

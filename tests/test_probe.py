@@ -1,0 +1,76 @@
+"""bstar probe: the measurement arithmetic, and a written file every command can load."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bstar import probe as pr
+from bstar.cli import main
+from bstar.specs.gpu import get_gpu
+
+
+def test_copy_counts_read_and_write_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock that advances 0.25 s per call: each timed copy then takes exactly 0.25 s,
+    # so the rate must be (bytes read + bytes written) / 0.25.
+    ticks = itertools.count(0.0, 0.25)
+    monkeypatch.setattr(pr.time, "perf_counter", lambda: next(ticks))
+    copy_bytes = 4 << 20
+    m = pr.cpu_bandwidth(copy_bytes, repeats=3, threads=2)
+    assert len(m.runs) == 3
+    assert m.median == pytest.approx(2 * copy_bytes / 0.25)
+
+
+def test_gemm_counts_two_n_cubed(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = itertools.count(0.0, 0.5)
+    monkeypatch.setattr(pr.time, "perf_counter", lambda: next(ticks))
+    m = pr.cpu_matmul(64, repeats=2)
+    assert m.median == pytest.approx(2 * 64**3 / 0.5)
+
+
+def test_median_resists_one_slow_run() -> None:
+    m = pr.Measurement("bw", "bytes/s", (10.0, 11.0, 1.0, 10.5, 9.5), "test")
+    assert m.median == 10.0
+    assert m.spread == pytest.approx((11.0 - 1.0) / 10.0)
+
+
+def test_probe_writes_a_gpu_file_every_command_loads(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "here.toml"
+    rc = main(["probe", "-o", str(out), "--device", "cpu", "--copy-mib", "8", "--gemm-n",
+               "128", "--repeats", "3", "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    gpu = get_gpu(str(out))
+    assert gpu.provenance == "measured"
+    assert "bstar probe" in gpu.source
+    assert gpu.hbm_bandwidth_bytes_s == pytest.approx(printed["hbm_bandwidth_bytes_s"])
+    assert gpu.hbm_bandwidth_bytes_s == pytest.approx(
+        sorted(printed["bandwidth_runs_bytes_s"])[1])  # the median of 3 runs
+    assert gpu.memory_bytes == pr.cpu_memory_bytes()[0]
+    assert gpu.bf16_flops > 0
+    # Only catalog fields: the file is also a valid catalog table.
+    assert set(tomllib.loads(out.read_text())) <= {
+        "id", "name", "vendor", "memory_bytes", "memory_source", "hbm_bandwidth_bytes_s",
+        "bf16_flops", "fp16_flops", "provenance", "source"}
+    # The planner uses it like any GPU.
+    assert main(["plan", "--gpu", str(out), "--model", "llama-3-8b", "--context", "512",
+                 "--batch", "1,4", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["gpu"] == gpu.id
+
+
+def test_probe_refuses_cuda_without_torch(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    if pr.cuda_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["probe", "-o", str(tmp_path / "x.toml"), "--device", "cuda"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_probe_refuses_non_toml_output(tmp_path: Path) -> None:
+    assert main(["probe", "-o", str(tmp_path / "x.json")]) == 2
