@@ -155,3 +155,13 @@ def test_bad_settings_are_user_errors() -> None:
         rl.curve(dep(), [0, 4], 512)
     with pytest.raises(BstarError):
         replace(rl.Efficiency(), bandwidth=0)
+
+
+@pytest.mark.parametrize("model", ["gemma-2-9b", "opt-1.3b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_every_family_plans_on_arrays(model: str) -> None:
+    d = dep(model, num_gpus=8, gpu=get_gpu("h200"))
+    r = rl.weight_bytes_read(d, np.array([1.0, 64.0]))
+    assert r.shape == (2,) and np.all(r > 0)
+    assert rl.prefill_s(d, 1024) > 0
+    cv = rl.curve(d, [1, 16, 256], 2048)
+    assert np.all(np.diff(cv.throughput_tok_s) >= 0)

@@ -18,7 +18,7 @@ def console() -> Console:
     import sys
 
     # Piped output would wrap at rich's 80-column default and break tables; widen it.
-    width = None if sys.stdout.isatty() else 140
+    width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
@@ -47,6 +47,8 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
                  else "none (memory-bound at any batch)")
         c.print(f"[bold]context {cp.context_tokens} tokens[/]: KV per sequence "
                 f"{fmt_bytes(cp.kv_bytes_per_seq)}")
+        for w in cp.warnings:
+            c.print(f"  [yellow]warning: {w}[/]")
         c.print(f"  B* = W / kv_per_seq = [bold]{cp.b_star:.1f}[/]   B_mem = [bold]{cp.b_mem}"
                 f"[/]   compute crossover = {cross}")
         c.print(f"  amortized time/token floor (kv_per_seq / BW) = "
@@ -80,7 +82,7 @@ def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> Non
     for col in ("model", "gpu", "attn", "W GB", "KV/token KiB", "context", "KV/seq MiB",
                 "B*", "B_mem", "crossover", "TPOT@1 ms", "max_num_seqs", "bound"):
         t.add_column(col, justify="left" if col in ("model", "gpu", "attn", "bound")
-                     else "right")
+                     else "right", no_wrap=col in ("model", "gpu"))
     for r in rows:
         cross = r["compute_crossover_batch"]
         if not r["fits"]:
@@ -99,6 +101,9 @@ def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> Non
                   f"{cross:.0f}" if cross is not None else "-", f"{r['tpot_batch1_ms']:.2f}",
                   str(r["recommendation"]["max_num_seqs"]), r["recommendation"]["bound"])
     c.print(t)
+    for r in rows:
+        for w in r.get("warnings") or ():
+            c.print(f"[yellow]warning ({r['model']}, {r['context_tokens']} tokens): {w}[/]")
     c.print("[dim]GB = 1e9 bytes; KiB/MiB = 2^10/2^20. crossover: batch where compute "
             "overtakes memory ('-': never).[/]")
 

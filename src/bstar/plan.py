@@ -32,6 +32,7 @@ class ContextPlan:
     recommendation: Recommendation
     flags: dict[str, str]
     prefill_s: float
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         c = self.curve
@@ -45,6 +46,7 @@ class ContextPlan:
             "compute_crossover_batch": self.compute_crossover_batch,
             "tpot_floor_ms": self.tpot_floor_s * 1e3,
             "prefill_ms": self.prefill_s * 1e3,
+            "warnings": list(self.warnings),
             "curve": [
                 {"batch": int(c.batch[i]), "step_ms": float(c.step_s[i] * 1e3),
                  "amortized_ms_per_token": float(c.amortized_s_per_token[i] * 1e3),
@@ -150,6 +152,11 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             sla_b = int(grid[ok[-1]]) if ok.size else None
             tpot1 = float(tp[0])
         rec = recommend(bstar, bm, cross, sla_b, max_tpot_ms, tpot1)
+        warnings = []
+        max_pos = d.model.config.get("max_position_embeddings")
+        if isinstance(max_pos, int) and ctx > max_pos:
+            warnings.append(f"context {ctx} exceeds the model's max_position_embeddings "
+                            f"({max_pos}); engines refuse --max-model-len above it")
         out.append(ContextPlan(
             context_tokens=ctx, kv_bytes_per_seq=rl.kv_bytes_per_seq(d, ctx),
             kv_bytes_per_seq_allocated=rl.kv_bytes_per_seq_allocated(d, ctx),
@@ -157,6 +164,6 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             compute_crossover_batch=cross, tpot_floor_s=rl.tpot_floor_s(d, ctx), curve=c,
             recommendation=rec,
             flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
-            prefill_s=rl.prefill_s(d, input_tokens or ctx)))
+            prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))

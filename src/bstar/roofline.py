@@ -199,10 +199,10 @@ def weight_bytes_read(d: Deployment, batch: IntArray | FloatArray) -> FloatArray
     b = np.asarray(batch, dtype=np.float64)
     m = d.model
     dense, expert, embed = m.weight_bytes_parts(d.weight)
-    if m.tie_word_embeddings:
-        dense += embed  # the table is the LM head: read in full every step
-    else:
-        dense += b * m.hidden_size * 2  # only the B looked-up rows of the input embedding
+    # A tied table is the LM head, read in full every step; an untied input table is only
+    # read for the B looked-up rows.
+    rows = embed + 0.0 * b if m.tie_word_embeddings else b * m.hidden_size * 2
+    dense = dense + rows
     total = dense + (expert * expert_fraction_read(b, m.num_experts_per_tok, m.num_experts)
                      if m.is_moe else 0.0)
     return np.asarray(total / d.num_gpus, dtype=np.float64)

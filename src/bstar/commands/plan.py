@@ -122,6 +122,7 @@ def compare_row(plan: Any, c: Any) -> dict[str, Any]:
             "compute_crossover_batch": c.compute_crossover_batch,
             "tpot_floor_ms": c.tpot_floor_s * 1e3,
             "tpot_batch1_ms": float(c.curve.tpot_s[0] * 1e3),
+            "warnings": list(c.warnings),
             "recommendation": {"max_num_seqs": c.recommendation.max_num_seqs,
                                "reason": c.recommendation.reason,
                                "bound": c.recommendation.bound},
