@@ -22,6 +22,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("models", "plan", "list the bundled model presets"),
     ("gpus", "plan", "list the bundled GPU catalog"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
+    ("calibrate", "calibrate",
+     "fit efficiencies and overheads to measured points; write a calibration profile"),
 )
 
 

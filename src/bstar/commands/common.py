@@ -109,3 +109,6 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    help="per-step overhead per sequence, us (default 5)")
     e.add_argument("--ideal", action="store_true",
                    help="pure roofline: efficiencies 1, no overhead (the seeds' arithmetic)")
+    e.add_argument("--profile", default=None, metavar="FILE",
+                   help="calibration profile from `bstar calibrate`: its efficiencies, "
+                        "overheads and reserve (flags above still override)")

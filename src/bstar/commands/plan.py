@@ -46,6 +46,20 @@ def deployment_from_args(args: argparse.Namespace, model: str | None = None,
     from bstar.specs.presets import get_model
 
     eff = rl.IDEAL if args.ideal else rl.Efficiency()
+    reserve_gib = args.reserve_gib
+    profile_path = getattr(args, "profile", None)
+    if profile_path:
+        from bstar.calibrate import load_profile
+        from bstar.errors import BstarError
+
+        if args.ideal:
+            raise BstarError("--ideal and --profile contradict each other; give one")
+        prof = load_profile(profile_path)
+        eff = prof.eff
+        # The profile's reserve (from an engine log) applies unless --reserve-gib is set
+        # to something other than its default.
+        if prof.reserve_bytes is not None and reserve_gib == 2.0:
+            reserve_gib = prof.reserve_bytes / 2**30
     over: dict[str, float] = {}
     if args.bw_eff is not None:
         over["bandwidth"] = args.bw_eff
@@ -58,11 +72,18 @@ def deployment_from_args(args: argparse.Namespace, model: str | None = None,
     if over:
         from dataclasses import replace
         eff = replace(eff, **over)
-    return rl.Deployment(
+    d = rl.Deployment(
         model=get_model(model or args.model or plan_mod.DEFAULT_MODEL),
         gpu=get_gpu(gpu or args.gpu or plan_mod.DEFAULT_GPU), num_gpus=args.num_gpus,
         weight_dtype=args.dtype, kv_dtype=args.kv_dtype, gpu_util=args.gpu_util,
-        reserve_bytes=round(args.reserve_gib * 2**30), block_tokens=args.block_size, eff=eff)
+        reserve_bytes=round(reserve_gib * 2**30), block_tokens=args.block_size, eff=eff)
+    if profile_path and prof.gpu and prof.gpu != d.gpu.id:
+        import sys
+
+        # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
+        print(f"bstar: warning: profile {profile_path} was calibrated on {prof.gpu}, "
+              f"applied to {d.gpu.id}", file=sys.stderr)
+    return d
 
 
 def run_plan(args: argparse.Namespace) -> int:

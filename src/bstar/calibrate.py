@@ -1,0 +1,538 @@
+"""Calibrate the cost model to measured decode steps: efficiencies and per-step overhead.
+
+The roofline (bstar.roofline) predicts a decode step at batch B and context s as
+
+    step_s = max(bytes(B, s) / (BW * eta_bw), flops(B, s) / (peak * eta_fl))
+             + comm_s(B) + overhead_s + overhead_per_seq_s * B
+
+Bytes, FLOPs and communication are exact for a given model and deployment; what a real
+engine on real hardware adds is captured by four numbers: eta_bw, eta_fl, overhead_s and
+overhead_per_seq_s. This module fits them to measured (B, s, step time) points by robust
+nonlinear least squares on the log of the step time (relative errors: a 10% miss at batch
+1 counts as much as at batch 64), within bounds (efficiencies in (0, 1], overheads >= 0),
+and reports each parameter's 1-sigma uncertainty and every point's residual.
+
+Identifiability, stated rather than hidden: a parameter whose term never sets any point's
+step time (eta_fl when every point is memory-bound) has a zero column in the Jacobian; it
+is reported as not identified and keeps its prior value where the points allow; parameters
+in an exact trade-off (a null direction of the Jacobian) are reported as tied. Compute
+efficiency and the per-sequence overhead are both linear in B and separate only through
+the kink of the max (and through context length or model size); their correlation is
+reported.
+
+Pure: no I/O here beyond `load_profile` (a small TOML reader, the mirror of `profile_toml`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+
+PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
+# Fitting happens in these units so that all parameters are O(0.01..1).
+_SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_seq_s": 1e-6}
+_LOWER = {"bandwidth": 1e-3, "compute": 1e-3, "overhead_s": 0.0, "overhead_per_seq_s": 0.0}
+_UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": math.inf,
+          "overhead_per_seq_s": math.inf}
+# soft_l1 loss scale on log residuals: points off by more than ~5% weigh progressively less,
+# so one stalled level (a prefill landing in the window, a noisy neighbour) cannot drag the fit.
+ROBUST_SCALE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One measured decode condition: `batch` sequences decoding together, each holding
+    about `context_tokens` of KV, one step taking `step_s` (= per-request TPOT/ITL)."""
+
+    batch: int
+    context_tokens: int
+    step_s: float
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise BstarError(f"point {self.label or ''}: batch must be at least 1, "
+                             f"got {self.batch}")
+        if self.context_tokens < 1:
+            raise BstarError(f"point {self.label or ''}: context_tokens must be at least 1")
+        if not (self.step_s > 0 and math.isfinite(self.step_s)):
+            raise BstarError(f"point {self.label or ''}: step time must be a positive number, "
+                             f"got {self.step_s}")
+
+
+def points_from_rows(rows: Sequence[Mapping[str, Any]], default_context: int | None,
+                     where: str = "points") -> list[Point]:
+    """Rows as `bstar fit` reads them (batch + tpot_ms and/or throughput_tok_s), plus an
+    optional context_tokens column. TPOT (per request) is the step time; without it the
+    step time is batch / throughput, valid when all `batch` sequences decode together."""
+    out = []
+    for i, r in enumerate(rows, 1):
+        label = f"{where} row {i}"
+        try:
+            batch = int(float(r["batch"]))
+        except (KeyError, TypeError, ValueError):
+            raise BstarError(f"{label}: needs a numeric 'batch'") from None
+        ctx_raw = r.get("context_tokens")
+        if ctx_raw in (None, ""):
+            if default_context is None:
+                raise BstarError(f"{label}: no context_tokens column; give --context N "
+                                 "(the tokens each sequence holds while decoding)")
+            ctx = default_context
+        else:
+            ctx = int(float(ctx_raw))
+        tpot = r.get("tpot_ms")
+        tput = r.get("throughput_tok_s")
+        if tpot in (None, "") and tput in (None, ""):
+            raise BstarError(f"{label}: needs tpot_ms or throughput_tok_s")
+        try:
+            step_s = float(tpot) / 1e3 if tpot not in (None, "") else batch / float(tput)
+        except (TypeError, ValueError, ZeroDivisionError):
+            raise BstarError(f"{label}: tpot_ms / throughput_tok_s must be numbers") from None
+        out.append(Point(batch, ctx, step_s, label))
+    return out
+
+
+# ---- the model as a function of the four parameters ------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """Per point, the parts of the step time that do not depend on the parameters:
+    memory and compute time at efficiency 1, and communication."""
+
+    batch: np.ndarray
+    memory_s: np.ndarray
+    compute_s: np.ndarray
+    comm_s: np.ndarray
+
+
+def _terms(d: rl.Deployment, points: Sequence[Point]) -> _Terms:
+    # The roofline itself computes the terms: at efficiency 1 and zero overhead, memory_s
+    # and compute_s are exactly bytes / BW and FLOPs / peak.
+    ideal = d.with_eff(replace(rl.IDEAL, allreduce_latency_s=d.eff.allreduce_latency_s))
+    mem, comp, comm = (np.empty(len(points)) for _ in range(3))
+    for i, p in enumerate(points):
+        c = rl.decode_step(ideal, [p.batch], p.context_tokens)
+        mem[i], comp[i], comm[i] = c.memory_s[0], c.compute_s[0], c.comm_s[0]
+    return _Terms(np.array([p.batch for p in points], dtype=np.float64), mem, comp, comm)
+
+
+def _step_s(t: _Terms, v: Mapping[str, float]) -> np.ndarray:
+    return (np.maximum(t.memory_s / v["bandwidth"], t.compute_s / v["compute"]) + t.comm_s
+            + v["overhead_s"] + v["overhead_per_seq_s"] * t.batch)
+
+
+def predict_step_s(d: rl.Deployment, points: Sequence[Point]) -> np.ndarray:
+    """The deployment's predicted step time at each point (its own efficiencies)."""
+    return np.array([float(rl.decode_step(d, [p.batch], p.context_tokens).step_s[0])
+                     for p in points])
+
+
+# ---- results ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ParamFit:
+    name: str
+    value: float
+    std: float | None  # 1 sigma; None unless status is "fitted"
+    # "fitted"; "fixed" (not asked for); "unset" (its term sets no step time), "tied" (in an
+    # exact trade-off with other parameters), "at-bound": not identified by the points.
+    status: str
+    prior: float
+
+    @property
+    def fitted(self) -> bool:
+        return self.status != "fixed"
+
+    @property
+    def identified(self) -> bool:
+        return self.status == "fitted"
+
+
+@dataclass(frozen=True, slots=True)
+class PointFit:
+    batch: int
+    context_tokens: int
+    measured_ms: float
+    predicted_ms: float
+    uncalibrated_ms: float
+    bound: str  # "memory" or "compute": which roof sets the calibrated step
+    label: str = ""
+
+    @property
+    def rel_error(self) -> float:
+        return self.predicted_ms / self.measured_ms - 1.0
+
+    @property
+    def uncalibrated_rel_error(self) -> float:
+        return self.uncalibrated_ms / self.measured_ms - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    eff: rl.Efficiency
+    params: dict[str, ParamFit]
+    points: tuple[PointFit, ...]
+    correlation: dict[str, float]  # "a/b" -> correlation of two fitted parameters
+    model: str
+    gpu: str
+    weight_dtype: str
+    kv_dtype: str
+    num_gpus: int
+    engine: str = ""
+    engine_version: str = ""
+    source: str = ""
+    reserve_bytes: int | None = None  # from a vLLM log, when given
+    kv_pool_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(np.median([abs(p.rel_error) for p in self.points]))
+
+    @property
+    def max_abs_error(self) -> float:
+        return float(max(abs(p.rel_error) for p in self.points))
+
+    @property
+    def uncalibrated_median_abs_error(self) -> float:
+        return float(np.median([abs(p.uncalibrated_rel_error) for p in self.points]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "gpu": self.gpu, "num_gpus": self.num_gpus,
+            "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
+            "engine": self.engine, "engine_version": self.engine_version,
+            "source": self.source,
+            "efficiency": _eff_dict(self.eff),
+            "params": {k: {"value": p.value, "std": p.std, "status": p.status,
+                           "prior": p.prior} for k, p in self.params.items()},
+            "correlation": self.correlation,
+            "median_abs_error": self.median_abs_error,
+            "max_abs_error": self.max_abs_error,
+            "uncalibrated_median_abs_error": self.uncalibrated_median_abs_error,
+            "reserve_bytes": self.reserve_bytes, "kv_pool_bytes": self.kv_pool_bytes,
+            "points": [{"batch": p.batch, "context_tokens": p.context_tokens,
+                        "measured_ms": p.measured_ms, "predicted_ms": p.predicted_ms,
+                        "rel_error": p.rel_error, "uncalibrated_ms": p.uncalibrated_ms,
+                        "uncalibrated_rel_error": p.uncalibrated_rel_error,
+                        "bound": p.bound} for p in self.points],
+            "notes": list(self.notes),
+        }
+
+
+def _eff_dict(e: rl.Efficiency) -> dict[str, float]:
+    return {"bandwidth": e.bandwidth, "compute": e.compute, "overhead_s": e.overhead_s,
+            "overhead_per_seq_s": e.overhead_per_seq_s,
+            "allreduce_latency_s": e.allreduce_latency_s}
+
+
+# ---- the fit ------------------------------------------------------------------------------
+def calibrate(d: rl.Deployment, points: Sequence[Point],
+              fit: Sequence[str] = PARAMS, *, engine: str = "", engine_version: str = "",
+              source: str = "") -> Calibration:
+    """Fit the parameters named in `fit` (a subset of PARAMS) to `points`; the others stay
+    at `d.eff`'s values. Raises BstarError on input that cannot determine the fit."""
+    from scipy.optimize import least_squares
+
+    fit = tuple(dict.fromkeys(fit))
+    bad = [k for k in fit if k not in PARAMS]
+    if bad:
+        raise BstarError(f"cannot fit {', '.join(bad)} (fit any of: {', '.join(PARAMS)})")
+    if not fit:
+        raise BstarError("nothing to fit")
+    if len(points) < len(fit):
+        raise BstarError(f"{len(points)} point(s) cannot determine {len(fit)} parameters "
+                         f"({', '.join(fit)}); measure more batch sizes or fit fewer")
+    terms = _terms(d, points)
+    measured = np.array([p.step_s for p in points])
+    log_measured = np.log(measured)
+    prior = _eff_dict(d.eff)
+
+    def values(x: np.ndarray) -> dict[str, float]:
+        v = {k: prior[k] for k in PARAMS}
+        for k, xi in zip(fit, x, strict=True):
+            v[k] = float(xi) * _SCALE[k]
+        return v
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.log(_step_s(terms, values(x))) - log_measured
+
+    lo = np.array([_LOWER[k] / _SCALE[k] for k in fit])
+    hi = np.array([_UPPER[k] / _SCALE[k] for k in fit])
+    best = None
+    # The max() makes the problem piecewise smooth: start from a few corners and keep the
+    # best, so the result does not depend on which roof the prior happened to favour.
+    for start in _starts(fit, prior, terms, measured):
+        x0 = np.clip(np.array([start[k] / _SCALE[k] for k in fit]), lo + 1e-9,
+                     np.where(np.isfinite(hi), hi - 1e-9, np.inf))
+        r = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1",
+                          f_scale=ROBUST_SCALE, x_scale="jac", max_nfev=2000)
+        if best is None or r.cost < best.cost:
+            best = r
+    assert best is not None
+    x = best.x.copy()
+    jac = np.asarray(best.jac, dtype=np.float64)
+    col = np.linalg.norm(jac, axis=0)
+    unset = col <= 1e-9 * max(1.0, float(col.max(initial=0.0)))
+    # A parameter whose term sets no step time is free over a range; report the prior
+    # when the prior lies in that range (the fit is unchanged), so an unmeasured roof
+    # does not come back as whatever corner the optimiser started from.
+    for i in np.flatnonzero(unset):
+        trial = x.copy()
+        trial[i] = prior[fit[i]] / _SCALE[fit[i]]
+        if 0.5 * float(np.sum(_soft_l1(residuals(trial)))) <= best.cost * (1 + 1e-9) + 1e-15:
+            x = trial
+    v = values(x)
+    eff = replace(d.eff, **{k: v[k] for k in PARAMS})
+    params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, prior,
+                                      lo, hi)
+    cal_d = d.with_eff(eff)
+    pred = predict_step_s(cal_d, points)
+    uncal = predict_step_s(d, points)
+    bound = np.where(terms.compute_s / v["compute"] > terms.memory_s / v["bandwidth"],
+                     "compute", "memory")
+    pfits = tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
+                           float(uncal[i]) * 1e3, str(bound[i]), p.label)
+                  for i, p in enumerate(points))
+    notes = []
+    for k, pf in params.items():
+        if pf.status == "unset":
+            notes.append(f"{k} is not identified: its term sets no point's step time; "
+                         f"reported as {pf.value:g}" + (" (the prior)" if pf.value == prior[k]
+                                                         else ""))
+        elif pf.status == "at-bound":
+            notes.append(f"{k} sits at its bound ({pf.value:g}): the data push it past the "
+                         "model's range; check the GPU figures (probe the device)")
+    if tied:
+        notes.append(f"{', '.join(tied)} trade off exactly against each other in these points "
+                     "(e.g. one context, all memory-bound): their split is arbitrary; add a "
+                     "second context or model, or fix some with --fit")
+    for pair, c in corr.items():
+        if abs(c) > 0.95:
+            notes.append(f"{pair} are {c:+.2f} correlated: the points barely separate them; "
+                         "add other batch sizes, contexts or a second model")
+    return Calibration(eff, params, pfits, corr, d.model.name, d.gpu.id,
+                       d.weight.name, d.kv.name, d.num_gpus, engine, engine_version, source,
+                       notes=tuple(notes))
+
+
+def _starts(fit: Sequence[str], prior: Mapping[str, float], t: _Terms,
+            measured: np.ndarray) -> list[dict[str, float]]:
+    # Efficiencies that would explain the fastest-per-byte and fastest-per-flop points
+    # outright, and the prior: three starts spanning "memory sets it", "compute sets it".
+    bw_hi = float(np.clip(np.max(t.memory_s / measured), 0.01, 1.0))
+    fl_hi = float(np.clip(np.max(t.compute_s / measured), 0.01, 1.0))
+    base = dict(prior)
+    out = [base]
+    for bw, fl in ((bw_hi, fl_hi), (bw_hi, 1.0), (1.0, fl_hi), (0.5 * bw_hi, 0.5 * fl_hi)):
+        s = dict(base)
+        if "bandwidth" in fit:
+            s["bandwidth"] = bw
+        if "compute" in fit:
+            s["compute"] = fl
+        out.append(s)
+    return out
+
+
+def _soft_l1(r: np.ndarray) -> np.ndarray:
+    """least_squares' soft_l1 loss at f_scale ROBUST_SCALE (its cost is half the sum)."""
+    z = (r / ROBUST_SCALE) ** 2
+    return ROBUST_SCALE**2 * 2 * (np.sqrt(1 + z) - 1)
+
+
+def _uncertainty(fit: Sequence[str], x: np.ndarray, jac: np.ndarray, resid: np.ndarray,
+                 unset: np.ndarray, v: Mapping[str, float], prior: Mapping[str, float],
+                 lo: np.ndarray, hi: np.ndarray
+                 ) -> tuple[dict[str, ParamFit], dict[str, float], list[str]]:
+    """Gauss-Newton covariance s^2 (J^T J)^-1 over the identified, interior parameters,
+    with s^2 from the plain (non-robust) log residuals. No sigma where the linearisation
+    says nothing: a parameter at a bound, one whose term sets no step time (zero column),
+    or one in an exact trade-off with others (a null direction of J)."""
+    n = len(resid)
+    at_bound = (np.isclose(x, lo, rtol=1e-6, atol=1e-9)
+                | (np.isfinite(hi) & np.isclose(x, hi, rtol=1e-6, atol=1e-9)))
+    use = ~unset & ~at_bound
+    tied_mask = np.zeros(len(fit), dtype=bool)
+    sub = jac[:, use]
+    if sub.size:
+        _, sv, vt = np.linalg.svd(sub / np.linalg.norm(sub, axis=0), full_matrices=False)
+        null = vt[sv < 1e-6 * sv[0]]
+        if null.size:
+            tied_mask[np.flatnonzero(use)[np.any(np.abs(null) > 0.01, axis=0)]] = True
+            use &= ~tied_mask
+    stds: dict[str, float | None] = {k: None for k in fit}
+    corr: dict[str, float] = {}
+    dof = n - int(use.sum())
+    if use.any() and dof > 0:
+        s2 = float(resid @ resid) / dof
+        cov = np.linalg.pinv(jac[:, use].T @ jac[:, use]) * s2
+        names = [k for k, u in zip(fit, use, strict=True) if u]
+        sd = np.sqrt(np.clip(np.diag(cov), 0, None))
+        for i, k in enumerate(names):
+            stds[k] = float(sd[i]) * _SCALE[k]
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                if sd[i] > 0 and sd[j] > 0:
+                    corr[f"{names[i]}/{names[j]}"] = float(cov[i, j] / (sd[i] * sd[j]))
+    out = {}
+    for k in PARAMS:
+        if k not in fit:
+            out[k] = ParamFit(k, v[k], None, "fixed", prior[k])
+            continue
+        i = fit.index(k)
+        status = ("unset" if unset[i] else "tied" if tied_mask[i]
+                  else "at-bound" if at_bound[i] else "fitted")
+        out[k] = ParamFit(k, v[k], stds[k], status, prior[k])
+    return out, corr, [k for k, t in zip(fit, tied_mask, strict=True) if t]
+
+
+# ---- vLLM start-up log: the KV pool it actually got --------------------------------------
+@dataclass(frozen=True, slots=True)
+class VllmKvLog:
+    kv_cache_bytes: int | None  # "Available KV cache memory: 52.37 GiB" (v1, per GPU)
+    kv_cache_tokens: int | None  # "GPU KV cache size: 433,392 tokens" (v1)
+    gpu_blocks: int | None  # "# GPU blocks: 27084" (v0)
+
+
+_GIB_RE = re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB")
+_TOKENS_RE = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size:\s*([\d,]+)\s*tokens")
+# v0 logs "# GPU blocks: N, # CPU blocks: M"; the CPU blocks there are swap space.
+_BLOCKS_RE = re.compile(r"# GPU blocks:\s*(\d+)")
+
+
+def parse_vllm_log(text: str) -> VllmKvLog:
+    """The KV pool figures a vLLM server logs at start-up (last occurrence wins: a log may
+    hold several starts). Raises BstarError if none is present."""
+    def last(rx: re.Pattern[str]) -> str | None:
+        m = rx.findall(text)
+        return m[-1] if m else None
+
+    gib, tokens, blocks = last(_GIB_RE), last(_TOKENS_RE), last(_BLOCKS_RE)
+    if gib is None and tokens is None and blocks is None:
+        raise BstarError("no KV cache size in this log (looked for 'Available KV cache "
+                         "memory', 'KV cache size: N tokens', '# GPU blocks')")
+    return VllmKvLog(round(float(gib) * 2**30) if gib else None,
+                     int(tokens.replace(",", "")) if tokens else None,
+                     int(blocks) if blocks else None)
+
+
+def kv_pool_from_log(d: rl.Deployment, log: VllmKvLog) -> int:
+    """Per-GPU KV pool bytes: the logged memory when present, else tokens (or blocks) times
+    the deployment's per-GPU KV bytes per token."""
+    if log.kv_cache_bytes is not None:
+        return log.kv_cache_bytes
+    per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
+    tokens = log.kv_cache_tokens if log.kv_cache_tokens is not None \
+        else (log.gpu_blocks or 0) * d.block_tokens
+    return tokens * per_token
+
+
+def reserve_from_kv_pool(d: rl.Deployment, kv_pool_bytes: int) -> int:
+    """The reserve that makes bstar's pool (memory x util - weights - reserve) equal the
+    measured one, so B_mem matches the engine's."""
+    reserve = math.floor(d.gpu.memory_bytes * d.gpu_util) - rl.weight_bytes_per_gpu(d) \
+        - kv_pool_bytes
+    if reserve < 0:
+        raise BstarError(
+            f"the measured KV pool ({kv_pool_bytes / 2**30:.2f} GiB) exceeds memory x util "
+            f"- weights ({(kv_pool_bytes + reserve) / 2**30:.2f} GiB): check --gpu-util, "
+            "--gpu and --dtype against the server's settings")
+    return reserve
+
+
+# ---- the profile file ---------------------------------------------------------------------
+def profile_toml(c: Calibration) -> str:
+    """The calibration profile (TOML): GPU x engine x version, efficiencies, overheads,
+    their uncertainty, the fit quality, the source and every point's residual."""
+    def val(x: Any) -> str:
+        if x is None:
+            return '"n/a"'
+        if isinstance(x, bool):
+            return "true" if x else "false"
+        if isinstance(x, int):
+            return str(x)
+        if isinstance(x, float):
+            return repr(x) if math.isfinite(x) else '"n/a"'
+        return json.dumps(str(x), ensure_ascii=True)
+
+    lines = ["# bstar calibration profile (`bstar calibrate`); use with --profile THIS_FILE",
+             "[profile]"]
+    for k, x in (("gpu", c.gpu), ("engine", c.engine), ("engine_version", c.engine_version),
+                 ("model", c.model), ("num_gpus", c.num_gpus),
+                 ("weight_dtype", c.weight_dtype), ("kv_dtype", c.kv_dtype),
+                 ("source", c.source),
+                 ("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))):
+        lines.append(f"{k} = {val(x)}")
+    lines.append("\n[efficiency]")
+    for k, x in _eff_dict(c.eff).items():
+        lines.append(f"{k} = {val(x)}")
+    lines.append("\n[uncertainty]  # 1 sigma; n/a = not fitted, not identified or at a bound")
+    for k, p in c.params.items():
+        lines.append(f"{k} = {val(p.std)}")
+    lines.append("\n[fit]")
+    lines.append(f"fitted = {json.dumps([k for k, p in c.params.items() if p.fitted])}")
+    lines.append(f"median_abs_error = {val(c.median_abs_error)}")
+    lines.append(f"max_abs_error = {val(c.max_abs_error)}")
+    lines.append(f"uncalibrated_median_abs_error = {val(c.uncalibrated_median_abs_error)}")
+    lines.append(f"notes = {json.dumps(list(c.notes))}")
+    if c.reserve_bytes is not None:
+        lines.append("\n[memory]  # from the engine's start-up log")
+        lines.append(f"reserve_bytes = {c.reserve_bytes}")
+        lines.append(f"kv_pool_bytes = {val(c.kv_pool_bytes)}")
+    for p in c.points:
+        lines += ["\n[[points]]", f"batch = {p.batch}", f"context_tokens = {p.context_tokens}",
+                  f"measured_ms = {val(p.measured_ms)}", f"predicted_ms = {val(p.predicted_ms)}",
+                  f"rel_error = {val(p.rel_error)}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    eff: rl.Efficiency
+    gpu: str
+    engine: str
+    engine_version: str
+    reserve_bytes: int | None
+    path: str
+
+
+def load_profile(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BstarError(f"{p}: not valid TOML ({e})") from None
+    eff_tab = data.get("efficiency")
+    if not isinstance(eff_tab, dict):
+        raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")
+    known = set(_eff_dict(rl.Efficiency()))
+    unknown = set(eff_tab) - known
+    if unknown:
+        raise BstarError(f"{p}: unknown efficiency field(s) {', '.join(sorted(unknown))}")
+    try:
+        values = {k: float(x) for k, x in eff_tab.items()}
+    except (TypeError, ValueError):
+        raise BstarError(f"{p}: efficiency values must be numbers") from None
+    try:
+        eff = replace(rl.Efficiency(), **values)
+    except BstarError as e:
+        raise BstarError(f"{p}: {e}") from None
+    prof = data.get("profile", {})
+    mem = data.get("memory", {})
+    reserve = mem.get("reserve_bytes")
+    return Profile(eff, str(prof.get("gpu", "")), str(prof.get("engine", "")),
+                   str(prof.get("engine_version", "")),
+                   int(reserve) if isinstance(reserve, int | float) else None, str(p))
