@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("compare", "plan", "B*, B_mem and the recommendation for several models/GPUs/contexts"),
     ("models", "plan", "list the bundled model presets"),
     ("gpus", "plan", "list the bundled GPU catalog"),
+    ("fit", "fit", "fit measured points, extrapolate past the compute roof, find the knee"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
