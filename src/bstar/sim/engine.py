@@ -1,0 +1,290 @@
+"""The engine loop: an event loop over engine steps and request arrivals.
+
+Each iteration takes the arrivals due by now, asks the scheduler for the step's batch, prices
+the step with the cost model (`steptime`), advances the clock by it and lets the scheduler
+account the tokens; finished requests of a closed loop schedule their user's next arrival.
+When nothing runs the clock jumps to the next arrival. When the batch can only decode (no
+prefill running, nobody admissible) the loop jumps over many steps at once, priced exactly
+as step-by-step (see `_fast_forward`), so a quiet server costs no more than a busy one.
+
+Pure: the workload (drawn from a seeded generator by `traffic`) and the deployment come in,
+a `SimRun` goes out; nothing is printed or written here.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.sim.block_manager import BlockManager, block_bytes_per_gpu, num_gpu_blocks
+from bstar.sim.scheduler import Scheduler, SchedulerConfig
+from bstar.sim.sequence import FloatArray, IntArray, Requests
+from bstar.sim.steptime import StepCoefficients, coefficients
+from bstar.sim.traffic import Workload
+
+GiB = 1 << 30
+MAX_REQUESTS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    scheduler: SchedulerConfig
+    # vLLM V0's --swap-space default, per GPU; only used with preemption "swap".
+    swap_space_bytes: int = 4 * GiB
+    # Host link for swapping: PCIe 4.0 x16 is 32 GB/s per direction, ~25 GB/s achieved.
+    host_bandwidth_bytes_s: float = 25e9
+    max_sim_time_s: float = 24 * 3600.0  # simulated seconds; the run stops there
+    # Multi-step jumps when only decodes can run; off gives the plain step loop (tests hold
+    # the two equal).
+    fast_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.max_sim_time_s > 0:
+            raise BstarError(f"--max-sim-time-s must be positive, got {self.max_sim_time_s}")
+        if self.swap_space_bytes < 0 or not self.host_bandwidth_bytes_s > 0:
+            raise BstarError("swap space must not be negative and host bandwidth positive")
+
+
+@dataclass(slots=True)
+class Timeline:
+    """State at the start of steps (one point per multi-step jump)."""
+
+    time_s: list[float] = field(default_factory=list)
+    kv_used_blocks: list[int] = field(default_factory=list)
+    num_waiting: list[int] = field(default_factory=list)
+    num_running: list[int] = field(default_factory=list)
+
+    def add(self, t: float, used: int, waiting: int, running: int) -> None:
+        self.time_s.append(t)
+        self.kv_used_blocks.append(used)
+        self.num_waiting.append(waiting)
+        self.num_running.append(running)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRun:
+    """Everything one simulation produced; `metrics.summarize` turns it into numbers."""
+
+    deployment: rl.Deployment
+    config: SimConfig
+    workload: Workload
+    requests: Requests
+    num_blocks: int
+    block_size: int
+    duration_s: float
+    num_steps: int
+    num_preemptions: int
+    itl_values_s: FloatArray  # inter-token gaps, weighted
+    itl_weights: IntArray
+    timeline: Timeline
+    truncated: bool  # stopped at max_sim_time_s with requests unfinished
+
+
+def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
+    """Refuse impossible settings before simulating; returns the number of KV blocks."""
+    bs = d.block_tokens
+    sc = cfg.scheduler
+    if w.num_requests > MAX_REQUESTS:
+        raise BstarError(f"--num-requests is capped at {MAX_REQUESTS:,} per run")
+    if sc.max_num_batched_tokens < bs:
+        raise BstarError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below one "
+                         f"KV block ({bs} tokens)")
+    blocks = num_gpu_blocks(d, bs)
+    if blocks < 1:
+        raise BstarError(
+            f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
+            f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
+            f"KV, under one block of {block_bytes_per_gpu(d, bs):,} bytes")
+    longest = int((w.input_tokens + w.output_tokens).max()) if w.num_requests else 0
+    # The last generated token is never fed back, so a request holds at most in+out-1.
+    need = -(-(longest - 1) // bs)
+    if need > blocks:
+        raise BstarError(
+            f"a request of {longest} tokens needs {need} KV blocks; the pool holds {blocks} "
+            f"({blocks * bs} tokens): it could never run. Shorten it or add memory/GPUs")
+    return blocks
+
+
+def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
+    blocks_total = check_feasible(d, cfg, w)
+    bs = d.block_tokens
+    host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
+        if cfg.scheduler.preemption == "swap" else 0
+    coeffs = coefficients(d)
+    reqs = Requests.new(w.input_tokens, w.output_tokens)
+    bm = BlockManager(blocks_total, bs, host_blocks)
+    sched = Scheduler(cfg.scheduler, reqs, bm)
+    return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
+
+
+class _Loop:
+    def __init__(self, d: rl.Deployment, cfg: SimConfig, w: Workload, k: StepCoefficients,
+                 reqs: Requests, bm: BlockManager, sched: Scheduler) -> None:
+        self.d, self.cfg, self.w, self.k = d, cfg, w, k
+        self.reqs, self.bm, self.sched = reqs, bm, sched
+        self.heap: list[tuple[float, int]] = []  # (arrival time, request id)
+        self.next_issue = 0
+        if w.closed_loop:
+            for _ in range(min(w.num_users, w.num_requests)):
+                self._issue(0.0)
+        else:
+            assert w.arrival_s is not None
+            reqs.arrival_s[:] = w.arrival_s
+            self.heap = [(float(t), i) for i, t in enumerate(w.arrival_s)]
+            heapq.heapify(self.heap)
+        self.now = 0.0
+        self.num_steps = 0
+        self.itl_scalar_v: list[float] = []
+        self.itl_scalar_w: list[int] = []
+        self.itl_arrays_v: list[FloatArray] = []
+        self.itl_arrays_w: list[IntArray] = []
+        self.timeline = Timeline()
+        # Swap copies per KV token, per GPU, over the host link.
+        self.swap_s_per_token = float(k.kv_bytes(np.array([1.0]))[0]) \
+            / cfg.host_bandwidth_bytes_s
+
+    def _issue(self, t: float) -> None:
+        rid = self.next_issue
+        self.next_issue += 1
+        self.reqs.arrival_s[rid] = t
+        heapq.heappush(self.heap, (t, rid))
+
+    def run(self) -> SimRun:
+        sched, heap, reqs = self.sched, self.heap, self.reqs
+        limit = self.cfg.max_sim_time_s
+        closed = self.w.closed_loop
+        think = self.w.think_s
+        n_total = self.w.num_requests
+        truncated = False
+        stalled = 0
+        while True:
+            while heap and heap[0][0] <= self.now:
+                sched.add(heapq.heappop(heap)[1])
+            if sched.idle:
+                if not heap:
+                    break
+                self.now = heap[0][0]
+                continue
+            if self.now >= limit:
+                truncated = True
+                break
+            if self.cfg.fast_forward and self._fast_forward():
+                continue
+            self.timeline.add(self.now, self.bm.num_used, len(sched.waiting),
+                              sched.num_running)
+            plan = sched.schedule()
+            if plan.empty:
+                # Only after preempting the sole running request; the next pass admits it.
+                stalled += 1
+                if stalled > 2:
+                    raise RuntimeError("simulator made no progress")  # a bug, not input
+                continue
+            stalled = 0
+            dt = self.k.batch_step_s(plan.start, plan.new) \
+                + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
+            t0, self.now = self.now, self.now + dt
+            self.num_steps += 1
+            out = sched.update(plan, t0, self.now)
+            if out.contiguous_tokens:
+                self.itl_scalar_v.append(dt)
+                self.itl_scalar_w.append(out.contiguous_tokens)
+            if out.other_gaps_s.size:
+                self.itl_arrays_v.append(out.other_gaps_s)
+                self.itl_arrays_w.append(np.ones(out.other_gaps_s.size, dtype=np.int64))
+            if closed:
+                for _ in range(min(out.finished.size, n_total - self.next_issue)):
+                    self._issue(self.now + float(think[self.next_issue]))
+        self.timeline.add(self.now, self.bm.num_used, len(sched.waiting), sched.num_running)
+        itl_v = np.concatenate([np.asarray(self.itl_scalar_v, dtype=np.float64),
+                                *self.itl_arrays_v])
+        itl_w = np.concatenate([np.asarray(self.itl_scalar_w, dtype=np.int64),
+                                *self.itl_arrays_w])
+        return SimRun(self.d, self.cfg, self.w, reqs, self.bm.num_blocks, self.bm.block_size,
+                      self.now, self.num_steps, sched.num_preemptions, itl_v, itl_w,
+                      self.timeline, truncated or not bool(reqs.done.all()))
+
+    # ---- multi-step jump ----------------------------------------------------------------------
+    def _fast_forward(self) -> bool:
+        """Run K pure-decode steps at once when nothing else can happen in them: every running
+        request decodes (no prefill chunk, all within the token budget), nobody waiting can be
+        admitted before a request finishes, and the KV blocks the K steps need are free.
+        K stops before the first finish, before a needed block is missing (that step takes the
+        preemption path) and at the first step to end past an arrival that could be admitted.
+        Returns False (take one ordinary step) when fewer than 2 steps qualify."""
+        sched, r, bm, cfg = self.sched, self.reqs, self.bm, self.cfg.scheduler
+        b = sched.num_running
+        if b == 0 or b > cfg.max_num_batched_tokens:
+            return False
+        ids = sched.running[:b]
+        comp = r.num_computed[ids]
+        gen = r.num_generated[ids]
+        if np.any(r.prompt_tokens[ids] + gen - comp != 1) or np.any(gen == 0):
+            return False
+        admit_blocked = b >= cfg.max_num_seqs
+        if sched.waiting and not admit_blocked:
+            head = sched.waiting[0]
+            c = int(r.num_computed[head])
+            n = min(int(r.prompt_tokens[head] + r.num_generated[head]) - c,
+                    cfg.max_num_batched_tokens - b)
+            if n > 0 and bm.blocks_for(c + n) <= bm.num_free:
+                return False  # it gets in this step
+            admit_blocked = True  # blocks only shrink until someone finishes
+        k_max = int((r.output_tokens[ids] - gen).min()) - 1  # the finishing step is ordinary
+        if k_max < 2:
+            return False
+        held = r.num_blocks[ids]
+        bs = bm.block_size
+
+        def new_blocks(k: int) -> int:
+            return int(np.maximum((comp + k + bs - 1) // bs - held, 0).sum())
+
+        if new_blocks(k_max) > bm.num_free:
+            lo, hi = 0, k_max  # largest k with new_blocks(k) <= free
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if new_blocks(mid) <= bm.num_free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k_max = lo
+            if k_max < 2:
+                return False
+        steps_s = self.k.decode_run_step_s(comp, k_max)
+        ends = self.now + np.cumsum(steps_s)
+        cut = k_max
+        if not admit_blocked and self.heap:
+            # The step during which the arrival lands still runs; the next one sees it.
+            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1)
+        # Do not start steps past the time limit.
+        cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
+        if cut < 2:
+            return False
+        steps_s, ends = steps_s[:cut], ends[:cut]
+        self.timeline.add(self.now, bm.num_used, len(sched.waiting), b)
+        # Tokens: every running request computes and samples `cut` tokens.
+        last = r.last_token_s[ids]
+        contiguous = last == self.now
+        n_contig = int(contiguous.sum())
+        if n_contig:
+            self.itl_scalar_v.append(float(steps_s[0]))
+            self.itl_scalar_w.append(n_contig)
+        if n_contig < b:
+            gaps = ends[0] - last[~contiguous]
+            self.itl_arrays_v.append(gaps)
+            self.itl_arrays_w.append(np.ones(gaps.size, dtype=np.int64))
+        self.itl_arrays_v.append(steps_s[1:])
+        self.itl_arrays_w.append(np.full(cut - 1, b, dtype=np.int64))
+        need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
+        bm.allocate(int(need.sum()))
+        r.num_blocks[ids] = held + need
+        r.num_computed[ids] = comp + cut
+        r.num_generated[ids] = gen + cut
+        self.now = float(ends[-1])
+        r.last_token_s[ids] = self.now
+        self.num_steps += cut
+        return True
+

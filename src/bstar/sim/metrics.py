@@ -1,0 +1,217 @@
+"""Numbers from a simulation, with vLLM's benchmark definitions (benchmarks/benchmark_serving):
+
+- TTFT = first token - arrival; E2E = last token - arrival;
+- TPOT per request = (E2E - TTFT) / (output_tokens - 1), requests of one token left out;
+- ITL = every gap between consecutive tokens of a request, pooled over requests;
+- output throughput = output tokens / duration (first arrival at t=0 to the last finish);
+- goodput = requests meeting every SLO, per second of the duration;
+- percentiles by numpy's default (linear) rule, as vLLM computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bstar.errors import BstarError
+from bstar.sim.engine import SimRun
+
+PERCENTILES = (50, 90, 99)
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+TIMELINE_POINTS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Per-request latency objectives, ms; None = not constrained."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for k in SLO_KEYS:
+            v = getattr(self, k)
+            if v is not None and not v > 0:
+                raise BstarError(f"SLO {k} must be positive, got {v}")
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, k) is None for k in SLO_KEYS)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k in SLO_KEYS if (v := getattr(self, k)) is not None}
+
+
+def parse_slo(text: str) -> Slo:
+    """'ttft:500,tpot:50,e2e:20000' (ms; the _ms suffix is optional)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, val = part.partition(":")
+        if not sep:
+            key, sep, val = part.partition("=")
+        key = key.strip().lower()
+        key = key if key.endswith("_ms") else key + "_ms"
+        if key not in SLO_KEYS:
+            raise BstarError(f"unknown SLO {part!r}: use ttft, tpot or e2e, e.g. "
+                             "ttft:500,tpot:50")
+        try:
+            out[key] = float(val)
+        except ValueError:
+            raise BstarError(f"SLO {part!r}: {val!r} is not a number of ms") from None
+    return Slo(**out)
+
+
+def percentiles(x: npt.ArrayLike) -> dict[str, float | None]:
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    ps = np.percentile(a, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, ps, strict=True)} \
+        | {"mean": float(a.mean())}
+
+
+def weighted_percentiles(values: npt.ArrayLike, weights: npt.ArrayLike
+                         ) -> dict[str, float | None]:
+    """np.percentile of the array in which each value is repeated `weight` times (exactly),
+    without building it: the ITL of a million tokens is a few thousand distinct gaps."""
+    v = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.int64)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    if v.size == 0:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cum = np.cumsum(w)
+    n = int(cum[-1])
+    out: dict[str, float | None] = {}
+    for p in PERCENTILES:
+        pos = p / 100 * (n - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        v_lo = v[np.searchsorted(cum, lo, side="right")]
+        v_hi = v[np.searchsorted(cum, hi, side="right")]
+        out[f"p{p}"] = float(v_lo + (pos - lo) * (v_hi - v_lo))
+    out["mean"] = float((v * w).sum() / n)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SimSummary:
+    max_num_seqs: int
+    requests: int  # finished
+    requests_total: int
+    duration_s: float
+    throughput_tok_s: float
+    request_throughput_req_s: float
+    goodput_req_s: float | None
+    slo: Slo
+    ttft_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    itl_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    preemptions: int
+    preempted_requests: int
+    num_steps: int
+    kv_blocks: int
+    block_size: int
+    kv_utilization_max: float
+    kv_utilization_mean: float
+    queue_max: int
+    running_max: int
+    truncated: bool
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulate contract's keys first, then extras."""
+        return {
+            "max_num_seqs": self.max_num_seqs, "requests": self.requests,
+            "throughput_tok_s": self.throughput_tok_s,
+            "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms,
+            "preemptions": self.preemptions,
+            "itl_ms": self.itl_ms, "requests_total": self.requests_total,
+            "request_throughput_req_s": self.request_throughput_req_s,
+            "goodput_req_s": self.goodput_req_s, "slo": self.slo.to_dict(),
+            "duration_s": self.duration_s, "preempted_requests": self.preempted_requests,
+            "num_steps": self.num_steps, "kv_blocks": self.kv_blocks,
+            "block_size": self.block_size,
+            "kv_utilization_max": self.kv_utilization_max,
+            "kv_utilization_mean": self.kv_utilization_mean,
+            "queue_max": self.queue_max, "running_max": self.running_max,
+            "truncated": self.truncated, "timeline": self.timeline,
+        }
+
+
+def _ms(x: npt.NDArray[np.float64]) -> dict[str, float | None]:
+    return percentiles(x * 1e3)
+
+
+def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
+    slo = slo or Slo()
+    r = run.requests
+    done = r.done
+    out_tok = r.output_tokens[done]
+    arrival = r.arrival_s[done]
+    ttft = r.first_token_s[done] - arrival
+    e2e = r.finish_s[done] - arrival
+    multi = out_tok > 1
+    tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    duration = run.duration_s
+    n_done = int(done.sum())
+    good: float | None = None
+    if not slo.empty:
+        ok = np.ones(n_done, dtype=bool)
+        if slo.ttft_ms is not None:
+            ok &= ttft * 1e3 <= slo.ttft_ms
+        if slo.e2e_ms is not None:
+            ok &= e2e * 1e3 <= slo.e2e_ms
+        if slo.tpot_ms is not None:
+            tp = np.zeros(n_done)
+            tp[multi] = tpot
+            ok &= tp * 1e3 <= slo.tpot_ms
+        good = float(ok.sum() / duration) if duration > 0 else 0.0
+    tl = run.timeline
+    t = np.asarray(tl.time_s)
+    used = np.asarray(tl.kv_used_blocks, dtype=np.float64) / run.num_blocks
+    dt = np.diff(t)
+    mean_util = float((used[:-1] * dt).sum() / dt.sum()) if dt.size and dt.sum() > 0 \
+        else float(used.mean())
+    itl = weighted_percentiles(run.itl_values_s * 1e3, run.itl_weights)
+    return SimSummary(
+        max_num_seqs=run.config.scheduler.max_num_seqs, requests=n_done,
+        requests_total=len(r), duration_s=duration,
+        throughput_tok_s=float(out_tok.sum() / duration) if duration > 0 else 0.0,
+        request_throughput_req_s=n_done / duration if duration > 0 else 0.0,
+        goodput_req_s=good, slo=slo, ttft_ms=_ms(ttft), tpot_ms=_ms(tpot), itl_ms=itl,
+        e2e_ms=_ms(e2e), preemptions=run.num_preemptions,
+        preempted_requests=int((r.num_preemptions > 0).sum()), num_steps=run.num_steps,
+        kv_blocks=run.num_blocks, block_size=run.block_size,
+        kv_utilization_max=float(used.max()), kv_utilization_mean=mean_util,
+        queue_max=int(max(tl.num_waiting)), running_max=int(max(tl.num_running)),
+        truncated=run.truncated, timeline=downsample(tl.time_s, used, tl.num_waiting,
+                                                     tl.num_running))
+
+
+def downsample(time_s: list[float], kv_util: npt.NDArray[np.float64], waiting: list[int],
+               running: list[int], points: int = TIMELINE_POINTS) -> dict[str, list[float]]:
+    """At most `points` time bins, each the peak of the bin (peaks are what bite)."""
+    t = np.asarray(time_s)
+    if t.size == 0:
+        return {"time_s": [], "kv_utilization": [], "num_waiting": [], "num_running": []}
+    edges = np.linspace(t[0], t[-1], points + 1) if t[-1] > t[0] else np.array([t[0], t[0]])
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, edges.size - 2)
+    cols = {"kv_utilization": kv_util, "num_waiting": np.asarray(waiting, dtype=np.float64),
+            "num_running": np.asarray(running, dtype=np.float64)}
+    out: dict[str, list[float]] = {"time_s": []}
+    for k in cols:
+        out[k] = []
+    for b in np.unique(idx):
+        sel = idx == b
+        out["time_s"].append(round(float(edges[b]), 6))
+        for k, v in cols.items():
+            out[k].append(float(v[sel].max()))
+    return out

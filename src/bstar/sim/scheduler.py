@@ -1,0 +1,260 @@
+"""A continuous-batching scheduler after vLLM V1's (vllm/v1/core/sched/scheduler.py):
+
+1. RUNNING requests first, in order: each gets `num_tokens - num_computed` new tokens (a
+   decode token, or the rest of a prompt), capped by what is left of the step's token budget
+   (`max_num_batched_tokens`), which is how chunked prefill arises. When its KV blocks cannot
+   be allocated the *last* running request is preempted (FCFS: the most recently admitted),
+   repeatedly, until the allocation fits or the request itself was the one preempted.
+2. Then, only if nothing was preempted this step, WAITING requests in FCFS order while the
+   budget lasts and fewer than `max_num_seqs` run; the head of the queue blocks the rest when
+   its blocks do not fit (no skipping ahead).
+
+Preemption by recompute frees the request's blocks and puts it at the front of the waiting
+queue with nothing computed: on readmission it prefills its prompt *and* the tokens it had
+generated (vLLM V1). Preemption by swap (vLLM V0's other mode) parks the KV in host memory
+while swap space lasts and copies it back on readmission; the copies cost time on the step.
+
+The running batch is kept as an array of request ids in admission order; the common step
+(everything fits) is a handful of vectorized operations, the preemption path a plain loop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from bstar.errors import BstarError
+from bstar.sim.block_manager import BlockManager
+from bstar.sim.sequence import FloatArray, IntArray, Requests
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def vllm_server_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that `vllm serve` picks when not told
+    (vllm/engine/arg_utils.py, get_batch_defaults, V1): 1024 and 8192 on GPUs of at least
+    70 GiB other than A100s (a larger token budget measured slower there, vLLM PR #17885),
+    else 256 and 2048."""
+    if gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int = 2048  # see vllm_server_defaults
+    preemption: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise BstarError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise BstarError("--max-num-batched-tokens must be at least 1")
+        if self.preemption not in PREEMPTION_MODES:
+            raise BstarError(f"--preemption must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step computes: for each scheduled request, `new` tokens on top of `start`."""
+
+    ids: IntArray
+    start: IntArray
+    new: IntArray
+    num_preempted: int
+    swap_out_tokens: int  # KV tokens copied to host this step
+    swap_in_tokens: int  # KV tokens copied back
+
+    @property
+    def empty(self) -> bool:
+        return self.ids.size == 0
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    finished: IntArray
+    contiguous_tokens: int  # tokens whose previous token came at the end of the last step
+    other_gaps_s: FloatArray  # inter-token gaps of the others (after a stall or preemption)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, reqs: Requests, blocks: BlockManager) -> None:
+        self.cfg = cfg
+        self.reqs = reqs
+        self.blocks = blocks
+        self.waiting: deque[int] = deque()
+        self.running = np.zeros(cfg.max_num_seqs, dtype=np.int64)
+        self.num_running = 0
+        self.num_preemptions = 0
+
+    # ---- queue ---------------------------------------------------------------------------
+    def add(self, rid: int) -> None:
+        self.waiting.append(rid)
+
+    @property
+    def idle(self) -> bool:
+        return self.num_running == 0 and not self.waiting
+
+    def running_ids(self) -> IntArray:
+        return self.running[:self.num_running]
+
+    # ---- one step's schedule ------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        r, bm, cfg = self.reqs, self.blocks, self.cfg
+        bs = bm.block_size
+        ids = self.running[:self.num_running].copy()
+        budget = cfg.max_num_batched_tokens
+        preempted = swap_out = 0
+        if ids.size:
+            comp = r.num_computed[ids]
+            want = r.prompt_tokens[ids] + r.num_generated[ids] - comp
+            total_want = int(want.sum())
+            if total_want <= budget:
+                sched = want
+            else:  # the budget runs out part-way: later requests get a chunk or nothing
+                before = np.cumsum(want) - want
+                sched = np.clip(budget - before, 0, want)
+            held = r.num_blocks[ids]
+            need = np.maximum((comp + sched + bs - 1) // bs - held, 0)
+            total_need = int(need.sum())
+            if total_need <= bm.num_free:
+                bm.allocate(total_need)
+                r.num_blocks[ids] = held + need
+                keep = sched > 0
+                if not keep.all():
+                    ids, comp, sched = ids[keep], comp[keep], sched[keep]
+                budget -= int(sched.sum())
+            else:
+                ids, comp, sched, budget, preempted, swap_out = self._schedule_with_preemption()
+        else:
+            comp = sched = ids
+        swap_in = 0
+        if not preempted and self.waiting:
+            new_ids: list[int] = []
+            new_comp: list[int] = []
+            new_sched: list[int] = []
+            prompt, gen, computed = r.prompt_tokens, r.num_generated, r.num_computed
+            while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
+                rid = self.waiting[0]
+                c = int(computed[rid])
+                n = min(int(prompt[rid] + gen[rid]) - c, budget)
+                need_blocks = -(-(c + n) // bs)
+                if need_blocks > bm.num_free:
+                    break  # FCFS: the head blocks everyone behind it
+                self.waiting.popleft()
+                bm.allocate(need_blocks)
+                r.num_blocks[rid] = need_blocks
+                if r.swapped[rid]:
+                    r.swapped[rid] = False
+                    bm.num_host_free += bm.blocks_for(c)
+                    swap_in += c
+                self.running[self.num_running] = rid
+                self.num_running += 1
+                new_ids.append(rid)
+                new_comp.append(c)
+                new_sched.append(n)
+                budget -= n
+            if new_ids:
+                ids = np.concatenate([ids, np.asarray(new_ids, dtype=np.int64)])
+                comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
+                sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
+        return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _schedule_with_preemption(
+            self) -> tuple[IntArray, IntArray, IntArray, int, int, int]:
+        """The running pass one request at a time, as vLLM walks it, preempting from the
+        back of the running list whenever a request's blocks do not fit."""
+        r, bm = self.reqs, self.blocks
+        running = self.running[:self.num_running].tolist()
+        budget = self.cfg.max_num_batched_tokens
+        out_ids: list[int] = []
+        out_comp: list[int] = []
+        out_sched: list[int] = []
+        preempted = swap_out = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            rid = running[i]
+            c = int(r.num_computed[rid])
+            n = min(int(r.prompt_tokens[rid] + r.num_generated[rid]) - c, budget)
+            need = max(bm.blocks_for(c + n) - int(r.num_blocks[rid]), 0)
+            self_preempted = False
+            while need > bm.num_free:
+                victim = running.pop()
+                swap_out += self._preempt(victim)
+                preempted += 1
+                if victim == rid:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            bm.allocate(need)
+            r.num_blocks[rid] += need
+            out_ids.append(rid)
+            out_comp.append(c)
+            out_sched.append(n)
+            budget -= n
+            i += 1
+        self.num_running = len(running)
+        self.running[:self.num_running] = running
+        # Each preempted request was prepended to the queue in turn (vLLM's prepend_request),
+        # so the earliest admitted of them is now first in line.
+        return (np.asarray(out_ids, dtype=np.int64), np.asarray(out_comp, dtype=np.int64),
+                np.asarray(out_sched, dtype=np.int64), budget, preempted, swap_out)
+
+    def _preempt(self, rid: int) -> int:
+        """Free a running request's blocks and requeue it first; returns tokens swapped out."""
+        r, bm = self.reqs, self.blocks
+        held = int(r.num_blocks[rid])
+        bm.free(held)
+        r.num_blocks[rid] = 0
+        r.num_preemptions[rid] += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(rid)
+        c = int(r.num_computed[rid])
+        if self.cfg.preemption == "swap" and c and bm.blocks_for(c) <= bm.num_host_free:
+            bm.num_host_free -= bm.blocks_for(c)
+            r.swapped[rid] = True
+            return c
+        r.num_computed[rid] = 0  # recompute: the KV is dropped
+        return 0
+
+    # ---- after the step ---------------------------------------------------------------------
+    def update(self, plan: StepPlan, start_s: float, end_s: float) -> StepOutcome:
+        """Advance the scheduled requests by their tokens; those that caught up sample one
+        token at `end_s`; those that reached their output length finish and free blocks."""
+        r = self.reqs
+        ids = plan.ids
+        comp = plan.start + plan.new
+        r.num_computed[ids] = comp
+        gen = r.num_generated[ids]
+        caught_up = comp == r.prompt_tokens[ids] + gen
+        emit = ids[caught_up]
+        gen = gen[caught_up]
+        first = gen == 0
+        if first.any():
+            r.first_token_s[emit[first]] = end_s
+        last = r.last_token_s[emit[~first]]
+        contiguous = last == start_s
+        n_contig = int(contiguous.sum())
+        other_gaps = end_s - last[~contiguous] if n_contig < last.size else _EMPTY
+        gen = gen + 1
+        r.num_generated[emit] = gen
+        r.last_token_s[emit] = end_s
+        fin = emit[gen == r.output_tokens[emit]]
+        if fin.size:
+            r.finish_s[fin] = end_s
+            r.done[fin] = True
+            self.blocks.free(int(r.num_blocks[fin].sum()))
+            r.num_blocks[fin] = 0
+            run = self.running[:self.num_running]
+            kept = run[~r.done[run]]
+            self.num_running = kept.size
+            self.running[:kept.size] = kept
+        return StepOutcome(fin, n_contig, other_gaps)
+
+
+_EMPTY: FloatArray = np.zeros(0)

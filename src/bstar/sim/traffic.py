@@ -1,0 +1,237 @@
+"""Traffic: length distributions and arrival strategies (open-loop Poisson, closed-loop users,
+a trace). Small strategy objects; the random generator is passed in, never global, so a seed
+reproduces a run. Pure: a trace is parsed from text, reading the file is the caller's job.
+
+Every request's lengths are drawn up front, in request order, so the same seed gives the same
+requests whatever the scheduler does with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from bstar.errors import BstarError
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+# ---- lengths ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """A token-length distribution: fixed, uniform, normal, lognormal or empirical.
+
+    normal and lognormal take the mean and standard deviation of the lengths themselves (not
+    of their logarithm); draws are rounded and clipped to at least 1 token.
+    """
+
+    kind: str
+    mean: float = 0.0
+    std: float = 0.0
+    low: int = 0
+    high: int = 0
+    values: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind == "fixed" and self.low < 1:
+            raise BstarError(f"a fixed length must be at least 1 token, got {self.low}")
+        if self.kind == "uniform" and not 1 <= self.low <= self.high:
+            raise BstarError(f"uniform lengths need 1 <= low <= high, got {self.low}..{self.high}")
+        if self.kind in ("normal", "lognormal") and not (self.mean >= 1 and self.std >= 0):
+            raise BstarError(f"{self.kind} lengths need mean >= 1 and std >= 0")
+        if self.kind == "empirical" and (not self.values or min(self.values) < 1):
+            raise BstarError("an empirical length list needs positive integers")
+        if self.kind not in ("fixed", "uniform", "normal", "lognormal", "empirical"):
+            raise BstarError(f"unknown length distribution {self.kind!r}")
+
+    @staticmethod
+    def fixed(n: int) -> Lengths:
+        return Lengths("fixed", low=n, high=n)
+
+    def sample(self, rng: np.random.Generator, n: int) -> IntArray:
+        if self.kind == "fixed":
+            return np.full(n, self.low, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64)
+        if self.kind == "empirical":
+            return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
+        if self.kind == "normal":
+            x = rng.normal(self.mean, self.std, size=n)
+        else:
+            # Lognormal with the given mean m and std s of the lengths:
+            # sigma^2 = ln(1 + s^2/m^2), mu = ln m - sigma^2/2.
+            sigma2 = math.log1p((self.std / self.mean) ** 2)
+            x = rng.lognormal(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2), size=n)
+        return np.maximum(np.rint(x), 1).astype(np.int64)
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The largest length this can draw (None: unbounded above)."""
+        if self.kind in ("fixed", "uniform"):
+            return self.high
+        if self.kind == "empirical":
+            return max(self.values)
+        return None
+
+    def describe(self) -> str:
+        return {"fixed": f"{self.low}", "uniform": f"uniform {self.low}..{self.high}",
+                "normal": f"normal mean {self.mean:g} std {self.std:g}",
+                "lognormal": f"lognormal mean {self.mean:g} std {self.std:g}",
+                "empirical": f"empirical ({len(self.values)} values)"}[self.kind]
+
+
+def parse_lengths(text: str) -> Lengths:
+    """'512', 'uniform:256:768', 'normal:512:128', 'lognormal:512:256',
+    'empirical:100,220,512'."""
+    t = text.strip().lower()
+    try:
+        if ":" not in t:
+            return Lengths.fixed(int(t))
+        kind, _, rest = t.partition(":")
+        if kind == "fixed":
+            return Lengths.fixed(int(rest))
+        if kind == "uniform":
+            lo, hi = rest.split(":")
+            return Lengths("uniform", low=int(lo), high=int(hi))
+        if kind in ("normal", "lognormal"):
+            mean, std = rest.split(":")
+            return Lengths(kind, mean=float(mean), std=float(std))
+        if kind == "empirical":
+            return Lengths("empirical", values=tuple(int(v) for v in rest.split(",") if v))
+    except ValueError:
+        pass
+    raise BstarError(f"cannot read length {text!r}: use N, uniform:LO:HI, normal:MEAN:STD, "
+                     "lognormal:MEAN:STD or empirical:N1,N2,...")
+
+
+# ---- arrivals --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The requests of one run: lengths per request, and either arrival times (open loop) or
+    a closed loop of `num_users` that each send the next request `think_s` after the last one
+    finished."""
+
+    input_tokens: IntArray
+    output_tokens: IntArray
+    arrival_s: FloatArray | None = None  # open loop; None for closed loop
+    num_users: int = 0
+    think_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.input_tokens.size)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.arrival_s is None
+
+
+@dataclass(frozen=True, slots=True)
+class Poisson:
+    """Open loop: exponential gaps at `rate_per_s` (vLLM's benchmark with --request-rate)."""
+
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise BstarError(f"--rate must be a positive number of requests/s, got "
+                             f"{self.rate_per_s}")
+
+    def arrivals(self, rng: np.random.Generator, n: int) -> FloatArray:
+        return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
+
+    def describe(self) -> str:
+        return f"Poisson {self.rate_per_s:g} req/s"
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """`num_users` users, each with one request in flight, waiting `think_s` (exponential
+    with that mean when `random_think`) between a response and the next request.
+    With think 0 this is the load generator's fixed concurrency."""
+
+    num_users: int
+    think_s: float = 0.0
+    random_think: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_users < 1:
+            raise BstarError(f"--concurrency must be at least 1, got {self.num_users}")
+        if not (self.think_s >= 0 and math.isfinite(self.think_s)):
+            raise BstarError(f"think time must not be negative, got {self.think_s}")
+
+    def think(self, rng: np.random.Generator, n: int) -> FloatArray:
+        if self.random_think and self.think_s > 0:
+            return rng.exponential(self.think_s, size=n)
+        return np.full(n, self.think_s)
+
+    def describe(self) -> str:
+        return f"{self.num_users} users" + (f", think {self.think_s:g} s" if self.think_s else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Arrival times and lengths replayed as given (open loop)."""
+
+    arrival_s: tuple[float, ...]
+    input_tokens: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"trace of {len(self.arrival_s)} requests"
+
+
+Arrivals = Poisson | ClosedLoop | Trace
+
+
+def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
+                  num_requests: int, rng: np.random.Generator) -> Workload:
+    if isinstance(arrivals, Trace):
+        n = min(num_requests, len(arrivals.arrival_s))
+        order = np.argsort(np.asarray(arrivals.arrival_s[:n]), kind="stable")
+        return Workload(np.asarray(arrivals.input_tokens[:n], dtype=np.int64)[order],
+                        np.asarray(arrivals.output_tokens[:n], dtype=np.int64)[order],
+                        np.asarray(arrivals.arrival_s[:n], dtype=np.float64)[order])
+    if num_requests < 1:
+        raise BstarError(f"--num-requests must be at least 1, got {num_requests}")
+    inp = input_len.sample(rng, num_requests)
+    out = output_len.sample(rng, num_requests)
+    if isinstance(arrivals, Poisson):
+        return Workload(inp, out, arrivals.arrivals(rng, num_requests))
+    return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
+
+
+def parse_trace(text: str) -> Trace:
+    """A trace as JSON lines or CSV with columns arrival_s, input_tokens, output_tokens
+    (a header line names them; extra columns are ignored)."""
+    rows: list[tuple[float, int, int]] = []
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    if not lines:
+        raise BstarError("the trace is empty")
+    keys = ("arrival_s", "input_tokens", "output_tokens")
+    try:
+        if lines[0].startswith("{"):
+            for ln in lines:
+                obj = json.loads(ln)
+                rows.append((float(obj[keys[0]]), int(obj[keys[1]]), int(obj[keys[2]])))
+        else:
+            header = [h.strip() for h in lines[0].split(",")]
+            if any(k not in header for k in keys):
+                raise BstarError(f"a CSV trace needs a header with {', '.join(keys)}")
+            idx = [header.index(k) for k in keys]
+            for ln in lines[1:]:
+                cells = ln.split(",")
+                rows.append((float(cells[idx[0]]), int(cells[idx[1]]), int(cells[idx[2]])))
+    except (KeyError, ValueError, IndexError, json.JSONDecodeError) as e:
+        raise BstarError(f"cannot read the trace: {e}") from None
+    if not rows:
+        raise BstarError("the trace has no requests")
+    a, i, o = zip(*rows, strict=True)
+    if min(a) < 0 or min(i) < 1 or min(o) < 1:
+        raise BstarError("trace arrival times must be >= 0 and lengths >= 1")
+    return Trace(tuple(a), tuple(i), tuple(o))
