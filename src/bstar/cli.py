@@ -22,6 +22,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("models", "plan", "list the bundled model presets"),
     ("gpus", "plan", "list the bundled GPU catalog"),
     ("fit", "fit", "fit measured points, extrapolate past the compute roof, find the knee"),
+    ("simulate", "simulate", "continuous batching with paged KV and preemption, by the cost "
+                             "model; a sweep over --max-num-seqs finds the knee"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),

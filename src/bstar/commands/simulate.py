@@ -1,0 +1,177 @@
+"""`bstar simulate`: continuous batching with paged KV and preemption, stepped by the cost
+model; several --max-num-seqs run the sweep in simulation and apply the knee rules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bstar.commands.common import add_deployment_arguments, int_list
+
+
+def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
+    add_deployment_arguments(p)
+    s = p.add_argument_group("scheduler (vLLM V1)")
+    s.add_argument("--max-num-seqs", type=int_list, default=None,
+                   help="levels to simulate, comma-separated (default: what `vllm serve` "
+                        "picks on this GPU: 256, or 1024 on >= 70 GiB non-A100 GPUs)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step; chunked prefill splits prompts to fit "
+                        "(default: vllm serve's, 2048, or 8192 on >= 70 GiB non-A100 GPUs)")
+    s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
+                   help="what a preempted request loses: recompute (V1) drops its KV; swap "
+                        "(V0) parks it in host memory (default recompute)")
+    s.add_argument("--swap-space-gib", type=float, default=4.0,
+                   help="host swap space per GPU for --preemption swap, GiB (default 4)")
+    t = p.add_argument_group("traffic")
+    load = t.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=None,
+                      help="open loop: Poisson arrivals, requests/s")
+    load.add_argument("--concurrency", type=int, default=None,
+                      help="closed loop: this many users, each with one request in flight")
+    load.add_argument("--trace", default=None, metavar="FILE",
+                      help="replay arrivals and lengths: CSV (arrival_s,input_tokens,"
+                           "output_tokens) or JSON lines")
+    t.add_argument("--think-time-s", type=float, default=0.0,
+                   help="closed loop: mean pause between a response and the user's next "
+                        "request (exponential; default 0)")
+    t.add_argument("--input-len", default="512",
+                   help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
+                        "or empirical:N1,N2,... (default 512)")
+    t.add_argument("--output-len", default="256",
+                   help="output tokens, same forms (default 256)")
+    t.add_argument("--num-requests", type=int, default=1000,
+                   help="requests per level (default 1000, at most 1,000,000)")
+    t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
+    o = p.add_argument_group("objectives and bounds")
+    o.add_argument("--slo", default=None,
+                   help="per-request SLOs in ms for goodput and the SLA rule, e.g. "
+                        "ttft:500,tpot:50,e2e:20000")
+    o.add_argument("--max-sim-time-s", type=float, default=24 * 3600.0,
+                   help="stop a level after this much simulated time (default 86400)")
+    p.add_argument("--json", action="store_true",
+                   help="print the simulate object (a list of them for several levels)")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bstar.commands.plan import deployment_from_args
+    from bstar.errors import BstarError
+    from bstar.sim import (
+        ClosedLoop,
+        Poisson,
+        SchedulerConfig,
+        SimConfig,
+        parse_lengths,
+        parse_slo,
+        parse_trace,
+        simulate_levels,
+        vllm_server_defaults,
+    )
+    from bstar.sim.advice import advise
+
+    d = deployment_from_args(args)
+    if args.rate is None and args.concurrency is None and args.trace is None:
+        raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
+                         "or --trace FILE")
+    arrivals: Any
+    if args.trace is not None:
+        try:
+            text = Path(args.trace).read_text()
+        except OSError as e:
+            raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
+        arrivals = parse_trace(text)
+    elif args.rate is not None:
+        arrivals = Poisson(args.rate)
+    else:
+        arrivals = ClosedLoop(args.concurrency, args.think_time_s, random_think=True)
+    default_seqs, default_tokens = vllm_server_defaults(d.gpu.memory_bytes,
+                                                        f"{d.gpu.id} {d.gpu.name}")
+    levels = sorted(set(args.max_num_seqs or [default_seqs]))
+    tokens = args.max_num_batched_tokens or default_tokens
+    if args.swap_space_gib < 0:
+        raise BstarError("--swap-space-gib must not be negative")
+    cfg = SimConfig(SchedulerConfig(levels[0], tokens, args.preemption),
+                    swap_space_bytes=round(args.swap_space_gib * 2**30),
+                    max_sim_time_s=args.max_sim_time_s)
+    slo = parse_slo(args.slo) if args.slo else None
+    rows = simulate_levels(d, levels, arrivals, parse_lengths(args.input_len),
+                           parse_lengths(args.output_len), args.num_requests, args.seed,
+                           cfg, slo)
+    advice = advise(rows, slo) if len(rows) > 1 else None
+    if args.json:
+        objs = [r.to_dict() for r in rows]
+        for o in objs:
+            o["max_num_batched_tokens"] = tokens
+            o["preemption_mode"] = args.preemption
+            if advice is not None:
+                o["recommended"] = o["max_num_seqs"] == advice.max_num_seqs
+                o["sweep"] = advice.to_dict()
+        print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2))
+        return 0
+    print_simulation(d, rows, advice, arrivals, args, tokens)
+    return 0
+
+
+def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
+                     args: argparse.Namespace, tokens: int) -> None:
+    from rich.table import Table
+
+    from bstar import roofline as rl
+    from bstar.console import console
+    from bstar.sim.traffic import parse_lengths
+    from bstar.units import fmt_bytes, sparkline
+
+    c = console()
+    first = rows[0]
+    inp, out = parse_lengths(args.input_len), parse_lengths(args.output_len)
+    c.print(f"[bold]{d.model.name}[/] on [bold]{d.num_gpus} x {d.gpu.name}[/] ({d.gpu.id}): "
+            f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU = {first.kv_blocks:,} blocks "
+            f"of {first.block_size} tokens ({first.kv_blocks * first.block_size:,} tokens)")
+    c.print(f"  traffic: {arrivals.describe()}, input {inp.describe()}, output "
+            f"{out.describe()}, {first.requests_total:,} requests, seed {args.seed}; "
+            f"max_num_batched_tokens {tokens}, preemption {args.preemption}")
+    t = Table(show_edge=False, pad_edge=False, box=None)
+    cols = ["max_num_seqs", "done", "out tok/s", "req/s"]
+    if first.goodput_req_s is not None:
+        cols.append("goodput\nreq/s")
+    cols += ["TTFT ms\np50", "TTFT ms\np99", "TPOT ms\np50", "TPOT ms\np99", "ITL ms\np99",
+             "E2E s\np99", "preempt", "KV peak", "queue\nmax", "running\nmax"]
+    for col in cols:
+        t.add_column(col, justify="right")
+
+    def f(v: float | None, scale: float = 1.0, nd: int = 1) -> str:
+        return "-" if v is None else f"{v * scale:,.{nd}f}"
+
+    for r in rows:
+        mark = " *" if advice is not None and r.max_num_seqs == advice.max_num_seqs else ""
+        cells = [f"{r.max_num_seqs}{mark}",
+                 f"{r.requests}/{r.requests_total}" if r.truncated else str(r.requests),
+                 f"{r.throughput_tok_s:,.0f}", f"{r.request_throughput_req_s:.2f}"]
+        if first.goodput_req_s is not None:
+            cells.append(f(r.goodput_req_s, nd=2))
+        cells += [f(r.ttft_ms["p50"]), f(r.ttft_ms["p99"]), f(r.tpot_ms["p50"], nd=2),
+                  f(r.tpot_ms["p99"], nd=2), f(r.itl_ms["p99"], nd=2),
+                  f(r.e2e_ms["p99"], 1e-3, 2),
+                  f"[red]{r.preemptions}[/]" if r.preemptions else "0",
+                  f"{r.kv_utilization_max * 100:.0f}%", str(r.queue_max), str(r.running_max)]
+        t.add_row(*cells)
+    c.print(t)
+    if len(rows) > 1:
+        c.print(f"  throughput {sparkline([r.throughput_tok_s for r in rows])}")
+    for r in rows:
+        if r.truncated:
+            c.print(f"  [yellow]max_num_seqs {r.max_num_seqs}: stopped at "
+                    f"{args.max_sim_time_s:g} s simulated with requests unfinished[/]")
+    if advice is not None:
+        for k in advice.knees.values():
+            c.print(f"  knee ({k.rule}): "
+                    + (f"[bold]{k.batch}[/]" if k.batch is not None else "none")
+                    + f" - {k.reason}")
+        c.print(f"  [bold green]max_num_seqs = {advice.max_num_seqs}[/] ({advice.bound}): "
+                f"{advice.reason}")
+    c.print("[dim]TPOT per request = (E2E - TTFT)/(output - 1); ITL = gaps between tokens; "
+            "out tok/s = output tokens / time to the last finish (vLLM benchmark "
+            "definitions). Step times from the cost model; * = recommended.[/]")

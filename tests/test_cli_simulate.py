@@ -1,0 +1,43 @@
+"""`bstar simulate` on the command line: the JSON contract and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bstar.cli import main
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--max-num-seqs", "8"], "give the load"),
+    (["--rate", "-3"], "--rate"),
+    (["--rate", "1", "--max-num-batched-tokens", "4"], "below one"),
+    (["--rate", "1", "--gpu-util", "0.2"], "no blocks"),
+    (["--rate", "1", "--input-len", "900000"], "could never run"),
+    (["--rate", "1", "--num-requests", "0"], "--num-requests"),
+])
+def test_cli_bad_input_is_one_line_exit_2(argv: list[str], msg: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bstar: error:") and msg in err and "\n" not in err
+
+
+
+def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--max-num-seqs", "64,16,32", "--rate", "10", "--num-requests",
+                 "100", "--output-len", "64", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert isinstance(rows, list) and [r["max_num_seqs"] for r in rows] == [16, 32, 64]
+    for r in rows:
+        assert {"max_num_seqs", "requests", "throughput_tok_s", "ttft_ms", "tpot_ms", "e2e_ms",
+                "preemptions"} <= set(r)
+        assert set(r["ttft_ms"]) >= {"p50", "p90", "p99"}
+        assert r["requests"] == 100
+    assert sum(r["recommended"] for r in rows) == 1
+    assert rows[0]["sweep"]["max_num_seqs"] in (16, 32, 64)
+    assert main(["simulate", "--max-num-seqs", "16", "--concurrency", "4", "--num-requests",
+                 "20", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert isinstance(one, dict) and one["max_num_seqs"] == 16
