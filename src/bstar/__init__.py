@@ -22,35 +22,47 @@ _EXPORTS = {
     "b_mem": "bstar.roofline", "compute_crossover": "bstar.roofline",
     "Recommendation": "bstar.recommend", "recommend": "bstar.recommend",
     "Plan": "bstar.plan", "make_plan": "bstar.plan",
+    "FitResult": "bstar.fit", "Points": "bstar.fit", "fit_points": "bstar.fit",
+    "load_points": "bstar.fit", "make_points": "bstar.fit",
+    "Knee": "bstar.knee", "all_knees": "bstar.knee",
 }
 __all__ = [
     "IDEAL",
     "BstarError",
     "Deployment",
     "Efficiency",
+    "FitResult",
     "GpuSpec",
+    "Knee",
     "ModelSpec",
     "Plan",
+    "Points",
     "Precision",
     "Recommendation",
     "__version__",
+    "all_knees",
     "b_mem",
     "b_star",
     "compute_crossover",
     "curve",
     "decode_step",
+    "fit_points",
     "from_hf_config",
     "get_gpu",
     "get_model",
     "get_precision",
     "gpu_catalog",
+    "load_points",
     "make_plan",
+    "make_points",
     "model_index",
     "recommend",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from bstar.errors import BstarError
+    from bstar.fit import FitResult, Points, fit_points, load_points, make_points
+    from bstar.knee import Knee, all_knees
     from bstar.plan import Plan, make_plan
     from bstar.recommend import Recommendation, recommend
     from bstar.roofline import (

@@ -182,9 +182,8 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
     if latency_factor <= 0 or reference_batch <= 0:
         raise BstarError("BCA latency factor and reference batch must be positive")
     eps = epsilon_tok_s if epsilon_tok_s is not None else epsilon_fraction * t[0] / b[0]
-    eps_txt = (f"{eps:,.3g} tok/s per added sequence" if epsilon_tok_s is not None else
-               f"{eps:,.3g} tok/s per added sequence ({epsilon_fraction * 100:g}% of "
-               f"T(B={_b(b[0])})/B)")
+    eps_txt = (f"{eps:,.3g} tok/s" if epsilon_tok_s is not None else
+               f"{eps:,.3g} tok/s = {epsilon_fraction * 100:g}% of T(B={_b(b[0])})/{_b(b[0])}")
     r = int(np.argmin(np.abs(np.log2(b) - math.log2(reference_batch))))
     limit = latency_factor * lat[r]
     lim_txt = (f"TPOT <= {latency_factor:g} x {lat[r]:.3g} ms at reference B={_b(b[r])} "
@@ -195,7 +194,7 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
         if slope[i] < eps and ok[i]:
             return Knee("bca", int(b[i]),
                         f"past B={_b(b[i])} throughput gains {slope[i]:,.3g} tok/s per added "
-                        f"sequence (< epsilon = {eps_txt}) and {lim_txt} holds there "
+                        f"sequence (< epsilon, {eps_txt}) and {lim_txt} holds there "
                         "(BCA, Recasens et al. 2025)")
     within = np.flatnonzero(ok)
     if within.size == 0:
