@@ -25,6 +25,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("simulate", "simulate", "continuous batching with paged KV and preemption, by the cost "
                              "model; a sweep over --max-num-seqs finds the knee"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
+    ("report", "report", "a self-contained HTML report of a plan, comparison, fit, sweep run "
+                         "or simulation"),
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
 )

@@ -58,6 +58,8 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                    help="bootstrap resamples for the intervals (default 200; 0: none)")
     f.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
+    p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw the points, the fit and its predictions (needs bstar[plot])")
 
 
 def spec_terms(args: argparse.Namespace) -> dict[str, Any]:
@@ -102,6 +104,26 @@ def spec_terms(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    result, spec = fit_from_args(args)
+    if getattr(args, "plot", None):
+        import sys
+
+        from bstar.report import save_fit_plot
+
+        # stderr: --json keeps stdout to the one JSON object.
+        print(f"plot written to {save_fit_plot(result, args.plot)}", file=sys.stderr)
+    if args.json:
+        out = result.to_dict()
+        if spec:
+            out["spec"] = {k: v for k, v in spec.items()}
+        print(json.dumps(out, indent=2))
+        return 0
+    print_fit(result, spec)
+    return 0
+
+
+def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The FitResult and the spec terms for these flags (shared with `bstar report fit`)."""
     from bstar.errors import BstarError
     from bstar.fit import fit_points, load_points
 
@@ -119,14 +141,7 @@ def run_fit(args: argparse.Namespace) -> int:
         seed=args.seed, weight_bytes=spec.get("weight_bytes"),
         kv_bytes_per_seq=spec.get("kv_bytes_per_seq"),
         flops_per_token=spec.get("flops_per_token"))
-    if args.json:
-        out = result.to_dict()
-        if spec:
-            out["spec"] = {k: v for k, v in spec.items()}
-        print(json.dumps(out, indent=2))
-        return 0
-    print_fit(result, spec)
-    return 0
+    return result, spec
 
 
 # ---- human output ---------------------------------------------------------------------------

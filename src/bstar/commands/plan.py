@@ -19,6 +19,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tpot-ms", type=positive_float, default=None,
                    help="per-request TPOT SLA in ms: cap the recommendation to meet it")
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
+    p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw the curves, regimes and roofline (needs bstar[plot])")
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +30,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tpot-ms", type=positive_float, default=None,
                    help="per-request TPOT SLA in ms")
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw B* and B_mem per model and context (needs bstar[plot])")
 
 
 def add_models_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,6 +95,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
     d = deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
+    if args.plot:
+        from bstar.report import save_plan_plot
+
+        _wrote(save_plan_plot(plan, args.plot, args.max_tpot_ms))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
@@ -100,7 +108,30 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wrote(path: Any) -> None:
+    import sys
+
+    # stderr: --json keeps stdout to the one JSON object.
+    print(f"plot written to {path}", file=sys.stderr)
+
+
 def run_compare(args: argparse.Namespace) -> int:
+    rows = compare_rows(args)
+    if args.plot:
+        from bstar.report import save_compare_plot
+
+        _wrote(save_compare_plot(rows, args.plot))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from bstar.console import print_compare
+
+    print_compare(rows)
+    return 0
+
+
+def compare_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per model x GPU x context (`bstar compare --json`)."""
     from bstar import plan as plan_mod
     from bstar.plan import make_plan
 
@@ -124,13 +155,7 @@ def run_compare(args: argparse.Namespace) -> int:
                     rows.append(no_fit_row(d, ctx, rl.min_gpus_that_fit(d, ctx), str(e)))
                     continue
                 rows.append(compare_row(p, p.contexts[0]))
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from bstar.console import print_compare
-
-    print_compare(rows)
-    return 0
+    return rows
 
 
 def compare_row(plan: Any, c: Any) -> dict[str, Any]:

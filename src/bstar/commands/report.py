@@ -1,0 +1,96 @@
+"""`bstar report SOURCE ... -o report.html`: one self-contained HTML file of a plan, a
+comparison, a fit, a stored sweep run or a simulation. Standard library only at top level."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from bstar.commands import fit as fit_cmd
+from bstar.commands import plan as plan_cmd
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, metavar="FILE.html",
+                   help="where to write the report (one self-contained HTML file)")
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="report_source", metavar="SOURCE", required=True)
+    sp = sub.add_parser("plan", help="the cost model's plan (takes `bstar plan`'s flags)",
+                        description="Report of `bstar plan` with the same flags.")
+    plan_cmd.add_plan_arguments(sp)
+    _add_output(sp)
+    sc = sub.add_parser("compare", help="B* and B_mem across models/GPUs/contexts (takes "
+                                        "`bstar compare`'s flags)",
+                        description="Report of `bstar compare` with the same flags.")
+    plan_cmd.add_compare_arguments(sc)
+    _add_output(sc)
+    sf = sub.add_parser("fit", help="a fit of measured points (takes `bstar fit`'s POINTS "
+                                    "and flags)",
+                        description="Report of `bstar fit` with the same arguments.")
+    fit_cmd.add_fit_arguments(sf)
+    _add_output(sf)
+
+
+def _command_line() -> str:
+    # The command as typed, when bstar was started as a program (not from a test harness).
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if prog.name == "bstar" or (prog.name == "__main__.py" and prog.parent.name == "bstar"):
+        return shlex.join(["bstar", *sys.argv[1:]])
+    return ""
+
+
+def _done(args: argparse.Namespace, path: Any, extra: dict[str, Any] | None = None) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"report": str(path), **(extra or {})}, indent=2))
+    else:
+        print(f"report written to {path}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    source = args.report_source
+    if source == "plan":
+        return _report_plan(args)
+    if source == "compare":
+        return _report_compare(args)
+    if source == "fit":
+        return _report_fit(args)
+    raise AssertionError(source)  # argparse only lets the sources above through
+
+
+def _report_plan(args: argparse.Namespace) -> int:
+    from bstar.plan import DEFAULT_CONTEXTS, make_plan
+    from bstar.report import save_plan_plot, write_plan_report
+
+    d = plan_cmd.deployment_from_args(args)
+    plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
+    path = write_plan_report(plan, args.output, args.max_tpot_ms, _command_line())
+    if getattr(args, "plot", None):
+        save_plan_plot(plan, args.plot, args.max_tpot_ms)
+    return _done(args, path)
+
+
+def _report_compare(args: argparse.Namespace) -> int:
+    from bstar.report import save_compare_plot, write_compare_report
+
+    rows = plan_cmd.compare_rows(args)
+    path = write_compare_report(rows, args.output, _command_line())
+    if getattr(args, "plot", None):
+        save_compare_plot(rows, args.plot)
+    return _done(args, path)
+
+
+def _report_fit(args: argparse.Namespace) -> int:
+    from bstar.report import save_fit_plot, write_fit_report
+
+    result, _spec = fit_cmd.fit_from_args(args)
+    path = write_fit_report(result, args.output, _command_line())
+    if getattr(args, "plot", None):
+        save_fit_plot(result, args.plot)
+    return _done(args, path, {"knee_batch": result.knee_batch})

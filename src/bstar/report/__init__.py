@@ -1,0 +1,75 @@
+"""Pictures and reports over bstar's results: `--plot FILE.png|.svg` and `bstar report`.
+
+Importing this package is light; matplotlib and jinja2 (the `bstar[plot]` extra) load only
+when something is drawn, and their absence is a one-line BstarError naming the extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def save_plan_plot(plan: Any, path: str | Path, max_tpot_ms: float | None = None) -> Path:
+    """All of a plan on one PNG/SVG: latency and throughput per context, and the roofline."""
+    from bstar.report import plots
+    from bstar.report.views import plan_view
+
+    return plots.plan_overview(plan_view(plan, max_tpot_ms)).save(path)
+
+
+def save_compare_plot(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """B* and B_mem per model and context (rows: `bstar compare --json`)."""
+    from bstar.report import plots
+
+    return plots.compare_chart(rows).save(path)
+
+
+def write_plan_report(plan: Any, path: str | Path, max_tpot_ms: float | None = None,
+                      command: str = "") -> Path:
+    from bstar.report.build import plan_report
+    from bstar.report.html import write_html
+    from bstar.report.views import plan_view
+
+    return write_html(plan_report(plan_view(plan, max_tpot_ms), command), path)
+
+
+def write_compare_report(rows: list[dict[str, Any]], path: str | Path,
+                         command: str = "") -> Path:
+    from bstar.report.build import compare_report
+    from bstar.report.html import write_html
+
+    return write_html(compare_report(rows, command), path)
+
+
+def write_sweep_report(sweep: dict[str, Any], path: str | Path, command: str = "") -> Path:
+    """`sweep` is the sweep JSON contract (`bstar sweep --json`)."""
+    from bstar.report.build import sweep_report
+    from bstar.report.html import write_html
+
+    return write_html(sweep_report(sweep, command), path)
+
+
+def write_simulate_report(results: list[dict[str, Any]], path: str | Path,
+                          command: str = "") -> Path:
+    """`results` are simulate JSON objects (`bstar simulate --json`), one per max_num_seqs."""
+    from bstar.report.build import simulate_report
+    from bstar.report.html import write_html
+
+    return write_html(simulate_report(results, command), path)
+
+
+def save_fit_plot(result: Any, path: str | Path) -> Path:
+    """Measured points, the fitted model, its extrapolation and predictions (a FitResult)."""
+    from bstar.report import plots
+    from bstar.report.views import fit_view
+
+    return plots.fit_chart(fit_view(result)).save(path)
+
+
+def write_fit_report(result: Any, path: str | Path, command: str = "") -> Path:
+    from bstar.report.build import fit_report
+    from bstar.report.html import write_html
+    from bstar.report.views import fit_view
+
+    return write_html(fit_report(fit_view(result), command), path)

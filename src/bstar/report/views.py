@@ -1,0 +1,112 @@
+"""What the pictures need, as plain JSON-able dicts built from the result objects.
+
+The plots and the HTML report draw from these dicts only, never from live objects, so that a
+plan, a fit, a sweep run or a simulation (each a `.to_dict()` or a contract JSON) plugs in
+the same way. A plan's `to_dict()` lacks a few things a picture wants (the roofs, a dense
+curve to draw smoothly, achieved FLOP/s); `plan_view` adds them from the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+
+# Enough samples that a log2 axis shows a smooth curve; the plan's own points are markers.
+DENSE_SAMPLES = 240
+
+
+def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
+    """`plan.to_dict()` plus, per context, a dense curve, roofs and marked batches."""
+    d = plan.deployment
+    out = plan.to_dict()
+    peak_flops = d.gpu.peak_flops(d.weight.compute)
+    bw = d.gpu.hbm_bandwidth_bytes_s
+    out["roof"] = {
+        "peak_flops_per_gpu": peak_flops, "hbm_bandwidth_bytes_s_per_gpu": bw,
+        "compute_eff": d.eff.compute, "bandwidth_eff": d.eff.bandwidth,
+        "ridge_flops_per_byte": peak_flops / bw,
+        "compute": d.weight.compute,
+    }
+    out["gpu_name"] = d.gpu.name
+    out["gpu_source"] = d.gpu.source
+    out["gpu_provenance"] = d.gpu.provenance
+    out["max_tpot_ms"] = max_tpot_ms
+    for cp, cd in zip(plan.contexts, out["contexts"], strict=True):
+        ctx = cp.context_tokens
+        top = int(max(int(cp.curve.batch.max()), cp.b_mem * 2, 2))
+        grid = np.unique(np.geomspace(1, top, DENSE_SAMPLES).round().astype(np.int64))
+        dense = rl.curve(d, grid, ctx)
+        cd["dense"] = _curve_lists(dense)
+        for p, f in zip(cd["curve"], _achieved_flops(cp.curve), strict=True):
+            p["achieved_flops_s_per_gpu"] = f
+        one = rl.decode_step(d, [1], ctx)
+        flops_per_token_per_gpu = float(one.flops[0])
+        # Limits of the memory-bound model as B grows without bound: the KV of one sequence
+        # is read per token (seed 000's floor), and the compute roof of the GPUs.
+        cd["throughput_ceiling_kv_tok_s"] = 1.0 / cp.tpot_floor_s
+        cd["compute_roof_tok_s"] = peak_flops * d.eff.compute / flops_per_token_per_gpu
+        cd["ai_limit_flops_per_byte"] = float(
+            flops_per_token_per_gpu / (float(one.kv_bytes_read[0]) or 1.0))
+        cd["sla_batch"] = sla_batch(d, ctx, cp.b_mem, max_tpot_ms)
+        cd["knee"] = predicted_knee(cd["curve"])
+    return out
+
+
+def _curve_lists(c: rl.Curve) -> dict[str, list[float]]:
+    return {"batch": [int(b) for b in c.batch],
+            "tpot_ms": [float(x) * 1e3 for x in c.tpot_s],
+            "amortized_ms_per_token": [float(x) * 1e3 for x in c.amortized_s_per_token],
+            "throughput_tok_s": [float(x) for x in c.throughput_tok_s],
+            "arithmetic_intensity": [float(x) for x in c.arithmetic_intensity],
+            "achieved_flops_s_per_gpu": _achieved_flops(c),
+            "regime": list(c.regime)}
+
+
+def _achieved_flops(c: rl.Curve) -> list[float]:
+    # FLOPs of the running batch over its step time, per GPU (what a profiler would see).
+    return [float(x) for x in c.cost.flops / c.step_s]
+
+
+def sla_batch(d: rl.Deployment, context_tokens: int, b_mem: int,
+              max_tpot_ms: float | None) -> int | None:
+    """Largest running batch whose predicted per-request TPOT meets the SLA, by the knee
+    module's SLA rule over every batch up to B_mem (None: no SLA given, 0: even batch 1
+    misses it)."""
+    if max_tpot_ms is None:
+        return None
+    from bstar import knee
+
+    grid = np.arange(1, max(b_mem, 1) + 1)
+    k = knee.sla_knee(grid, rl.curve(d, grid, context_tokens).tpot_s * 1e3, max_tpot_ms)
+    return k.batch or 0
+
+
+def predicted_knee(curve_points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seed 004's knee (the next doubling gains under 15% throughput) on the plan's curve,
+    which runs in powers of two past B_mem by default, so the plateau is on it."""
+    from bstar import knee
+
+    if len(curve_points) < 2:
+        return None
+    k = knee.doubling_knee([p["batch"] for p in curve_points],
+                           [p["throughput_tok_s"] for p in curve_points])
+    return k.to_dict()
+
+
+def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
+    """`FitResult.to_dict()` plus the fitted curve sampled densely (through the result's own
+    `step_ms`), from batch 1 to past the last prediction."""
+    out = result.to_dict()
+    batches = [p["batch"] for p in out["points"]] + [p["batch"] for p in out["predictions"]]
+    top = max(max(batches) * 1.25, 2.0)
+    grid = np.unique(np.geomspace(1, top, DENSE_SAMPLES))
+    step_ms = np.asarray(result.step_ms(grid), dtype=np.float64)
+    out["dense"] = {"batch": [float(x) for x in grid], "tpot_ms": [float(x) for x in step_ms],
+                    "throughput_tok_s": [float(x) for x in grid / step_ms * 1e3],
+                    "last_measured_batch": float(max(p["batch"] for p in out["points"]))}
+    out["max_tpot_ms"] = max_tpot_ms if max_tpot_ms is not None else getattr(
+        result, "max_tpot_ms", None)
+    return out

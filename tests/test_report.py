@@ -1,0 +1,220 @@
+"""Plots and HTML reports without a browser: files, formats, tooltips, PNG content, the
+regime bands, the missing-extra message. (tests/test_report_browser.py opens them in
+Chromium.)"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import bstar
+from bstar import roofline as rl
+from bstar.cli import main
+from bstar.errors import BstarError
+from bstar.plan import make_plan
+from bstar.report import plots
+from bstar.report.views import plan_view
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def view() -> dict[str, Any]:
+    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
+    return plan_view(make_plan(d, [512, 8192]), max_tpot_ms=20.0)
+
+
+def png_stats(data: bytes) -> tuple[int, int, float]:
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data))
+    grey = np.asarray(im.convert("L"), dtype=np.float64)
+    return im.width, im.height, float(grey.std())
+
+
+def test_plot_png_is_large_and_not_blank(tmp_path: Path) -> None:
+    out = tmp_path / "plan.png"
+    assert main(["plan", "--context", "512,2048", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h, std = png_stats(out.read_bytes())
+    # Two rows of (latency, throughput) and the roofline: a tall, wide picture.
+    assert w > 1500 and h > 1500
+    assert out.stat().st_size > 100_000
+    assert std > 20  # a blank or single-colour image has ~0
+
+
+def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.svg"
+    assert main(["plan", "--context", "512", "--json", "--plot", str(out)]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # only the JSON object on stdout
+    assert "plot written to" in captured.err
+    root = ET.fromstring(out.read_bytes())
+    assert root.tag == f"{SVG}svg"
+    assert len(list(root.iter(f"{SVG}title"))) > 10
+
+
+def test_compare_plot(tmp_path: Path) -> None:
+    out = tmp_path / "compare.png"
+    assert main(["compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b", "--context",
+                 "512,8192", "--plot", str(out)]) == 0
+    w, h, std = png_stats(out.read_bytes())
+    assert w > 1000 and h > 600 and std > 20
+
+
+def test_plot_rejects_other_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--plot", str(tmp_path / "x.pdf")]) == 2
+    assert ".png or .svg" in capsys.readouterr().err
+    assert main(["plan", "--plot", str(tmp_path / "no" / "x.png")]) == 2
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main(["plan", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "pip install 'bstar[plot]'" in capsys.readouterr().err
+
+
+def test_every_plan_point_has_a_tooltip_with_its_values(view: dict[str, Any]) -> None:
+    charts = plots.plan_charts(view)
+    assert [c.name for c in charts] == ["latency-512", "throughput-512", "latency-8192",
+                                        "throughput-8192", "roofline"]
+    for c in view["contexts"]:
+        ctx = c["context_tokens"]
+        lat = next(ch for ch in charts if ch.name == f"latency-{ctx}")
+        root = ET.fromstring(lat.svg())
+        titles = [t.text or "" for t in root.iter(f"{SVG}title")]
+        # TPOT and amortized marker per curve point, and the recommendation star.
+        assert len(titles) == 2 * len(c["curve"]) + 1
+        for pt in c["curve"]:
+            assert any(t.startswith(f"batch {pt['batch']} ") for t in titles), pt["batch"]
+        rec = c["recommendation"]["max_num_seqs"]
+        assert any(f"recommended max_num_seqs = {rec}" in t for t in titles)
+
+
+def test_svg_output_is_deterministic(view: dict[str, Any]) -> None:
+    a = plots.roofline_chart(view).svg()
+    b = plots.roofline_chart(view).svg()
+    assert a == b
+
+
+@pytest.mark.parametrize("model,gpu,ctx", [("llama-3-8b", "a100-80gb-sxm", 512),
+                                           ("llama-3-8b", "a100-80gb-sxm", 8192),
+                                           ("mixtral-8x7b", "h100-sxm", 2048),
+                                           ("llama-2-13b", "a100-80gb-sxm", 2048)])
+def test_regime_bands_agree_with_the_cost_model(model: str, gpu: str, ctx: int) -> None:
+    d = bstar.Deployment(model=bstar.get_model(model), gpu=bstar.get_gpu(gpu),
+                         num_gpus=2 if model == "mixtral-8x7b" else 1)
+    bm = rl.b_mem(d, ctx)
+    bsr = rl.b_star_read(d, ctx) or rl.b_star(d, ctx)
+    spans = plots.regime_spans(bsr, rl.compute_crossover(d, ctx), bm, 0.8, 4 * bm)
+    # Contiguous, covering the axis.
+    assert spans[0][0] == 0.8 and spans[-1][1] == 4 * bm
+    for (_, hi, _), (lo, _, _) in itertools.pairwise(spans):
+        assert hi == pytest.approx(lo)
+    grid = np.unique(np.geomspace(1, 4 * bm - 1, 200).astype(int))
+    cv = rl.curve(d, grid, ctx)
+    for b, reg in zip(grid, cv.regime, strict=True):
+        # Within 1% of a boundary the sampled regime may sit on either side of it.
+        near = [s for s in spans if s[0] * 0.99 <= b <= s[1] * 1.01]
+        assert reg in {s[2] for s in near}, (b, reg, spans)
+
+
+def test_plan_report_html_is_self_contained(tmp_path: Path) -> None:
+    out = tmp_path / "plan.html"
+    assert main(["report", "plan", "--context", "512,2048", "--max-tpot-ms", "15",
+                 "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>")
+    assert html.count('<figure class="plot"') == 5
+    assert html.count("<svg") == 5
+    # Nothing to fetch: no src/href to anywhere (SVG namespaces are names, not loads).
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
+    assert "Content-Security-Policy" in html
+    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
+    plan = make_plan(d, [512, 2048], max_tpot_ms=15)
+    for c in plan.contexts:
+        assert f"{c.recommendation.max_num_seqs:,}" in html
+        assert c.recommendation.reason.split(":")[0] in html
+        for engine_flags in c.flags.values():
+            assert engine_flags in html
+    for words in ("GiB", "10^9", "per request", "amortized", "bandwidth 0.7", "Context ="):
+        assert words in html, words
+
+
+def test_report_escapes_text(tmp_path: Path) -> None:
+    from bstar.report.build import compare_report
+    from bstar.report.html import render_html
+
+    rows = json.loads(_compare_json())
+    rows[0]["model"] = "<script>alert(1)</script>"
+    html = render_html(compare_report(rows))
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def _compare_json() -> str:
+    buf = io.StringIO()
+    stdout, sys.stdout = sys.stdout, buf
+    try:
+        assert main(["compare", "--context", "512", "--json"]) == 0
+    finally:
+        sys.stdout = stdout
+    return buf.getvalue()
+
+
+def test_report_wants_an_html_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "plan", "-o", str(tmp_path / "r.png")]) == 2
+    assert ".html" in capsys.readouterr().err
+
+
+def test_sla_batch_is_the_largest_that_meets_it() -> None:
+    from bstar.report.views import sla_batch
+
+    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
+    bm = rl.b_mem(d, 2048)
+    b = sla_batch(d, 2048, bm, 15.0)
+    assert b is not None and 1 <= b < bm
+    tpot_ms = rl.curve(d, [b, b + 1], 2048).tpot_s * 1e3
+    assert tpot_ms[0] <= 15.0 < tpot_ms[1]
+    assert sla_batch(d, 2048, bm, 1.0) == 0
+    assert sla_batch(d, 2048, bm, None) is None
+
+
+def test_bad_suffix_is_a_user_error(view: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(BstarError):
+        plots.roofline_chart(view).save(tmp_path / "x.jpg")
+
+
+SEED001 = Path(__file__).resolve().parents[1] / "examples" / "seed001.csv"
+
+
+def test_fit_plot_and_report(tmp_path: Path) -> None:
+    from bstar.fit import fit_points, load_points
+
+    png = tmp_path / "fit.png"
+    args = [str(SEED001), "--critical-batch", "128", "--predict", "256,512"]
+    assert main(["fit", *args, "--plot", str(png)]) == 0
+    w, h, std = png_stats(png.read_bytes())
+    assert w > 1500 and h > 600 and std > 20
+    out = tmp_path / "fit.html"
+    assert main(["report", "fit", *args, "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    result = fit_points(load_points(SEED001), predict=[256, 512], critical_batch=128)
+    for p in result.predictions:
+        assert f"{p.throughput_tok_s:,.0f} tok/s" in html
+    assert result.knee_batch is not None and f"{result.knee_batch:,}" in html
+    root = ET.fromstring(re.search(r"<svg.*?</svg>", html, re.S).group(0))
+    titles = [t.text or "" for t in root.iter(f"{SVG}title")]
+    # Two panels, each with the 4 measured points and 2 predictions.
+    assert sum(t.startswith("measured at batch") for t in titles) == 8
+    assert sum(t.startswith("predicted at batch") for t in titles) == 4

@@ -1,0 +1,256 @@
+"""Reports open in a real browser: headless Chromium (Debian's `chromium`, installed by
+scripts/test) loads each HTML file from disk with the network off, and the test reads what
+the page did over the DevTools protocol: console messages, uncaught exceptions, blocked
+loads (the report's Content-Security-Policy turns any network fetch into a logged error),
+every plot's size and a screenshot of each plot, which must not be blank. A full-page
+screenshot of each report is saved under ./artifacts/ for people to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bstar.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None and os.environ.get("BSTAR_REQUIRE_BROWSER") != "1",
+    reason="chromium is not installed (scripts/test installs it)")
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-extensions", "--hide-scrollbars", "--mute-audio",
+         "--remote-debugging-port=0", "--window-size=1400,1000"]
+
+PLOTS_JS = """(() => [...document.querySelectorAll('figure.plot')].map(f => {
+  const svg = f.querySelector('svg');
+  const r = (svg || f).getBoundingClientRect();
+  return {name: f.dataset.plot, x: r.left + window.scrollX, y: r.top + window.scrollY,
+          width: r.width, height: r.height,
+          shapes: svg ? svg.querySelectorAll('path, use').length : 0,
+          tooltips: svg ? svg.querySelectorAll('title').length : 0};
+}))()"""
+
+
+@dataclass
+class PageResult:
+    errors: list[str] = field(default_factory=list)
+    plots: list[dict[str, Any]] = field(default_factory=list)
+    plot_pngs: dict[str, bytes] = field(default_factory=dict)
+    screenshot: bytes = b""
+    title: str = ""
+
+
+class _Cdp:
+    """A minimal DevTools-protocol client over one browser websocket (flat sessions)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.next_id = 0
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.loaded = asyncio.Event()
+
+    async def pump(self) -> None:
+        async for msg in self.ws:
+            data = json.loads(msg.data)
+            if "id" in data and data["id"] in self.pending:
+                fut = self.pending.pop(data["id"])
+                if "error" in data:
+                    fut.set_exception(RuntimeError(str(data["error"])))
+                else:
+                    fut.set_result(data.get("result", {}))
+            elif "method" in data:
+                self.events.append(data)
+                if data["method"] == "Page.loadEventFired":
+                    self.loaded.set()
+
+    async def send(self, method: str, params: dict[str, Any] | None = None,
+                   session: str | None = None) -> Any:
+        self.next_id += 1
+        msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[self.next_id] = fut
+        await self.ws.send_str(json.dumps(msg))
+        return await asyncio.wait_for(fut, 30)
+
+
+def _errors_from(events: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for e in events:
+        m, p = e["method"], e.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            out.append("exception: " + json.dumps(p.get("exceptionDetails", {}))[:500])
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert", "warning"):
+            out.append(f"console.{p['type']}: " + json.dumps(p.get("args", []))[:500])
+        elif m == "Log.entryAdded" and p.get("entry", {}).get("level") in ("error", "warning"):
+            out.append(f"log {p['entry']['level']}: {p['entry'].get('text', '')[:500]}")
+    return out
+
+
+async def _render(path: Path, width: int = 1400) -> PageResult:
+    import aiohttp
+
+    user_dir = tempfile.mkdtemp(prefix="bstar-chromium-")
+    proc = await asyncio.create_subprocess_exec(
+        CHROMIUM or "chromium", *FLAGS, f"--user-data-dir={user_dir}", "about:blank",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        ws_url = ""
+        while not ws_url:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            if not line:
+                raise RuntimeError("chromium exited before its DevTools endpoint was up")
+            if line.startswith("DevTools listening on "):
+                ws_url = line.split(" on ", 1)[1].strip()
+        drain = asyncio.create_task(proc.stderr.read())  # keep the pipe from filling
+        async with aiohttp.ClientSession() as http, \
+                http.ws_connect(ws_url, max_msg_size=0) as ws:
+            cdp = _Cdp(ws)
+            pump = asyncio.create_task(cdp.pump())
+            target = await cdp.send("Target.createTarget", {"url": "about:blank"})
+            attached = await cdp.send("Target.attachToTarget",
+                                      {"targetId": target["targetId"], "flatten": True})
+            s = attached["sessionId"]
+            for domain in ("Runtime", "Log", "Page"):
+                await cdp.send(f"{domain}.enable", session=s)
+            await cdp.send("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": 1000, "deviceScaleFactor": 1,
+                            "mobile": False}, session=s)
+            await cdp.send("Page.navigate", {"url": path.resolve().as_uri()}, session=s)
+            await asyncio.wait_for(cdp.loaded.wait(), 60)
+            res = PageResult()
+            got = await cdp.send("Runtime.evaluate", {"expression": PLOTS_JS,
+                                                      "returnByValue": True}, session=s)
+            res.plots = got["result"]["value"]
+            title = await cdp.send("Runtime.evaluate", {"expression": "document.title",
+                                                        "returnByValue": True}, session=s)
+            res.title = title["result"]["value"]
+            for p in res.plots:
+                shot = await cdp.send("Page.captureScreenshot", {
+                    "format": "png", "captureBeyondViewport": True,
+                    "clip": {"x": p["x"], "y": p["y"], "width": p["width"],
+                             "height": p["height"], "scale": 1}}, session=s)
+                res.plot_pngs[p["name"]] = base64.b64decode(shot["data"])
+            metrics = await cdp.send("Page.getLayoutMetrics", session=s)
+            height = int(metrics["cssContentSize"]["height"])
+            shot = await cdp.send("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}},
+                session=s)
+            res.screenshot = base64.b64decode(shot["data"])
+            await asyncio.sleep(0.2)  # let late console events arrive
+            res.errors = _errors_from(cdp.events)
+            pump.cancel()
+        drain.cancel()
+        return res
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        shutil.rmtree(user_dir, ignore_errors=True)
+
+
+def render(path: Path) -> PageResult:
+    return asyncio.run(asyncio.wait_for(_render(path), 120))
+
+
+def pixel_std(png: bytes) -> float:
+    """Standard deviation of the grey levels: ~0 for a blank or single-colour image."""
+    import numpy as np
+    from PIL import Image
+
+    grey = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
+    return float(grey.std())
+
+
+def check_report(html: Path, expected_plots: list[str], artifact: str) -> PageResult:
+    res = render(html)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / artifact).write_bytes(res.screenshot)
+    assert res.errors == [], res.errors
+    assert [p["name"] for p in res.plots] == expected_plots
+    for p in res.plots:
+        assert p["width"] > 400 and p["height"] > 250, p
+        assert p["shapes"] > 30, p  # axes, ticks, curves and markers drawn as paths
+        assert p["tooltips"] > 0, p  # hover values on the points
+        assert pixel_std(res.plot_pngs[p["name"]]) > 20, p["name"]
+    assert pixel_std(res.screenshot) > 20
+    return res
+
+
+def _chart_names(html: Path) -> list[str]:
+    import re
+
+    return re.findall(r'<figure class="plot" id="plot-[^"]+" data-plot="([^"]+)"',
+                      html.read_text(encoding="utf-8"))
+
+
+def test_plan_report_in_chromium(tmp_path: Path) -> None:
+    out = tmp_path / "plan.html"
+    assert main(["report", "plan", "--max-tpot-ms", "20", "-o", str(out)]) == 0
+    names = _chart_names(out)
+    # Latency and throughput for each of the three default contexts, and the roofline.
+    assert names == [f"{k}-{c}" for c in (512, 2048, 8192) for k in ("latency", "throughput")] \
+        + ["roofline"]
+    res = check_report(out, names, "report-plan.png")
+    assert "llama-3-8b" in res.title
+
+
+def test_compare_report_in_chromium(tmp_path: Path) -> None:
+    out = tmp_path / "compare.html"
+    assert main(["report", "compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b",
+                 "--context", "512,2048,8192", "-o", str(out)]) == 0
+    check_report(out, ["compare"], "report-compare.png")
+
+
+def test_fit_report_in_chromium(tmp_path: Path) -> None:
+    out = tmp_path / "fit.html"
+    assert main(["report", "fit", str(ROOT / "examples" / "seed001.csv"), "--critical-batch",
+                 "128", "--predict", "256,512", "-o", str(out)]) == 0
+    check_report(out, ["fit"], "report-fit.png")
+
+
+def test_a_network_fetch_is_caught(tmp_path: Path) -> None:
+    """The check above can fail: a report that tries to load a remote image is reported
+    (the policy blocks it and the browser logs the violation)."""
+    out = tmp_path / "plan.html"
+    assert main(["report", "plan", "--context", "512", "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    bad = tmp_path / "bad.html"
+    bad.write_text(html.replace("<main>", '<main><img src="http://127.0.0.1:9/x.png">', 1),
+                   encoding="utf-8")
+    res = render(bad)
+    assert res.errors, "a blocked network load went unnoticed"
+
+
+def test_chromium_flags_match_the_documented_set() -> None:
+    # scripts/test installs chromium; these flags keep it from reaching out on its own.
+    for f in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+              "--disable-background-networking"):
+        assert f in FLAGS
+    assert subprocess.run([CHROMIUM or "chromium", "--version"], capture_output=True,
+                          check=True).stdout.startswith(b"Chromium")
