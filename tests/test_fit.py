@@ -173,6 +173,13 @@ def test_given_critical_batch_against_a_roof_seen_in_the_data() -> None:
     assert any("not at the given --critical-batch 300" in w for w in r.warnings)
 
 
+def test_critical_batch_below_the_data_warns() -> None:
+    r = fit_points(load_points(SEED001), critical_batch=4)
+    assert any("not separately determined" in w for w in r.warnings)
+    # Whatever the split of a and b, the roof line goes through the points past N.
+    assert r.params.c_ms is not None
+
+
 def test_to_dict_is_json() -> None:
     r = fit_points(load_points(SEED001), critical_batch=128, max_tpot_ms=30)
     d = json.loads(json.dumps(r.to_dict()))

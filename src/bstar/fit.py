@@ -635,6 +635,10 @@ def fit_points(points: Points, *, predict: Sequence[int] = (),
                      f"{critical_batch:g} = step({critical_batch:g})/{critical_batch:g} = "
                      f"{params.c_ms:.4g} ms per sequence; past it TPOT = c*B and throughput "
                      f"stays at {1e3 / params.c_ms:,.0f} tok/s")
+        if int((b < critical_batch).sum()) < 2:
+            warnings.append(f"fewer than two points lie below --critical-batch "
+                            f"{critical_batch:g}: a and b are not separately determined, only "
+                            "step on the roof is")
         if check.identified and check.params is not None:
             seen = check.params.crossover_batch
             if seen is not None and abs(math.log(seen / critical_batch)) > math.log(1.25):
