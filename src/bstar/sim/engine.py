@@ -219,13 +219,8 @@ class _Loop:
         b = sched.num_running
         if b == 0 or b > cfg.max_num_batched_tokens:
             return False
-        ids = sched.running[:b]
-        comp = r.num_computed[ids]
-        gen = r.num_generated[ids]
-        if np.any(r.prompt_tokens[ids] + gen - comp != 1) or np.any(gen == 0):
-            return False
         admit_blocked = b >= cfg.max_num_seqs
-        if sched.waiting and not admit_blocked:
+        if sched.waiting and not admit_blocked:  # cheap checks first: most refusals are here
             head = sched.waiting[0]
             c = int(r.num_computed[head])
             n = min(int(r.prompt_tokens[head] + r.num_generated[head]) - c,
@@ -233,6 +228,11 @@ class _Loop:
             if n > 0 and bm.blocks_for(c + n) <= bm.num_free:
                 return False  # it gets in this step
             admit_blocked = True  # blocks only shrink until someone finishes
+        ids = sched.running[:b]
+        comp = r.num_computed[ids]
+        gen = r.num_generated[ids]
+        if (r.prompt_tokens[ids] + gen - comp != 1).any() or not gen.all():
+            return False  # a prefill (or its last chunk) is running
         k_max = int((r.output_tokens[ids] - gen).min()) - 1  # the finishing step is ordinary
         if k_max < 2:
             return False

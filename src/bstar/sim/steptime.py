@@ -114,15 +114,43 @@ class StepCoefficients:
             + self.decode_flops_per_pos_window * win_sum
         return self.step_s(np.full(num_steps, float(b)), float(b), kv, attn)
 
+    def scalar_step_s(self, num_tokens: float, num_seqs: float, kv_bytes: float,
+                      attention_flops: float) -> float:
+        """`step_s` for one step in plain floats: the simulator calls it every step, where
+        numpy's per-call overhead on scalars would dominate."""
+        w = self.dense_weight_bytes + self.weight_bytes_per_token * num_tokens
+        if self.num_experts:
+            w += self.expert_weight_bytes * (1.0 - (1.0 - self.top_k / self.num_experts)
+                                             ** num_tokens)
+        memory_s = (w + kv_bytes) / self.bandwidth_bytes_s
+        compute_s = (self.matmul_flops_per_token * num_tokens + attention_flops) / self.flops_s
+        comm_s = self.comm_s_fixed + self.comm_s_per_token * num_tokens if num_tokens else 0.0
+        return max(memory_s, compute_s) + comm_s + self.overhead_s \
+            + self.overhead_per_seq_s * num_seqs
+
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
-        """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
-        c = np.asarray(start_tokens, dtype=np.float64)
-        n = np.asarray(new_tokens, dtype=np.float64)
+        """One step over sequences each computing `new_tokens` on top of `start_tokens`
+        (decode: 1 new token)."""
+        c = np.asarray(start_tokens)
+        n = np.asarray(new_tokens)
         if c.size == 0:
             return 0.0
-        attn = np.where(n == 1, self.decode_attention_flops(c + 1),
-                        self.prefill_attention_flops(c, n))
-        return float(self.step_s(n.sum(), c.size, self.kv_bytes(c + n).sum(), attn.sum()))
+        end = c + n
+        w = self.window_tokens
+        end_full = float(end.sum())
+        end_win = float(np.minimum(end, w).sum()) if w else end_full
+        kv = self.kv_bytes_per_token_full * end_full + self.kv_bytes_per_token_window * end_win
+        chunk = n > 1
+        if chunk.any():
+            dec = ~chunk
+            d_full = float(end[dec].sum())
+            d_win = float(np.minimum(end[dec], w).sum()) if w else d_full
+            cf, nf = c[chunk].astype(np.float64), n[chunk].astype(np.float64)
+            attn = float(self.prefill_attention_flops(cf, nf).sum())
+        else:
+            d_full, d_win, attn = end_full, end_win, 0.0
+        attn += self.decode_flops_per_pos_full * d_full + self.decode_flops_per_pos_window * d_win
+        return self.scalar_step_s(float(n.sum()), float(c.size), kv, attn)
 
 
 def coefficients(d: rl.Deployment) -> StepCoefficients:
