@@ -52,9 +52,45 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop a level after this much simulated time (default 86400)")
     p.add_argument("--json", action="store_true",
                    help="print the simulate object (a list of them for several levels)")
+    p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw throughput, latency percentiles and preemptions per level "
+                        "(needs bstar[plot])")
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    d, rows, advice, arrivals, tokens = simulate_from_args(args)
+    if getattr(args, "plot", None):
+        import sys
+
+        from bstar.report import save_simulate_plot
+
+        # stderr: --json keeps stdout to the simulate object(s).
+        print(f"plot written to "
+              f"{save_simulate_plot(simulate_objects(rows, advice, tokens, args), args.plot)}",
+              file=sys.stderr)
+    if args.json:
+        objs = simulate_objects(rows, advice, tokens, args)
+        print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2))
+        return 0
+    print_simulation(d, rows, advice, arrivals, args, tokens)
+    return 0
+
+
+def simulate_objects(rows: list[Any], advice: Any, tokens: int,
+                     args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The simulate JSON contract, one object per level (shared with `bstar report`)."""
+    objs = [r.to_dict() for r in rows]
+    for o in objs:
+        o["max_num_batched_tokens"] = tokens
+        o["preemption_mode"] = args.preemption
+        if advice is not None:
+            o["recommended"] = o["max_num_seqs"] == advice.max_num_seqs
+            o["sweep"] = advice.to_dict()
+    return objs
+
+
+def simulate_from_args(args: argparse.Namespace) -> tuple[Any, list[Any], Any, Any, int]:
+    """Deployment, per-level summaries, advice (None for one level), arrivals, token budget."""
     from pathlib import Path
 
     from bstar.commands.plan import deployment_from_args
@@ -101,18 +137,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                            parse_lengths(args.output_len), args.num_requests, args.seed,
                            cfg, slo)
     advice = advise(rows, slo) if len(rows) > 1 else None
-    if args.json:
-        objs = [r.to_dict() for r in rows]
-        for o in objs:
-            o["max_num_batched_tokens"] = tokens
-            o["preemption_mode"] = args.preemption
-            if advice is not None:
-                o["recommended"] = o["max_num_seqs"] == advice.max_num_seqs
-                o["sweep"] = advice.to_dict()
-        print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2))
-        return 0
-    print_simulation(d, rows, advice, arrivals, args, tokens)
-    return 0
+    return d, rows, advice, arrivals, tokens
 
 
 def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
@@ -161,6 +186,13 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
     c.print(t)
     if len(rows) > 1:
         c.print(f"  throughput {sparkline([r.throughput_tok_s for r in rows])}")
+    queue_top = max(max(r.queue_max for r in rows), 1)
+    c.print(f"  over time, peak per bin (KV: 0..100% of the pool; queue: 0..{queue_top}):")
+    for r in rows:
+        tl = r.timeline
+        span = tl["time_s"][-1] if tl["time_s"] else 0.0
+        c.print(f"    {r.max_num_seqs:>6}  KV {_bars(tl['kv_utilization'][::2], 1.0):<50} "
+                f"queue {_bars(tl['num_waiting'][::2], queue_top):<50} 0..{span:,.0f} s")
     for r in rows:
         if r.truncated:
             c.print(f"  [yellow]max_num_seqs {r.max_num_seqs}: stopped at "
@@ -175,3 +207,10 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
     c.print("[dim]TPOT per request = (E2E - TTFT)/(output - 1); ITL = gaps between tokens; "
             "out tok/s = output tokens / time to the last finish (vLLM benchmark "
             "definitions). Step times from the cost model; * = recommended.[/]")
+
+
+def _bars(values: list[float], top: float) -> str:
+    """A bar per value on a fixed scale 0..top (so levels compare; units.sparkline rescales
+    each series to its own range)."""
+    bars = " ▁▂▃▄▅▆▇█"
+    return "".join(bars[min(8, max(0, round(v / top * 8)))] for v in values)

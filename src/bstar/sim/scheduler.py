@@ -87,7 +87,8 @@ class Scheduler:
         self.reqs = reqs
         self.blocks = blocks
         self.waiting: deque[int] = deque()
-        self.running = np.zeros(cfg.max_num_seqs, dtype=np.int64)
+        # Never more running than requests exist: a huge --max-num-seqs costs no memory.
+        self.running = np.zeros(min(cfg.max_num_seqs, len(reqs)) + 1, dtype=np.int64)
         self.num_running = 0
         self.num_preemptions = 0
 
