@@ -218,3 +218,20 @@ def test_fit_plot_and_report(tmp_path: Path) -> None:
     # Two panels, each with the 4 measured points and 2 predictions.
     assert sum(t.startswith("measured at batch") for t in titles) == 8
     assert sum(t.startswith("predicted at batch") for t in titles) == 4
+
+
+def test_simulate_plot_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--max-num-seqs", "16,64,256", "--concurrency", "200", "--input-len", "512",
+            "--output-len", "64", "--num-requests", "200"]
+    png = tmp_path / "sim.png"
+    assert main(["simulate", *args, "--json", "--plot", str(png)]) == 0
+    objs = json.loads(capsys.readouterr().out)
+    w, h, std = png_stats(png.read_bytes())
+    assert w > 1500 and h > 500 and std > 20
+    out = tmp_path / "sim.html"
+    assert main(["report", "simulate", *args, "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    rec = objs[0]["sweep"]["max_num_seqs"]
+    assert f"recommended {rec}" in html or f">{rec:,}<" in html
+    for o in objs:
+        assert f"{o['throughput_tok_s']:,.0f}" in html

@@ -234,6 +234,14 @@ def test_fit_report_in_chromium(tmp_path: Path) -> None:
     check_report(out, ["fit"], "report-fit.png")
 
 
+def test_simulate_report_in_chromium(tmp_path: Path) -> None:
+    out = tmp_path / "sim.html"
+    assert main(["report", "simulate", "--max-num-seqs", "16,64,256", "--concurrency", "200",
+                 "--input-len", "512", "--output-len", "64", "--num-requests", "200",
+                 "-o", str(out)]) == 0
+    check_report(out, ["simulate"], "report-simulate.png")
+
+
 def test_a_network_fetch_is_caught(tmp_path: Path) -> None:
     """The check above can fail: a report that tries to load a remote image is reported
     (the policy blocks it and the browser logs the violation)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from bstar.commands import fit as fit_cmd
 from bstar.commands import plan as plan_cmd
+from bstar.commands import simulate as sim_cmd
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -35,6 +36,11 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                         description="Report of `bstar fit` with the same arguments.")
     fit_cmd.add_fit_arguments(sf)
     _add_output(sf)
+    sm = sub.add_parser("simulate", help="a simulated sweep over max_num_seqs (takes "
+                                         "`bstar simulate`'s flags)",
+                        description="Report of `bstar simulate` with the same flags.")
+    sim_cmd.add_simulate_arguments(sm)
+    _add_output(sm)
 
 
 def _command_line() -> str:
@@ -61,6 +67,8 @@ def run_report(args: argparse.Namespace) -> int:
         return _report_compare(args)
     if source == "fit":
         return _report_fit(args)
+    if source == "simulate":
+        return _report_simulate(args)
     raise AssertionError(source)  # argparse only lets the sources above through
 
 
@@ -94,3 +102,14 @@ def _report_fit(args: argparse.Namespace) -> int:
     if getattr(args, "plot", None):
         save_fit_plot(result, args.plot)
     return _done(args, path, {"knee_batch": result.knee_batch})
+
+
+def _report_simulate(args: argparse.Namespace) -> int:
+    from bstar.report import save_simulate_plot, write_simulate_report
+
+    _d, rows, advice, _arrivals, tokens = sim_cmd.simulate_from_args(args)
+    objs = sim_cmd.simulate_objects(rows, advice, tokens, args)
+    path = write_simulate_report(objs, args.output, _command_line())
+    if getattr(args, "plot", None):
+        save_simulate_plot(objs, args.plot)
+    return _done(args, path, {"max_num_seqs": advice.max_num_seqs if advice else None})

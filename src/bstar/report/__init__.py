@@ -73,3 +73,10 @@ def write_fit_report(result: Any, path: str | Path, command: str = "") -> Path:
     from bstar.report.views import fit_view
 
     return write_html(fit_report(fit_view(result), command), path)
+
+
+def save_simulate_plot(results: list[dict[str, Any]], path: str | Path) -> Path:
+    """Simulated throughput, latency percentiles and preemptions per max_num_seqs."""
+    from bstar.report import plots
+
+    return plots.simulate_chart(results).save(path)

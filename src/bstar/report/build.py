@@ -224,30 +224,55 @@ def sweep_report(s: dict[str, Any], command: str = "") -> Report:
 
 # ---- simulate ------------------------------------------------------------------------------
 def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
+    """`results` are simulate JSON objects, one per max_num_seqs."""
+    rs = sorted(results, key=lambda x: x["max_num_seqs"])
+    first = rs[0]
     r = Report("simulate", "Simulated continuous batching",
-               f"{len(results)} max_num_seqs setting(s)", command=command)
-    best = max(results, key=lambda x: x["throughput_tok_s"])
-    r.cards.append(Card("highest simulated throughput at max_num_seqs",
-                        f"{best['max_num_seqs']:,}",
-                        f"{best['throughput_tok_s']:,.0f} tok/s, TPOT p99 "
-                        f"{_ms((best.get('tpot_ms') or {}).get('p99'))} ms, "
-                        f"{best.get('preemptions', 0)} preemptions", "throughput", tone="info"))
+               f"{len(rs)} max_num_seqs level(s), {first.get('requests_total', '?')} requests "
+               f"each; KV pool {first.get('kv_blocks', 0):,} blocks of "
+               f"{first.get('block_size', '?')} tokens", command=command)
+    advice = next((x["sweep"] for x in rs if x.get("sweep")), None)
+    if advice:
+        r.cards.append(Card("simulated recommendation → max_num_seqs",
+                            f"{advice['max_num_seqs']:,}", advice["reason"], advice["bound"],
+                            tone="good" if advice["bound"] == "knee" else "info"))
+    best = max(rs, key=lambda x: x["throughput_tok_s"])
+    r.cards.append(Card("highest simulated throughput", f"{best['throughput_tok_s']:,.0f} tok/s",
+                        f"at max_num_seqs {best['max_num_seqs']:,}: TPOT p99 "
+                        f"{_ms((best.get('tpot_ms') or {}).get('p99'))} ms, TTFT p99 "
+                        f"{_ms((best.get('ttft_ms') or {}).get('p99'))} ms, "
+                        f"{best.get('preemptions', 0)} preemptions", tone="info"))
     rows = []
-    for x in sorted(results, key=lambda x: x["max_num_seqs"]):
+    for x in rs:
         def q(key: str, p: str, x: dict[str, Any] = x) -> str:
             return _ms((x.get(key) or {}).get(p))
+        kv = x.get("kv_utilization_max")
         rows.append([f"{x['max_num_seqs']:,}", str(x.get("requests", "")),
                      f"{x['throughput_tok_s']:,.0f}", q("ttft_ms", "p50"), q("ttft_ms", "p99"),
                      q("tpot_ms", "p50"), q("tpot_ms", "p99"), q("e2e_ms", "p50"),
-                     q("e2e_ms", "p99"), str(x.get("preemptions", ""))])
+                     q("e2e_ms", "p99"), str(x.get("preemptions", "")),
+                     "–" if kv is None else f"{100 * kv:.0f}%"])
+    knee_rows = [[k["rule"], "–" if k["batch"] is None else f"{k['batch']:,}", k["reason"]]
+                 for k in ((advice or {}).get("knees") or {}).values()]
+    facts = [(k, str(first[key])) for k, key in (("max_num_batched_tokens",
+                                                  "max_num_batched_tokens"),
+                                                 ("preemption", "preemption_mode"))
+             if first.get(key) is not None]
     r.sections.append(Section(
         "Simulation", "simulate",
-        "A continuous-batching scheduler with paged KV and preemption, stepping with the cost "
-        "model's step times.", charts=[plots.simulate_chart(results)],
+        "A continuous-batching scheduler with paged KV, chunked prefill and preemption, "
+        "stepping with the cost model's step times.", facts=facts,
+        charts=[plots.simulate_chart(rs)],
         tables=[Table("Per max_num_seqs (ms)", ["max_num_seqs", "requests", "tok/s",
                                                 "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-                                                "E2E p50", "E2E p99", "preemptions"], rows)]))
-    r.assumptions = [TPOT_NOTE, CONTEXT_NOTE, UNITS_NOTE]
+                                                "E2E p50", "E2E p99", "preemptions",
+                                                "KV max"], rows),
+                *([Table("Knee rules on the simulated curve", ["rule", "batch", "reason"],
+                         knee_rows)] if knee_rows else [])]))
+    r.assumptions = [TPOT_NOTE, CONTEXT_NOTE,
+                     "Step times come from the cost model with the stated efficiencies; the "
+                     "simulator adds the scheduling, queueing and preemption the cost model "
+                     "alone does not see.", UNITS_NOTE]
     return r
 
 
@@ -279,8 +304,7 @@ def fit_report(f: dict[str, Any], command: str = "") -> Report:
         i = iv.get(key)
         return f"{format(v, fmt)}{unit}" + (f" [{format(i[0], fmt)}, {format(i[1], fmt)}]"
                                             if i else "")
-    facts = [("model", pr.get("model", "")),
-             ("a: step at B→0", with_iv("a_ms", ".3f", " ms")),
+    facts = [("a: step at B→0", with_iv("a_ms", ".3f", " ms")),
              ("b: per sequence (memory)", with_iv("b_ms", ".4f", " ms")),
              ("c: per sequence (compute)", with_iv("c_ms", ".4f", " ms")),
              ("overhead", f"{pr.get('overhead_ms') or 0:.3f} ms"),

@@ -86,7 +86,9 @@ def render_html(report: Report) -> str:
     css = (files / "report.css").read_text(encoding="utf-8")
     sections = []
     for s in report.sections:
-        charts = [_ChartView(c.name, c.caption, jinja2.utils.markupsafe.Markup(_inline(c.svg())))
+        # A chart is shown no wider than ~1.25x its drawn size, so fonts keep their size.
+        charts = [_ChartView(c.name, c.caption, jinja2.utils.markupsafe.Markup(_inline(c.svg())),
+                             round(c.fig.get_figwidth() * 120))
                   for c in s.charts]
         sections.append(_SectionView(s, charts))
     view = _ReportView(report, sections)
@@ -104,6 +106,7 @@ class _ChartView:
     name: str
     caption: str
     svg_markup: Any
+    max_width_px: int
 
 
 class _SectionView:
