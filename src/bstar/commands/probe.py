@@ -46,14 +46,19 @@ def run_probe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"file": str(args.output), **result.gpu_mapping(),
                           "bandwidth_runs_bytes_s": list(result.bandwidth.runs),
+                          "read_bandwidth_runs_bytes_s":
+                              list(result.read_bandwidth.runs) if result.read_bandwidth
+                              else None,
                           "matmul_runs_flops": {k: list(m.runs)
                                                 for k, m in result.matmul.items()},
                           "elapsed_s": result.elapsed_s}, indent=2))
         return 0
     print(f"{gpu.name} ({result.device}, {result.threads} threads), {result.elapsed_s:.1f} s")
     print(f"  memory     {gpu.memory_bytes / 2**30:.1f} GiB ({result.memory_how})")
-    print(f"  bandwidth  {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s  (runs spread "
-          f"{result.bandwidth.spread:.0%}; {result.bandwidth.how})")
+    print(f"  bandwidth  {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s  (filed: the larger of)")
+    for m in (result.bandwidth, result.read_bandwidth):
+        if m is not None:
+            print(f"    {m.median / 1e9:8.1f} GB/s  {m.how} (runs spread {m.spread:.0%})")
     for k, m in result.matmul.items():
         print(f"  {k} GEMM  {m.median / 1e9:.1f} GFLOP/s  (runs spread {m.spread:.0%})")
     print(f"  ridge      {gpu.ridge_flops_per_byte:.1f} FLOP/byte")
