@@ -12,6 +12,7 @@ import pytest
 from bstar import calibrate as cal
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.commands.calibrate import load_calibration_points
 from bstar.errors import BstarError
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -105,27 +106,42 @@ def test_fixed_parameters_keep_the_deployment_values() -> None:
     assert c.params["bandwidth"].value == pytest.approx(TRUE.bandwidth, rel=1e-3)
 
 
-def test_points_from_rows_reads_tpot_throughput_and_context() -> None:
-    pts = cal.points_from_rows([{"batch": "8", "tpot_ms": "20"},
-                                {"batch": 4, "throughput_tok_s": 200.0, "context_tokens": 99}],
-                               default_context=512)
-    assert pts[0] == cal.Point(8, 512, 0.020, pts[0].label)
-    assert pts[1].step_s == pytest.approx(4 / 200.0)  # step = batch / throughput
-    assert pts[1].context_tokens == 99
+def test_points_files_read_through_fit_with_or_without_a_context_column(
+        tmp_path: Path) -> None:
+    plain = tmp_path / "plain.csv"
+    plain.write_text("batch,tpot_ms,throughput_tok_s\n1,10,\n2,,160\n4,20,\n")
+    pts, _ = load_calibration_points(plain, 512)
+    assert [(p.batch, p.context_tokens) for p in pts] == [(1, 512), (2, 512), (4, 512)]
+    assert pts[1].step_s == pytest.approx(2 / 160)  # step = batch / throughput
+    with_ctx = tmp_path / "ctx.json"
+    with_ctx.write_text(json.dumps({"points": [
+        {"batch": b, "tpot_ms": 10 + b, "context_tokens": c}
+        for c in (100, 900) for b in (1, 2, 4)]}))
+    pts, _ = load_calibration_points(with_ctx, None)
+    assert sorted({p.context_tokens for p in pts}) == [100, 900]
+    assert len(pts) == 6  # the same batch at two contexts is two points
+    # A sweep result (bstar sweep --json) is read by fit's loader too.
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"levels": [
+        {"concurrency": b, "throughput_tok_s": 100 * b, "tpot_ms": {"mean": 10.0}}
+        for b in (1, 2, 4)]}))
+    assert [p.step_s for p in load_calibration_points(sweep, 96)[0]] == [0.01] * 3
 
 
-@pytest.mark.parametrize("rows, ctx, match", [
-    ([{"batch": 1, "tpot_ms": 5}], None, "context_tokens"),
-    ([{"batch": 1}], 512, "tpot_ms or throughput"),
-    ([{"tpot_ms": 5}], 512, "batch"),
-    ([{"batch": 0, "tpot_ms": 5}], 512, "at least 1"),
-    ([{"batch": 1, "tpot_ms": -5}], 512, "positive"),
-    ([{"batch": 1, "tpot_ms": "fast"}], 512, "numbers"),
+@pytest.mark.parametrize("text, ctx, match", [
+    ("batch,tpot_ms\n1,5\n2,6\n4,7\n", None, "context"),
+    ("batch,context_tokens\n1,5\n2,6\n4,7\n", None, "throughput_tok_s"),
+    ("batch,tpot_ms,context_tokens\n1,5,x\n2,6,9\n4,7,9\n", None, "not a number"),
+    ("batch,tpot_ms,context_tokens\n1,5,9\n2,6,9\n", None, "at least 3"),
+    ("batch,tpot_ms,context_tokens\n1,-5,9\n2,6,9\n4,7,9\n", None, "positive"),
+    ("batch,tpot_ms,context_tokens\n1,5,9\n2,6\n4,7,9\n", None, "cells"),
 ])
-def test_bad_rows_are_user_errors(rows: list[dict[str, object]], ctx: int | None,
-                                  match: str) -> None:
+def test_bad_points_files_are_one_line_user_errors(tmp_path: Path, text: str,
+                                                   ctx: int | None, match: str) -> None:
+    f = tmp_path / "p.csv"
+    f.write_text(text)
     with pytest.raises(BstarError, match=match):
-        cal.points_from_rows(rows, ctx)
+        load_calibration_points(f, ctx)
 
 
 def test_too_few_points_or_unknown_parameter_are_user_errors() -> None:

@@ -72,36 +72,14 @@ class Point:
                              f"got {self.step_s}")
 
 
-def points_from_rows(rows: Sequence[Mapping[str, Any]], default_context: int | None,
-                     where: str = "points") -> list[Point]:
-    """Rows as `bstar fit` reads them (batch + tpot_ms and/or throughput_tok_s), plus an
-    optional context_tokens column. TPOT (per request) is the step time; without it the
-    step time is batch / throughput, valid when all `batch` sequences decode together."""
-    out = []
-    for i, r in enumerate(rows, 1):
-        label = f"{where} row {i}"
-        try:
-            batch = int(float(r["batch"]))
-        except (KeyError, TypeError, ValueError):
-            raise BstarError(f"{label}: needs a numeric 'batch'") from None
-        ctx_raw = r.get("context_tokens")
-        if ctx_raw in (None, ""):
-            if default_context is None:
-                raise BstarError(f"{label}: no context_tokens column; give --context N "
-                                 "(the tokens each sequence holds while decoding)")
-            ctx = default_context
-        else:
-            ctx = int(float(ctx_raw))
-        tpot = r.get("tpot_ms")
-        tput = r.get("throughput_tok_s")
-        if tpot in (None, "") and tput in (None, ""):
-            raise BstarError(f"{label}: needs tpot_ms or throughput_tok_s")
-        try:
-            step_s = float(tpot) / 1e3 if tpot not in (None, "") else batch / float(tput)
-        except (TypeError, ValueError, ZeroDivisionError):
-            raise BstarError(f"{label}: tpot_ms / throughput_tok_s must be numbers") from None
-        out.append(Point(batch, ctx, step_s, label))
-    return out
+def points_from_fit(points: Any, context_tokens: int) -> list[Point]:
+    """Calibration points from `bstar fit`'s validated Points (bstar.fit.Points) measured
+    at one context length. fit's tpot_ms is the per-request step time (it derives it as
+    batch / throughput when only throughput was given)."""
+    if context_tokens < 1:
+        raise BstarError("context_tokens must be at least 1")
+    return [Point(int(b), context_tokens, float(t) / 1e3, f"{points.source} batch {b}")
+            for b, t in zip(points.batch, points.tpot_ms, strict=True)]
 
 
 # ---- the model as a function of the four parameters ------------------------------------------

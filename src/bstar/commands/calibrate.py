@@ -36,29 +36,83 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
 
 
-def read_points_file(path: Path) -> list[dict[str, Any]]:
-    """Rows of a points CSV or JSON (a list of objects, or {"points": [...]})."""
+def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any], list[str]]:
+    """POINTS as `bstar fit` reads them (its loader and validation), plus an optional
+    context_tokens column: rows are then grouped by context and each group is read by fit
+    (so each context needs fit's minimum of distinct batch sizes)."""
+    from bstar import calibrate as cal
+    from bstar import fit
+    from bstar.errors import BstarError
+
+    rows = _rows_with_context(path)
+    if rows is None:  # no context column: fit's loader as is (CSV, JSON or a sweep result)
+        if context is None:
+            raise BstarError(f"{path}: no context_tokens column; give --context N (the "
+                             "tokens each sequence holds while decoding, e.g. input + "
+                             "output/2)")
+        pts = fit.load_points(path)
+        return cal.points_from_fit(pts, context), list(pts.warnings)
+    groups: dict[int, list[tuple[dict[str, object], str]]] = {}
+    for row, where in rows:
+        raw = row.pop("context_tokens", None)
+        if raw in (None, ""):
+            if context is None:
+                raise BstarError(f"{where}: empty context_tokens and no --context")
+            ctx = context
+        else:
+            try:
+                ctx = int(float(str(raw)))
+            except ValueError:
+                raise BstarError(f"{where}: context_tokens {raw!r} is not a number") from None
+            if ctx < 1:
+                raise BstarError(f"{where}: context_tokens must be at least 1")
+        groups.setdefault(ctx, []).append((row, where))
+    out: list[Any] = []
+    warnings: list[str] = []
+    for ctx, items in sorted(groups.items()):
+        pts = fit.points_from_rows([r for r, _ in items], [w for _, w in items],
+                                   f"{path} (context {ctx})")
+        out += cal.points_from_fit(pts, ctx)
+        warnings += pts.warnings
+    return out, warnings
+
+
+def _rows_with_context(path: Path) -> list[tuple[dict[str, object], str]] | None:
+    """The file's rows with labels when it has a context_tokens column, else None."""
     import csv
 
     from bstar.errors import BstarError
 
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise BstarError(f"{path}: cannot read ({e.strerror})") from None
-    if path.suffix == ".json":
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BstarError(f"{path}: cannot read: {e}") from None
+    if path.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BstarError(f"{path}: not valid JSON ({e})") from None
-        rows = data.get("points") if isinstance(data, dict) else data
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise BstarError(f"{path}: expected a list of point objects")
-        return rows
-    rows = list(csv.DictReader(text.splitlines()))
-    if not rows:
-        raise BstarError(f"{path}: no rows")
-    return rows
+        except json.JSONDecodeError:
+            return None  # fit's loader reports it
+        items = data.get("points") if isinstance(data, dict) else data
+        if not (isinstance(items, list) and items and all(isinstance(r, dict) for r in items)
+                and any("context_tokens" in r for r in items)):
+            return None
+        return [(dict(r), f"{path}: point {i + 1}") for i, r in enumerate(items)]
+    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        return None
+    reader = csv.reader([ln for _, ln in lines])
+    header = [h.strip() for h in next(reader)]
+    if "context_tokens" not in header:
+        return None
+    out = []
+    for (lineno, _), cells in zip(lines[1:], reader, strict=True):
+        if len(cells) != len(header):
+            raise BstarError(f"{path}: line {lineno}: {len(cells)} cells for "
+                             f"{len(header)} columns")
+        out.append(({h: c for h, c in zip(header, cells, strict=True)},
+                    f"{path}: line {lineno}"))
+    return out
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -68,9 +122,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     d = deployment_from_args(args)
     path = Path(args.source)
+    warnings: list[str] = []
     if path.is_file():
-        rows = read_points_file(path)
-        points = cal.points_from_rows(rows, args.context, where=str(path))
+        points, warnings = load_calibration_points(path, args.context)
         source = str(path)
     else:
         points, source = _points_from_run(args, d)
@@ -89,6 +143,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
             args.output.write_text(cal.profile_toml(c))
         except OSError as e:
             raise BstarError(f"{args.output}: cannot write ({e.strerror})") from None
+    if warnings:
+        from dataclasses import replace
+        c = replace(c, notes=(*warnings, *c.notes))
     if args.json:
         print(json.dumps({**c.to_dict(), "profile": str(args.output or "")}, indent=2))
         return 0
