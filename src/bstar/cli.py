@@ -21,6 +21,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("compare", "plan", "B*, B_mem and the recommendation for several models/GPUs/contexts"),
     ("models", "plan", "list the bundled model presets"),
     ("gpus", "plan", "list the bundled GPU catalog"),
+    ("sweep", "sweep", "load a live server level by level, store every request, find the knee"),
+    ("runs", "runs", "list, show, export and compare stored sweep runs"),
     ("fit", "fit", "fit measured points, extrapolate past the compute roof, find the knee"),
     ("simulate", "simulate", "continuous batching with paged KV and preemption, by the cost "
                              "model; a sweep over --max-num-seqs finds the knee"),

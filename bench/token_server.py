@@ -1,0 +1,245 @@
+"""A fixed-rate OpenAI-compatible token server: a fixture for the client benchmark and tests.
+
+Not a product feature. It streams one printable character per token on an absolute
+schedule (token k of a request is due at start + ttft + k * interval), so any delay a
+client sees beyond `interval` between tokens is the client's (or the host's) own.
+Standard library only (raw asyncio, HTTP/1.1 keep-alive, chunked SSE) so that it costs
+as little CPU as possible next to the client under test.
+
+It can also misbehave on purpose (`--fault`), for the sweep's fault-injection tests:
+  401            every request without `Authorization: Bearer <--api-key>` gets 401
+  429 / 500      every `--fault-every`-th request gets that status
+  reset          every `--fault-every`-th stream is cut (RST) after a few tokens
+  malformed      every `--fault-every`-th stream sends a non-JSON data line
+  hang           every `--fault-every`-th stream stops sending and never ends
+  die            the process exits hard after `--fault-every` requests have started
+`--max-seqs N` caps concurrently decoding requests (the rest wait), like an engine's
+max_num_seqs, so throughput rises with concurrency up to N and then flattens; /metrics
+then shows running/waiting and a vLLM-style cache_config_info.
+
+    python bench/token_server.py --port 8099 --interval-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+MODEL = "tiny"
+_TEXT = "abcdefghijklmnopqrstuvwxyz"
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.requests = 0
+        self.running = 0
+        self.waiting = 0
+        self.generated = 0
+        self.preemptions = 0
+        self.sem = asyncio.Semaphore(args.max_seqs) if args.max_seqs else None
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+              429: "Too Many Requests", 500: "Internal Server Error"}.get(status, "X")
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def _error(status: int, message: str) -> bytes:
+    return _response(status, json.dumps({"error": {"message": message, "code": status}}).encode())
+
+
+def _metrics(st: State) -> bytes:
+    a = st.args
+    lines = [
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{model_name="{MODEL}"}} {st.running}',
+        f'vllm:num_requests_waiting{{model_name="{MODEL}"}} {st.waiting}',
+        f'vllm:num_preemptions_total{{model_name="{MODEL}"}} {st.preemptions}',
+        f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {st.generated}',
+    ]
+    if a.max_seqs:
+        usage = st.running / a.max_seqs
+        lines += [
+            f'vllm:kv_cache_usage_perc{{model_name="{MODEL}"}} {usage}',
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{a.max_seqs * 8}",'
+            f'cache_dtype="auto"}} 1.0',
+        ]
+    return _response(200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4")
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    # SO_LINGER 0 makes close() send RST: the client sees a connection reset mid-stream.
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWriter,
+                  nth: int) -> bool:
+    """Stream one completion; returns False when the connection must be dropped."""
+    a = st.args
+    if chat:
+        msgs = body.get("messages") or []
+        prompt_tokens = sum(len(str(m.get("content", ""))) for m in msgs) + 11 * len(msgs)
+    else:
+        prompt_tokens = len(str(body.get("prompt", "")))
+    out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
+    faulty = a.fault_every > 0 and nth % a.fault_every == 0
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    if st.sem is not None:
+        st.waiting += 1
+        await st.sem.acquire()
+        st.waiting -= 1
+    st.running += 1
+    try:
+        t0 = time.monotonic()
+        interval = a.interval_ms / 1e3
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for k in range(out):
+            due = t0 + a.ttft_ms / 1e3 + k * interval
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if faulty and k == 3:
+                if a.fault == "reset":
+                    _reset(writer)
+                    return False
+                if a.fault == "malformed":
+                    writer.write(_chunk(b"data: {not json\n\n"))
+                    await writer.drain()
+                    continue
+                if a.fault == "hang":
+                    await asyncio.sleep(3600)
+            ch = _TEXT[k % len(_TEXT)]
+            choice = {"index": 0, "delta": {"content": ch}} if chat else {"index": 0,
+                                                                            "text": ch}
+            event = {"id": "x", "object": obj, "model": MODEL, "choices": [choice]}
+            writer.write(_chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
+            st.generated += 1
+            await writer.drain()
+        if usage_wanted:
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": out,
+                     "total_tokens": prompt_tokens + out}
+            event = {"id": "x", "object": obj, "model": MODEL, "choices": [], "usage": usage}
+            writer.write(_chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
+        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+    finally:
+        st.running -= 1
+        if st.sem is not None:
+            st.sem.release()
+
+
+async def handle(st: State, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    a = st.args
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            method, path, _ = line.decode("latin-1").split(" ", 2)
+            headers: dict[str, str] = {}
+            while True:
+                h = await reader.readline()
+                if h in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = h.decode("latin-1").partition(":")
+                headers[k.strip().lower()] = v.strip()
+            n = int(headers.get("content-length", "0"))
+            raw = await reader.readexactly(n) if n else b""
+            if path == "/health":
+                writer.write(_response(200, b"{}"))
+            elif path == "/metrics":
+                writer.write(_metrics(st))
+            elif path == "/v1/models":
+                writer.write(_response(200, json.dumps(
+                    {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()))
+            elif path == "/tokenize" and method == "POST":
+                body = json.loads(raw or b"{}")
+                text = str(body.get("prompt", body.get("content", "")))
+                writer.write(_response(200, json.dumps(
+                    {"count": len(text), "tokens": [ord(c) for c in text]}).encode()))
+            elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+                if a.fault == "401" and headers.get("authorization") != f"Bearer {a.api_key}":
+                    writer.write(_error(401, "Unauthorized"))
+                    await writer.drain()
+                    continue
+                body = json.loads(raw or b"{}")
+                if body.get("model") != MODEL:
+                    writer.write(_error(404, f"The model `{body.get('model')}` does not exist."))
+                    await writer.drain()
+                    continue
+                st.requests += 1
+                nth = st.requests
+                if a.fault == "die" and nth > a.fault_every:
+                    os._exit(1)
+                if a.fault in ("429", "500") and a.fault_every and nth % a.fault_every == 0:
+                    writer.write(_error(int(a.fault), f"injected {a.fault}"))
+                    await writer.drain()
+                    continue
+                if not body.get("stream"):
+                    text = "a" * int(body.get("max_tokens") or 16)
+                    pt = len(str(body.get("prompt", "")))
+                    writer.write(_response(200, json.dumps({
+                        "choices": [{"text": text, "index": 0}],
+                        "usage": {"prompt_tokens": pt, "completion_tokens": len(text)},
+                    }).encode()))
+                elif not await _stream(st, body, path.endswith("chat/completions"), writer,
+                                       nth):
+                    return
+            else:
+                writer.write(_error(404, "Not Found"))
+            await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+        return
+    finally:
+        if not writer.is_closing():
+            writer.close()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    st = State(args)
+    server = await asyncio.start_server(lambda r, w: handle(st, r, w), "127.0.0.1", args.port,
+                                        backlog=4096)
+    print(f"token server on http://127.0.0.1:{args.port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--interval-ms", type=float, default=20.0, help="time between tokens")
+    ap.add_argument("--ttft-ms", type=float, default=0.0, help="time to the first token")
+    ap.add_argument("--max-seqs", type=int, default=0, help="cap on concurrent streams")
+    ap.add_argument("--fault", default="none",
+                    choices=["none", "401", "429", "500", "reset", "malformed", "hang", "die"])
+    ap.add_argument("--fault-every", type=int, default=0)
+    ap.add_argument("--api-key", default="")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(serve(parse_args()))
+    except KeyboardInterrupt:
+        sys.exit(0)

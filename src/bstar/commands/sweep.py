@@ -1,0 +1,135 @@
+"""`bstar sweep`: load a live OpenAI-compatible server level by level, store every request.
+
+Standard library only at top level (start-up stays light); aiohttp and rich load in run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from bstar.commands.common import (
+    add_deployment_arguments,
+    float_list,
+    int_list,
+    positive_float,
+    positive_int,
+)
+
+
+def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--url", help="base URL of the server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--served-model", help="model name the server knows (default: the first "
+                   "one /v1/models lists)")
+    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (default) or /v1/chat/completions")
+    g.add_argument("--api-key", default=None,
+                   help="bearer token (default: $OPENAI_API_KEY); never stored or logged")
+    g.add_argument("--server-cmd", help="start the server for each --max-num-seqs value: a "
+                   "command with {max_num_seqs} and {port}, e.g. 'vllm serve M "
+                   "--max-num-seqs {max_num_seqs} --port {port}'")
+    g.add_argument("--max-num-seqs", type=int_list, help="server batch caps to sweep "
+                   "(needs --server-cmd), comma-separated")
+    g.add_argument("--health-timeout", type=positive_float, default=600.0, metavar="S",
+                   help="seconds to wait for a started server's /health (default 600)")
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", type=int_list, help="closed-loop streams per level, "
+                   "e.g. 1,2,4,8")
+    g.add_argument("--rate", type=float_list, help="open-loop Poisson arrival rates "
+                   "(requests/s) per level")
+    g.add_argument("--input-len", type=positive_int, default=128, help="prompt tokens (exact)")
+    g.add_argument("--output-len", type=positive_int, default=128, help="output tokens")
+    g.add_argument("--num-requests", type=positive_int, default=64,
+                   help="measured requests per level (default 64)")
+    g.add_argument("--warmup-requests", type=int, default=None,
+                   help="unmeasured requests before each level (default: one per stream)")
+    g.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or {\"messages\": [...]}")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-ignore-eos", action="store_true",
+                   help="do not send ignore_eos/min_tokens (for servers that reject them)")
+    g.add_argument("--level-time-limit", type=positive_float, default=300.0, metavar="S",
+                   help="stop a level after S seconds (default 300)")
+    g.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="S")
+    g.add_argument("--max-error-rate", type=float, default=0.5,
+                   help="stop a level once this fraction of its requests failed (after 8)")
+    g.add_argument("--slo", help="per-request SLOs in ms for goodput and the SLA knee, "
+                   "e.g. ttft:500,tpot:50,e2e:3000")
+    g = p.add_argument_group("results")
+    g.add_argument("--db", help="results DB (default ${BSTAR_DATA_DIR:-~/.local/share/bstar}"
+                   "/runs.db)")
+    g.add_argument("--resume", metavar="RUN", help="finish the levels a stored run is missing")
+    g.add_argument("--json", action="store_true", help="print one JSON object (contract)")
+    g.add_argument("--quiet", action="store_true", help="no progress display")
+    add_deployment_arguments(p)
+
+
+_DEPLOYMENT_KEYS = ("num_gpus", "dtype", "kv_dtype", "gpu_util", "reserve_gib", "block_size",
+                    "bw_eff", "flops_eff", "overhead_ms", "overhead_per_seq_us", "ideal")
+
+
+def _deployment(args: argparse.Namespace, model: str | None, gpu: str | None) -> object:
+    if not (model or gpu):
+        return None
+    from bstar.commands.plan import deployment_from_args
+
+    return deployment_from_args(args, model, gpu)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from bstar.errors import BstarError
+    from bstar.loadgen import sweep as sw
+    from bstar.loadgen.metrics import parse_slo
+
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
+    model, gpu = args.model, args.gpu
+    if args.resume:
+        from bstar.loadgen.store import Store
+
+        with Store(args.db) as st:
+            run = st.get_run(args.resume)
+        if run is None:
+            raise BstarError(f"no run {args.resume!r} in {args.db or 'the default DB'}")
+        opts = run["options"] or {}
+        model = model or opts.get("model")
+        gpu = gpu or opts.get("gpu")
+        for k, v in (opts.get("deployment_args") or {}).items():
+            setattr(args, k, v)
+        cfg = None
+    else:
+        cfg = sw.SweepConfig(
+            url=args.url, served_model=args.served_model, endpoint=args.endpoint,
+            concurrency=args.concurrency, rate=args.rate, max_num_seqs=args.max_num_seqs,
+            server_cmd=args.server_cmd, input_len=args.input_len, output_len=args.output_len,
+            num_requests=args.num_requests, warmup_requests=args.warmup_requests,
+            level_time_limit_s=args.level_time_limit, request_timeout_s=args.request_timeout,
+            health_timeout_s=args.health_timeout, seed=args.seed, prompts_file=args.prompts,
+            slo=parse_slo(args.slo), max_error_rate=args.max_error_rate,
+            ignore_eos=not args.no_ignore_eos, model=model, gpu=gpu,
+            deployment_args={k: getattr(args, k, None) for k in _DEPLOYMENT_KEYS})
+        cfg.validate()
+    deployment = _deployment(args, model, gpu)
+
+    from rich.console import Console
+
+    from bstar.loadgen.render import Progress, print_result, wide_console
+
+    err = Console(stderr=True)
+    try:
+        if args.quiet or (args.json and not sys.stderr.isatty()):
+            result = sw.run_sweep(cfg, db=args.db, api_key=api_key, resume=args.resume,
+                                  deployment=deployment)
+        else:
+            with Progress(err) as prog:
+                result = sw.run_sweep(cfg, db=args.db, api_key=api_key, resume=args.resume,
+                                      on_event=prog, deployment=deployment)
+    except sw.SweepInterrupted as e:
+        err.print(f"bstar: {e}")
+        return 130
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_result(result, wide_console())
+    return 0 if result.status in ("completed", "completed_with_errors") else 1

@@ -1,0 +1,310 @@
+"""Async streaming client for OpenAI-compatible `/v1/completions` and `/v1/chat/completions`.
+
+Built on aiohttp, chosen by measurement (bench/client_bench.py): against the same local
+fixed-rate token server on 2 cores, aiohttp streamed the same tokens for about a third
+of httpx's CPU and kept ITL p99 flat to higher concurrency. The client shares hosts with
+the engine's CPU-side work, so CPU per token is what matters.
+
+One call, one `RequestRecord`: every failure (refused connection, HTTP status, reset
+mid-stream, malformed SSE, timeout, the level's time limit) comes back as a record with
+its reason rather than an exception, so a sweep never loses what it measured. The API
+key lives only in the request header; it is not in any record, repr or error text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Endpoint = Literal["completions", "chat"]
+
+# Error kinds a record can carry (the `error_kind` column); documented in docs/sweep.md.
+ERROR_KINDS = (
+    "connect",  # could not connect (unreachable URL, server down)
+    "http_401", "http_403", "http_404", "http_429", "http_4xx", "http_5xx",
+    "reset",  # connection dropped mid-response
+    "malformed_sse",  # a data line that is not JSON
+    "server_error",  # an SSE event carrying {"error": ...}
+    "incomplete",  # the stream ended without [DONE] and without the tokens asked for
+    "timeout",  # the per-request timeout passed
+    "time_limit",  # the level's time limit passed while the request was in flight
+    "client",  # anything else raised inside the client (a bug or an odd server)
+)
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request to send. `prompt` for completions, `messages` for chat."""
+
+    index: int
+    max_tokens: int
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    expected_prompt_tokens: int | None = None
+    warmup: bool = False
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times in seconds; `start_s` is wall-clock epoch."""
+
+    index: int
+    ok: bool
+    start_s: float
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    token_source: str = "counted"  # "usage" when the server's usage block gave the count
+    chunks: int = 0
+    http_status: int | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    warmup: bool = False
+    expected_prompt_tokens: int | None = None
+    expected_output_tokens: int | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """vLLM's per-request TPOT: (E2E - TTFT) / (output_tokens - 1)."""
+        if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _status_kind(status: int) -> str:
+    if status in (401, 403, 404, 429):
+        return f"http_{status}"
+    return "http_5xx" if status >= 500 else "http_4xx"
+
+
+def _short(text: str, n: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class OpenAIClient:
+    """One aiohttp session to `base_url`; `send()` streams one request into a record.
+
+    `extra_body` is merged into every request body (e.g. {"ignore_eos": True,
+    "min_tokens": 64} to force output lengths). Use as `async with OpenAIClient(...)`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        endpoint: Endpoint = "completions",
+        api_key: str | None = None,
+        request_timeout_s: float = 600.0,
+        extra_body: dict[str, Any] | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.endpoint: Endpoint = endpoint
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.extra_body = dict(extra_body or {})
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: Any = None
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+
+    async def __aenter__(self) -> OpenAIClient:
+        import aiohttp
+
+        # trust_env=False: proxies in the environment must never see local traffic.
+        # limit=0: the level's concurrency is the only cap on connections.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+            trust_env=False,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- small JSON helpers used by the workload (tokenize, calibration) and the sweep -----
+    async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+        import aiohttp
+
+        try:
+            async with self._session.get(
+                self.base_url + path, headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                text = await resp.text()
+                try:
+                    return resp.status, json.loads(text)
+                except ValueError:
+                    return resp.status, text
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            return 0, str(e)
+
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        import aiohttp
+
+        try:
+            async with self._session.get(
+                self.base_url + path, headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                return resp.status, await resp.text()
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            return 0, str(e)
+
+    async def post_json(self, path: str, body: dict[str, Any],
+                        timeout_s: float = 60.0) -> tuple[int, Any]:
+        import aiohttp
+
+        try:
+            async with self._session.post(
+                self.base_url + path, json=body, headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                text = await resp.text()
+                try:
+                    return resp.status, json.loads(text)
+                except ValueError:
+                    return resp.status, text
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            return 0, str(e)
+
+    def body_for(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.endpoint == "chat":
+            body["messages"] = spec.messages or [{"role": "user", "content": spec.prompt or ""}]
+        else:
+            body["prompt"] = spec.prompt or ""
+        body.update(self.extra_body)
+        return body
+
+    # -- the measured path --------------------------------------------------------------
+    async def send(self, spec: RequestSpec, *, deadline: float | None = None) -> RequestRecord:
+        """Stream one request. `deadline` (time.monotonic) is the level's time limit."""
+        import aiohttp
+
+        rec = RequestRecord(
+            index=spec.index, ok=False, start_s=time.time(), warmup=spec.warmup,
+            expected_prompt_tokens=spec.expected_prompt_tokens,
+            expected_output_tokens=spec.max_tokens,
+        )
+        now = time.monotonic()
+        own_deadline = now + self.request_timeout_s
+        limit = own_deadline if deadline is None else min(deadline, own_deadline)
+        by_level = deadline is not None and deadline < own_deadline
+        body = json.dumps(self.body_for(spec))
+        t0 = time.perf_counter()
+        last: float | None = None
+        usage_tokens: int | None = None
+        done = False
+        try:
+            async with asyncio.timeout_at(
+                asyncio.get_running_loop().time() + (limit - now)
+            ):
+                async with self._session.post(
+                    self.base_url + self.path, data=body, headers=self._headers
+                ) as resp:
+                    rec.http_status = resp.status
+                    if resp.status != 200:
+                        text = await resp.text()
+                        rec.error_kind = _status_kind(resp.status)
+                        rec.error = f"HTTP {resp.status}: {_short(text)}"
+                        rec.e2e_s = time.perf_counter() - t0
+                        return rec
+                    async for raw in resp.content:
+                        if not raw.startswith(b"data:"):
+                            continue  # blank separators, comments, `event:` lines
+                        data = raw[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            event = json.loads(data)
+                        except ValueError:
+                            rec.error_kind = "malformed_sse"
+                            rec.error = f"not JSON: {_short(data.decode('utf-8', 'replace'), 120)}"
+                            break
+                        if not isinstance(event, dict):
+                            rec.error_kind = "malformed_sse"
+                            rec.error = "SSE data is not a JSON object"
+                            break
+                        if event.get("error"):
+                            rec.error_kind = "server_error"
+                            rec.error = _short(json.dumps(event["error"]))
+                            break
+                        if _has_content(event):
+                            t = time.perf_counter()
+                            if last is None:
+                                rec.ttft_s = t - t0
+                            else:
+                                rec.itl_s.append(t - last)
+                            last = t
+                            rec.chunks += 1
+                        usage = event.get("usage")
+                        if usage:
+                            usage_tokens = usage.get("completion_tokens")
+                            rec.prompt_tokens = usage.get("prompt_tokens")
+        except TimeoutError:
+            rec.error_kind = "time_limit" if by_level else "timeout"
+            rec.error = ("level time limit reached mid-request" if by_level
+                         else f"no complete response within {self.request_timeout_s:g} s")
+        except aiohttp.ClientConnectorError as e:
+            rec.error_kind = "connect"
+            rec.error = _short(f"cannot connect to {self.base_url}: {e.os_error}")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                aiohttp.ClientOSError, ConnectionError) as e:
+            rec.error_kind = "reset"
+            rec.error = _short(f"{type(e).__name__}: {e}")
+        except aiohttp.ClientError as e:
+            rec.error_kind = "client"
+            rec.error = _short(f"{type(e).__name__}: {e}")
+        rec.e2e_s = time.perf_counter() - t0
+        if usage_tokens is not None:
+            rec.output_tokens = int(usage_tokens)
+            rec.token_source = "usage"
+        else:
+            rec.output_tokens = rec.chunks
+        if rec.error_kind is None:
+            if done or usage_tokens is not None or rec.chunks >= spec.max_tokens:
+                rec.ok = rec.chunks > 0
+                if not rec.ok:
+                    rec.error_kind, rec.error = "incomplete", "stream carried no tokens"
+            else:
+                rec.error_kind = "incomplete"
+                rec.error = f"stream ended after {rec.chunks} chunks without [DONE]"
+        return rec
+
+
+def _has_content(event: dict[str, Any]) -> bool:
+    for choice in event.get("choices") or ():
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if delta and (delta.get("content") or delta.get("reasoning_content")):
+            return True
+    return False

@@ -1,0 +1,169 @@
+"""Console renderers over a SweepResult (the verdict table) and a live progress display."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bstar.loadgen.sweep import SweepResult
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _level_name(lv: dict[str, Any]) -> str:
+    parts = []
+    if lv.get("max_num_seqs") is not None:
+        parts.append(f"mns {lv['max_num_seqs']}")
+    if lv.get("rate") is not None:
+        parts.append(f"{lv['rate']:g}/s")
+    elif lv.get("concurrency") is not None:
+        parts.append(f"c {lv['concurrency']}")
+    return " ".join(parts)
+
+
+def levels_table(result: SweepResult, title: str | None = None) -> Table:
+    d = result.to_dict()
+    levels = d["levels"]
+    has_pred = any(lv.get("predicted") for lv in levels)
+    has_srv = any(lv.get("preemptions") is not None or lv.get("kv_cache_usage_max") is not None
+                  or lv.get("running_max") is not None for lv in levels)
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col, just in (("level", "left"), ("reqs", "right"), ("err", "right"),
+                      ("tok/s", "right"), ("TTFT p50/p99 ms", "right"),
+                      ("TPOT p50/p99 ms", "right"), ("ITL p50/p99 ms", "right")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    if any(lv.get("goodput_req_s") is not None for lv in levels):
+        t.add_column("goodput req/s", justify="right")
+    if has_srv:
+        t.add_column("preempt", justify="right")
+        t.add_column("KV max", justify="right")
+        t.add_column("run/wait max", justify="right")
+    if has_pred:
+        t.add_column("model tok/s (err)", justify="right")
+        t.add_column("model TPOT ms (err)", justify="right")
+    t.add_column("status")
+    for lv in levels:
+        row = [
+            _level_name(lv), str(lv["requests"]), str(lv["errors"]) if lv["errors"] else "0",
+            f"{lv['throughput_tok_s']:.1f}" if lv.get("throughput_tok_s") else "-",
+            f"{_ms(lv['ttft_ms']['p50'])} / {_ms(lv['ttft_ms']['p99'])}",
+            f"{_ms(lv['tpot_ms']['p50'])} / {_ms(lv['tpot_ms']['p99'])}",
+            f"{_ms(lv['itl_ms']['p50'])} / {_ms(lv['itl_ms']['p99'])}",
+        ]
+        if any(x.get("goodput_req_s") is not None for x in levels):
+            g = lv.get("goodput_req_s")
+            row.append("-" if g is None else f"{g:.2f}")
+        if has_srv:
+            p = lv.get("preemptions")
+            kv = lv.get("kv_cache_usage_max")
+            rm, wm = lv.get("running_max"), lv.get("waiting_max")
+            row += ["-" if p is None else str(p), "-" if kv is None else f"{kv * 100:.0f}%",
+                    "-" if rm is None else f"{rm:g}/{wm if wm is not None else 0:g}"]
+        if has_pred:
+            pr = lv.get("predicted") or {}
+            if pr.get("throughput_tok_s"):
+                e = pr.get("throughput_error")
+                row.append(f"{pr['throughput_tok_s']:.1f}"
+                           + (f" ({e * 100:+.0f}%)" if e is not None else ""))
+                e = pr.get("tpot_error")
+                row.append(f"{pr['tpot_ms']:.2f}" + (f" ({e * 100:+.0f}%)" if e is not None
+                                                     else ""))
+            else:
+                row += ["-", "-"]
+        st = lv["status"]
+        row.append(st if st == "completed" else f"[yellow]{st}[/]")
+        t.add_row(*row)
+    return t
+
+
+def wide_console(**kw: Any) -> Console:
+    """A console that does not squeeze the level table into 80 columns when piped."""
+    import sys
+
+    stream = kw.get("file") or (sys.stderr if kw.get("stderr") else sys.stdout)
+    if not stream.isatty():
+        kw.setdefault("width", 200)
+    return Console(**kw)
+
+
+def print_result(result: SweepResult, console: Console | None = None) -> None:
+    console = console or wide_console()
+    d = result.to_dict()
+    head = f"run {d['run_id']}  {d['url']}  model {d['served_model'] or '?'}"
+    if d.get("server_version"):
+        head += f"  ({d['server_version']})"
+    console.print(f"[bold]{head}[/]")
+    console.print(levels_table(result))
+    for lv in d["levels"]:
+        if (lv.get("status_detail") and lv["status"] != "completed") or lv["errors"]:
+            console.print(f"  [yellow]{_level_name(lv)}[/]: {lv.get('status_detail') or ''}")
+        cap = lv.get("kv_capacity_seqs")
+        pred = lv.get("predicted") or {}
+        if cap is not None:
+            extra = f" (cost model B_mem: {pred['b_mem']})" if pred.get("b_mem") else ""
+            console.print(f"  {_level_name(lv)}: server KV pool holds {cap} sequences of "
+                          f"this length{extra}")
+    knee = d["knee"]
+    if knee.get("note"):
+        console.print(f"knee: {knee['note']}")
+    for name, k in (knee.get("rules") or {}).items():
+        b = "-" if k["batch"] is None else str(k["batch"])
+        console.print(f"knee ({name}): [bold]{b}[/]  {k['reason']}")
+    rec = d.get("recommendation")
+    if rec:
+        console.print(f"[bold green]recommendation: max_num_seqs = {rec['max_num_seqs']}[/]  "
+                      f"{rec['reason']}")
+    status = d.get("status")
+    if status and status != "completed":
+        console.print(f"[yellow]run status: {status}[/] {d.get('status_detail') or ''}")
+
+
+class Progress:
+    """Rich progress bars (on stderr) fed by run_sweep's events."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+
+        self.console = console or Console(stderr=True)
+        self.p = RichProgress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console,
+            transient=False)
+        self.tasks: dict[int, Any] = {}
+        self.tokens: dict[int, int] = {}
+
+    def __enter__(self) -> Progress:
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.p.__exit__(*exc)
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "run_start":
+            self.console.print(f"run {data['run_id']} -> {data['db']}")
+        elif kind == "server_start":
+            self.console.print(f"starting server: {data['cmd']}  (log {data['log']})")
+        elif kind == "server_ready":
+            self.console.print(f"server healthy after {data['start_s']:.1f} s")
+        elif kind == "level_start":
+            self.tasks[data["level"]] = self.p.add_task(data["label"], total=data["total"],
+                                                        info="")
+            self.tokens[data["level"]] = 0
+        elif kind == "request":
+            lv = data["level"]
+            self.tokens[lv] += data["output_tokens"] if data["ok"] else 0
+            tps = self.tokens[lv] / max(data["elapsed_s"], 1e-9)
+            err = f"  [red]{data['errors']} err[/]" if data["errors"] else ""
+            self.p.update(self.tasks[lv], completed=data["done"], info=f"{tps:7.1f} tok/s{err}")
+        elif kind == "level_end":
+            lv = data["level"]
+            if data["status"] != "completed" and data.get("detail"):
+                self.console.print(f"[yellow]level {lv}: {data['status']}[/] {data['detail']}")

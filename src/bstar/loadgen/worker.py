@@ -1,0 +1,114 @@
+"""The unit of load: drive N streams (closed loop) or Poisson arrivals (open loop) from a
+request source and yield each record as it finishes.
+
+A worker holds no global state: everything it needs comes in as arguments and everything
+it learns goes out as records, so the same worker can later run in other processes or on
+other machines (Ray) when one client cannot drive a fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Protocol
+
+from bstar.loadgen.client import RequestRecord, RequestSpec
+
+
+class Sender(Protocol):
+    async def send(self, spec: RequestSpec, *, deadline: float | None = None) -> RequestRecord:
+        ...
+
+
+async def drive(
+    sender: Sender,
+    requests: Iterable[RequestSpec],
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    deadline: float | None = None,
+    stop: asyncio.Event | None = None,
+    seed: int = 0,
+) -> AsyncIterator[RequestRecord]:
+    """Send `requests`, yielding records in completion order.
+
+    Closed loop (`concurrency=N`): N streams, each sending its next request as soon as
+    the previous one finished. Open loop (`rate=R` requests/s): Poisson arrivals, each
+    request sent on arrival whatever is in flight (`concurrency`, if also given, caps
+    the in-flight count). No request starts after `deadline` (time.monotonic) or once
+    `stop` is set; requests in flight at the deadline end with error_kind "time_limit".
+    """
+    if concurrency is None and rate is None:
+        raise ValueError("give concurrency, rate or both")
+    it: Iterator[RequestSpec] = iter(requests)
+    queue: asyncio.Queue[RequestRecord | None] = asyncio.Queue()
+
+    def may_start() -> bool:
+        if stop is not None and stop.is_set():
+            return False
+        return deadline is None or time.monotonic() < deadline
+
+    async def closed_stream() -> None:
+        try:
+            while may_start():
+                spec = next(it, None)
+                if spec is None:
+                    return
+                queue.put_nowait(await sender.send(spec, deadline=deadline))
+        finally:
+            queue.put_nowait(None)
+
+    async def open_arrivals() -> None:
+        assert rate is not None
+        rng = random.Random(seed)
+        cap = asyncio.Semaphore(concurrency) if concurrency else None
+        inflight: set[asyncio.Task[None]] = set()
+
+        async def one(spec: RequestSpec) -> None:
+            try:
+                queue.put_nowait(await sender.send(spec, deadline=deadline))
+            finally:
+                if cap is not None:
+                    cap.release()
+
+        try:
+            next_t = time.monotonic()
+            while may_start():
+                spec = next(it, None)
+                if spec is None:
+                    break
+                delay = next_t - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    if not may_start():
+                        break
+                if cap is not None:
+                    await cap.acquire()
+                task = asyncio.create_task(one(spec))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+                next_t += rng.expovariate(rate)
+            if inflight:
+                await asyncio.gather(*inflight)
+        finally:
+            queue.put_nowait(None)
+
+    if rate is not None:
+        tasks = [asyncio.create_task(open_arrivals())]
+    else:
+        assert concurrency is not None
+        tasks = [asyncio.create_task(closed_stream()) for _ in range(concurrency)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            rec = await queue.get()
+            if rec is None:
+                remaining -= 1
+                continue
+            yield rec
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

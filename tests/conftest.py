@@ -1,0 +1,67 @@
+"""Shared fixtures: the tiny model, a llama.cpp server on it, and the local token server.
+
+- `tiny_model` (session): the default tiny Llama (~95M, HF folder + GGUF), built once and
+  cached under ${BSTAR_CACHE_DIR:-~/.cache/bstar} across sessions.
+- `llamacpp_server` (session): llama.cpp (xllamacpp) on the tiny model, 127.0.0.1 only,
+  with LLAMACPP_SLOTS slots (its batch cap: the "max_num_seqs" of llama.cpp).
+- `token_server` (function): a factory that starts bench/token_server.py (a fixed-rate,
+  optionally faulty OpenAI-compatible server) with the given options.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bstar.servers import LlamaCppServer, ManagedServer, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN_SERVER = ROOT / "bench" / "token_server.py"
+# Slots of the shared llama.cpp server. Two slots cap the batch early, so a sweep over
+# 1, 2, 4 streams sees the rise (1 -> 2) and the flat part (beyond the slots) within seconds.
+LLAMACPP_SLOTS = 2
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Any:
+    pytest.importorskip("gguf", reason="needs the extra bstar[tiny]")
+    from bstar.tinymodel import default_tiny_dir
+
+    return default_tiny_dir()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(tiny_model: Any,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
+    log = tmp_path_factory.mktemp("llamacpp") / "server.log"
+    with LlamaCppServer(tiny_model.gguf_path, n_parallel=LLAMACPP_SLOTS, ctx_per_slot=512,
+                        timeout_s=60, log_path=log) as srv:
+        yield srv
+
+
+TokenServerFactory = Callable[..., ManagedServer]
+
+
+@pytest.fixture
+def token_server(tmp_path: Path) -> Iterator[TokenServerFactory]:
+    started: list[ManagedServer] = []
+
+    def start(**opts: Any) -> ManagedServer:
+        port = free_port()
+        cmd = [sys.executable, str(TOKEN_SERVER), "--port", str(port)]
+        for k, v in opts.items():
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+        srv = ManagedServer(cmd, health_url=f"http://127.0.0.1:{port}/health", timeout_s=30,
+                            log_path=tmp_path / f"token-server-{port}.log")
+        srv.start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for s in started:
+        s.stop()

@@ -1,0 +1,233 @@
+"""Faults injected by the local token server (bench/token_server.py): each must be recorded
+per request with its reason, the run's status must say what happened, nothing measured may
+be lost; Ctrl-C then --resume completes; --server-cmd restarts the server per max_num_seqs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bstar.cli import main
+from bstar.loadgen.sweep import SweepConfig, load_result, run_sweep
+from bstar.servers import free_port
+
+pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+
+from conftest import TOKEN_SERVER, TokenServerFactory
+
+FAST = {"interval_ms": 2}
+
+
+def cfg(url: str, **kw: Any) -> SweepConfig:
+    base: dict[str, Any] = {"url": url, "served_model": "tiny", "concurrency": [2],
+                            "input_len": 8, "output_len": 8, "num_requests": 12,
+                            "warmup_requests": 0, "request_timeout_s": 30,
+                            "level_time_limit_s": 30, "scrape_interval_s": 0.2}
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def kinds(db: Path, run_id: str) -> Counter[str]:
+    res = load_result(db, run_id)
+    c: Counter[str] = Counter()
+    for lv in res.levels:
+        c.update((lv.stats or {}).get("error_kinds") or {})
+    return c
+
+
+def db_requests(db: Path) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT ok, error_kind, error FROM requests WHERE warmup = 0"
+                           ).fetchall()
+    finally:
+        con.close()
+
+
+def test_clean_run_records_everything(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, concurrency=[1, 4], warmup_requests=None), db=db)
+    assert res.status == "completed"
+    d = res.to_dict()
+    assert [lv["requests"] for lv in d["levels"]] == [12, 12]
+    for lv in d["levels"]:
+        assert lv["errors"] == 0 and lv["token_source"] == "usage"
+        assert lv["tpot_ms"]["p50"] == pytest.approx(2.0, abs=1.5)
+        assert lv["running_max"] is not None
+    rows = db_requests(db)
+    assert len(rows) == 24 and all(ok for ok, _, _ in rows)  # warm-up stored apart
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM requests WHERE warmup = 1").fetchone()[0] == 1 + 4
+    con.close()
+
+
+def test_unreachable_url(tmp_path: Path) -> None:
+    res = run_sweep(cfg(f"http://127.0.0.1:{free_port()}"), db=tmp_path / "r.db")
+    assert res.status == "failed"
+    assert "unreachable" in res.run["status_detail"]
+    assert res.levels[0].status == "server_failed"
+
+
+def test_wrong_model(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    res = run_sweep(cfg(srv.url, served_model="nope"), db=tmp_path / "r.db")
+    assert res.status == "failed"
+    assert "'nope' is not served" in res.run["status_detail"]
+
+
+def test_404_on_wrong_path(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url + "/wrong", num_requests=40), db=db)
+    assert res.status == "failed"
+    assert res.levels[0].status == "stopped_errors"
+    errs = kinds(db, res.run_id)
+    # --max-error-rate stops the level after 8 of 40; requests already started finish.
+    assert set(errs) == {"http_404"} and 8 <= errs["http_404"] <= 12
+    assert all(e and "HTTP 404" in e for _, _, e in db_requests(db))
+
+
+def test_401_and_api_key_never_stored(token_server: TokenServerFactory, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-test-SECRET-1234567890"
+    srv = token_server(fault="401", api_key=secret, **FAST)
+    db = tmp_path / "store" / "r.db"  # the fake server's own log (with its key) is apart
+    bad = run_sweep(cfg(srv.url, num_requests=40), db=db, api_key="wrong")
+    assert bad.status == "failed"
+    errs = kinds(db, bad.run_id)
+    assert set(errs) == {"http_401"} and 8 <= errs["http_401"] <= 12
+    # The key from the environment, through the CLI, with JSON output.
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    rc = main(["sweep", "--url", srv.url, "--served-model", "tiny", "--concurrency", "2",
+               "--input-len", "8", "--output-len", "4", "--num-requests", "6", "--db", str(db),
+               "--json", "--quiet"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert json.loads(out.out)["levels"][0]["errors"] == 0
+    blobs = [p.read_bytes() for p in db.parent.rglob("*") if p.is_file()]
+    assert blobs and not any(secret.encode() in b for b in blobs)
+    assert secret not in out.out + out.err
+    rc = main(["runs", "--db", str(db), "show", json.loads(out.out)["run_id"], "--json"])
+    assert secret not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("fault", "kind"), [("429", "http_429"), ("500", "http_5xx"),
+                                             ("reset", "reset"), ("malformed", "malformed_sse")])
+def test_intermittent_faults_are_recorded_and_level_continues(
+        token_server: TokenServerFactory, tmp_path: Path, fault: str, kind: str) -> None:
+    srv = token_server(fault=fault, fault_every=3, **FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, num_requests=12), db=db)
+    lv = res.levels[0]
+    assert lv.status == "completed"  # 1 in 3 is under --max-error-rate 0.5
+    assert res.status == "completed_with_errors"
+    assert kind in res.run["status_detail"]
+    errs = kinds(db, res.run_id)
+    assert set(errs) == {kind} and errs[kind] == 4
+    assert lv.stats is not None and lv.stats["completed"] == 8
+    assert lv.stats["throughput_tok_s"] > 0
+
+
+def test_server_dying_mid_level(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(fault="die", fault_every=5, **FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, concurrency=[1, 2], num_requests=20), db=db)
+    assert res.levels[0].status == "server_died"
+    assert res.status == "failed" and "stopped answering" in res.run["status_detail"]
+    rows = db_requests(db)
+    assert sum(1 for ok, _, _ in rows if ok) == 5  # everything measured before is kept
+    assert {k for ok, k, _ in rows if not ok} <= {"reset", "connect"}
+    assert len(res.levels) == 1  # the sweep stopped: no point loading a dead server
+
+
+def test_level_time_limit(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(fault="hang", fault_every=4, **FAST)
+    db = tmp_path / "r.db"
+    t0 = time.monotonic()
+    res = run_sweep(cfg(srv.url, concurrency=[2], num_requests=40, level_time_limit_s=2.0),
+                    db=db)
+    assert time.monotonic() - t0 < 20
+    lv = res.levels[0]
+    assert lv.status == "time_limit"
+    errs = kinds(db, res.run_id)
+    assert errs["time_limit"] == 2  # both streams stuck on a hung request at the limit
+    assert lv.stats is not None and lv.stats["completed"] >= 3
+
+
+def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(interval_ms=20)
+    db = tmp_path / "r.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "bstar", "sweep", "--url", srv.url, "--served-model", "tiny",
+           "--concurrency", "1,2,4", "--input-len", "8", "--output-len", "10",
+           "--num-requests", "16", "--db", str(db), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    n = 0
+    while time.monotonic() < deadline:  # interrupt once level 2 has stored some requests
+        time.sleep(0.1)
+        if db.exists():
+            con = sqlite3.connect(db)
+            try:
+                n = con.execute("SELECT COUNT(*) FROM requests q JOIN levels l ON "
+                                "q.level_id = l.id WHERE l.idx = 1 AND q.warmup = 0"
+                                ).fetchone()[0]
+            except sqlite3.OperationalError:
+                n = 0
+            finally:
+                con.close()
+            if n >= 3:
+                break
+    assert n >= 3, "the sweep did not reach its second level"
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    assert b"--resume" in err
+    with sqlite3.connect(db) as con:
+        run_id, status = con.execute("SELECT id, status FROM runs").fetchone()
+        levels = con.execute("SELECT idx, status FROM levels ORDER BY id").fetchall()
+        kept = con.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+    assert status == "interrupted"
+    assert levels == [(0, "completed"), (1, "interrupted")]
+    rc = main(["sweep", "--resume", run_id, "--db", str(db), "--quiet", "--json"])
+    assert rc == 0
+    res = load_result(db, run_id)
+    assert res.status == "completed"
+    assert [lv.status for lv in res.levels] == ["completed"] * 3
+    assert [lv.attempt for lv in res.levels] == [1, 2, 1]
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM requests").fetchone()[0] > kept  # kept + new
+
+
+def test_server_cmd_restarts_per_max_num_seqs(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
+           "--interval-ms 10")
+    res = run_sweep(SweepConfig(server_cmd=cmd, max_num_seqs=[1, 2, 4], concurrency=[4],
+                                input_len=8, output_len=10, num_requests=16,
+                                health_timeout_s=30, scrape_interval_s=0.1), db=db)
+    assert res.status == "completed"
+    d = res.to_dict()
+    tput = [lv["throughput_tok_s"] for lv in d["levels"]]
+    assert tput[0] < tput[1] < tput[2]  # the server's cap is the batch
+    for lv, mns in zip(d["levels"], (1, 2, 4), strict=True):
+        assert lv["max_num_seqs"] == mns
+        assert lv["running_max"] == mns and lv["waiting_max"] >= 4 - mns - 1
+        # cache_config_info: mns * 8 blocks of 16 tokens; a sequence of 18 tokens takes 2.
+        assert lv["kv_capacity_seqs"] == mns * 8 // 2
+        log = Path(lv["server_log"])
+        assert log.is_file() and log.is_relative_to(tmp_path)
+        assert f"--max-seqs {mns}" in log.read_text()
