@@ -235,3 +235,46 @@ def test_simulate_plot_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert f"recommended {rec}" in html or f">{rec:,}<" in html
     for o in objs:
         assert f"{o['throughput_tok_s']:,.0f}" in html
+
+
+def stored_sweep(token_server: Any, db: Path) -> dict[str, Any]:
+    """A real sweep against the local token server (batch cap 4: throughput climbs, then
+    flattens; its /metrics reports KV use and preemptions like vLLM's)."""
+    from bstar.loadgen.sweep import SweepConfig, run_sweep
+
+    srv = token_server(interval_ms=3, max_seqs=4)
+    cfg = SweepConfig(url=srv.url, served_model="tiny", concurrency=[1, 2, 4, 8], input_len=8,
+                      output_len=16, num_requests=16, warmup_requests=0,
+                      request_timeout_s=30, level_time_limit_s=30, scrape_interval_s=0.1,
+                      model="llama-3-8b", gpu="a100-80gb-sxm")
+    from bstar.cli import build_parser
+    from bstar.commands.plan import deployment_from_args
+
+    args = build_parser().parse_args(["plan"])
+    d = deployment_from_args(args, "llama-3-8b", "a100-80gb-sxm")
+    return run_sweep(cfg, db=db, deployment=d).to_dict()
+
+
+def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    sweep = stored_sweep(token_server, db)
+    out, png = tmp_path / "run.html", tmp_path / "run.png"
+    assert main(["report", "run", sweep["run_id"], "--db", str(db), "-o", str(out),
+                 "--plot", str(png), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] == str(out)
+    html = out.read_text(encoding="utf-8")
+    assert html.count('<figure class="plot"') == 1
+    for lv in sweep["levels"]:
+        assert f"{lv['throughput_tok_s']:,.1f}" in html
+    root = ET.fromstring(re.search(r"<svg.*?</svg>", html, re.S).group(0))
+    titles = [t.text or "" for t in root.iter(f"{SVG}title")]
+    # TPOT and TTFT whiskers and the throughput point of every level.
+    assert sum(t.startswith("TPOT at ") for t in titles) == 4
+    assert sum(t.startswith("TTFT at ") for t in titles) == 4
+    assert sum(t.startswith("concurrency ") for t in titles) == 4
+    w, h, std = png_stats(png.read_bytes())
+    assert w > 1500 and h > 1000 and std > 20
+    assert main(["report", "run", "nope", "--db", str(db), "-o", str(out)]) == 2
+    assert main(["report", "run", "x", "--db", str(tmp_path / "none.db"), "-o", str(out)]) == 2
+    assert not (tmp_path / "none.db").exists()

@@ -242,6 +242,16 @@ def test_simulate_report_in_chromium(tmp_path: Path) -> None:
     check_report(out, ["simulate"], "report-simulate.png")
 
 
+def test_sweep_run_report_in_chromium(token_server: Any, tmp_path: Path) -> None:
+    from test_report import stored_sweep
+
+    db = tmp_path / "runs.db"
+    sweep = stored_sweep(token_server, db)
+    out = tmp_path / "run.html"
+    assert main(["report", "run", sweep["run_id"], "--db", str(db), "-o", str(out)]) == 0
+    check_report(out, ["sweep"], "report-sweep.png")
+
+
 def test_a_network_fetch_is_caught(tmp_path: Path) -> None:
     """The check above can fail: a report that tries to load a remote image is reported
     (the policy blocks it and the browser logs the violation)."""

@@ -36,6 +36,15 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                         description="Report of `bstar fit` with the same arguments.")
     fit_cmd.add_fit_arguments(sf)
     _add_output(sf)
+    sr = sub.add_parser("run", help="a stored sweep run (bstar sweep / bstar runs)",
+                        description="Report of a sweep run stored in the results DB.")
+    sr.add_argument("run_id", metavar="RUN_ID", help="the run's id (bstar runs lists them)")
+    sr.add_argument("--db", default=None, help="results DB (default: bstar sweep's default, "
+                                               "${BSTAR_DATA_DIR:-~/.local/share/bstar}/runs.db)")
+    sr.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                    help="also write the sweep chart as an image")
+    sr.add_argument("--json", action="store_true", help="print {\"report\": path, ...}")
+    _add_output(sr)
     sm = sub.add_parser("simulate", help="a simulated sweep over max_num_seqs (takes "
                                          "`bstar simulate`'s flags)",
                         description="Report of `bstar simulate` with the same flags.")
@@ -69,6 +78,8 @@ def run_report(args: argparse.Namespace) -> int:
         return _report_fit(args)
     if source == "simulate":
         return _report_simulate(args)
+    if source == "run":
+        return _report_run(args)
     raise AssertionError(source)  # argparse only lets the sources above through
 
 
@@ -113,3 +124,22 @@ def _report_simulate(args: argparse.Namespace) -> int:
     if getattr(args, "plot", None):
         save_simulate_plot(objs, args.plot)
     return _done(args, path, {"max_num_seqs": advice.max_num_seqs if advice else None})
+
+
+def _report_run(args: argparse.Namespace) -> int:
+    from bstar.loadgen.store import default_db_path
+    from bstar.loadgen.sweep import load_result
+    from bstar.report import save_sweep_plot, write_sweep_report
+
+    db = Path(args.db) if args.db else default_db_path()
+    if not db.is_file():
+        from bstar.errors import BstarError
+
+        # Opening a missing path would create an empty DB; say what is wrong instead.
+        raise BstarError(f"no results DB at {db}: run bstar sweep first, or give --db")
+    sweep = load_result(db, args.run_id).to_dict()
+    path = write_sweep_report(sweep, args.output, _command_line())
+    if args.plot:
+        save_sweep_plot(sweep, args.plot)
+    return _done(args, path, {"run_id": sweep["run_id"],
+                              "recommendation": sweep.get("recommendation")})

@@ -62,6 +62,8 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                    "/runs.db)")
     g.add_argument("--resume", metavar="RUN", help="finish the levels a stored run is missing")
     g.add_argument("--json", action="store_true", help="print one JSON object (contract)")
+    g.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw the measured levels over the prediction (needs bstar[plot])")
     g.add_argument("--quiet", action="store_true", help="no progress display")
     add_deployment_arguments(p)
 
@@ -128,6 +130,11 @@ def run_sweep(args: argparse.Namespace) -> int:
     except sw.SweepInterrupted as e:
         err.print(f"bstar: {e}")
         return 130
+    if args.plot:
+        from bstar.report import save_sweep_plot
+
+        # stderr: --json keeps stdout to the one JSON object.
+        err.print(f"plot written to {save_sweep_plot(result.to_dict(), args.plot)}")
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

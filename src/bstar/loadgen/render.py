@@ -100,6 +100,13 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
         head += f"  ({d['server_version']})"
     console.print(f"[bold]{head}[/]")
     console.print(levels_table(result))
+    done = [lv for lv in d["levels"] if lv.get("throughput_tok_s")]
+    if len(done) > 1:
+        from bstar.units import sparkline
+
+        # Without the plot extra, the shape of the curve at a glance.
+        console.print(f"throughput {sparkline([float(lv['throughput_tok_s']) for lv in done])}"
+                      f"  {_level_name(done[0])} .. {_level_name(done[-1])}")
     for lv in d["levels"]:
         if (lv.get("status_detail") and lv["status"] != "completed") or lv["errors"]:
             console.print(f"  [yellow]{_level_name(lv)}[/]: {lv.get('status_detail') or ''}")

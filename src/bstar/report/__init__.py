@@ -80,3 +80,11 @@ def save_simulate_plot(results: list[dict[str, Any]], path: str | Path) -> Path:
     from bstar.report import plots
 
     return plots.simulate_chart(results).save(path)
+
+
+def save_sweep_plot(sweep: dict[str, Any], path: str | Path) -> Path:
+    """Measured levels (p50, whiskers to p99) over the prediction, TTFT, preemptions and KV
+    use (`sweep`: the sweep JSON contract)."""
+    from bstar.report import plots
+
+    return plots.sweep_chart(sweep).save(path)

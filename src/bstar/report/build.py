@@ -361,3 +361,18 @@ def fit_report(f: dict[str, Any], command: str = "") -> Report:
         "Past the measured range the curve is an extrapolation: it holds only while the "
         "model's regimes hold (no preemption, same context).", UNITS_NOTE]
     return r
+
+
+# ---- demo: a sweep and its fit on one page ---------------------------------------------------
+def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "") -> Report:
+    """The measured sweep of the tiny model and the fit of its curve, in one report."""
+    s, f = sweep_report(sweep, command), fit_report(fit, command)
+    r = Report("demo", "bstar demo: measure, fit, predict",
+               "a tiny random-weight Llama served by llama.cpp on this machine's CPU, swept "
+               "over concurrency" + (f" · run {sweep['run_id']}" if sweep.get("run_id") else ""),
+               cards=s.cards + f.cards, sections=s.sections + f.sections, command=command)
+    r.assumptions = [
+        "The model is random-weight and tiny; the numbers describe this machine's CPU, not a "
+        "GPU. The shape of the curve (a climb, then a knee) is the point.",
+        *dict.fromkeys(s.assumptions + f.assumptions)]
+    return r

@@ -642,6 +642,7 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
         if s.get("max_tpot_ms"):
             a_tpot.axhline(s["max_tpot_ms"], color=MARK["sla"][0], linestyle=MARK["sla"][1],
                            label=f"SLA {s['max_tpot_ms']:g} ms")
+        a_tpot.set_ylim(0, None)
         a_tpot.set_ylabel("ms")
         a_tpot.set_title("Per-request TPOT")
         # throughput
@@ -685,6 +686,10 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
         if any(v is not None for v in pre):
             a_mem.bar(xs, [v or 0 for v in pre], width=[x * 0.35 for x in xs],
                       color=REGIME_COLOR["memory-exhausted"], alpha=0.75, label="preemptions")
+        from matplotlib.ticker import MaxNLocator
+
+        a_mem.set_ylim(0, max(max((v or 0) for v in pre), 1) * 1.25)
+        a_mem.yaxis.set_major_locator(MaxNLocator(integer=True))
         a_mem.set_ylabel("preemptions during the level")
         a_mem.set_title("Preemptions and KV-cache usage")
         if any(v is not None for v in kv):
