@@ -30,7 +30,7 @@ import math
 import re
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -216,11 +216,24 @@ def _eff_dict(e: rl.Efficiency) -> dict[str, float]:
 
 
 # ---- the fit ------------------------------------------------------------------------------
-def calibrate(d: rl.Deployment, points: Sequence[Point],
-              fit: Sequence[str] = PARAMS, *, engine: str = "", engine_version: str = "",
-              source: str = "") -> Calibration:
-    """Fit the parameters named in `fit` (a subset of PARAMS) to `points`; the others stay
-    at `d.eff`'s values. Raises BstarError on input that cannot determine the fit."""
+@dataclass(frozen=True, slots=True)
+class EfficiencyFit:
+    """The outcome of fitting efficiencies to any measured quantity the model predicts."""
+
+    eff: rl.Efficiency
+    params: dict[str, ParamFit]
+    correlation: dict[str, float]
+    tied: tuple[str, ...]
+
+
+def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
+                   measured: Sequence[float], prior: rl.Efficiency,
+                   fit: Sequence[str] = PARAMS,
+                   starts: Sequence[Mapping[str, float]] = ()) -> EfficiencyFit:
+    """Fit the parameters named in `fit` so that `predict(values)` (a positive array aligned
+    with `measured`, values = all four PARAMS) matches `measured` in log space, robustly,
+    within bounds; the others stay at `prior`. Used for decode steps (`calibrate`) and for
+    any other predicted metric (`bstar validate`)."""
     from scipy.optimize import least_squares
 
     fit = tuple(dict.fromkeys(fit))
@@ -229,30 +242,30 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
         raise BstarError(f"cannot fit {', '.join(bad)} (fit any of: {', '.join(PARAMS)})")
     if not fit:
         raise BstarError("nothing to fit")
-    if len(points) < len(fit):
-        raise BstarError(f"{len(points)} point(s) cannot determine {len(fit)} parameters "
+    if len(measured) < len(fit):
+        raise BstarError(f"{len(measured)} point(s) cannot determine {len(fit)} parameters "
                          f"({', '.join(fit)}); measure more batch sizes or fit fewer")
-    terms = _terms(d, points)
-    measured = np.array([p.step_s for p in points])
-    log_measured = np.log(measured)
-    prior = _eff_dict(d.eff)
+    log_measured = np.log(np.asarray(measured, dtype=np.float64))
+    base = _eff_dict(prior)
 
     def values(x: np.ndarray) -> dict[str, float]:
-        v = {k: prior[k] for k in PARAMS}
+        v = {k: base[k] for k in PARAMS}
         for k, xi in zip(fit, x, strict=True):
             v[k] = float(xi) * _SCALE[k]
         return v
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        return np.log(_step_s(terms, values(x))) - log_measured
+        return np.log(predict(values(x))) - log_measured
 
     lo = np.array([_LOWER[k] / _SCALE[k] for k in fit])
     hi = np.array([_UPPER[k] / _SCALE[k] for k in fit])
     best = None
     # The max() makes the problem piecewise smooth: start from a few corners and keep the
     # best, so the result does not depend on which roof the prior happened to favour.
-    for start in _starts(fit, prior, terms, measured):
-        x0 = np.clip(np.array([start[k] / _SCALE[k] for k in fit]), lo + 1e-9,
+    corners = [{"bandwidth": bw, "compute": fl}
+               for bw, fl in ((1.0, 1.0), (0.5, 0.5), (1.0, 0.2), (0.2, 1.0), (0.2, 0.2))]
+    for start in [base, *starts, *({**base, **c} for c in corners)]:
+        x0 = np.clip(np.array([start.get(k, base[k]) / _SCALE[k] for k in fit]), lo + 1e-9,
                      np.where(np.isfinite(hi), hi - 1e-9, np.inf))
         r = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1",
                           f_scale=ROBUST_SCALE, x_scale="jac", max_nfev=2000)
@@ -268,13 +281,32 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     # does not come back as whatever corner the optimiser started from.
     for i in np.flatnonzero(unset):
         trial = x.copy()
-        trial[i] = prior[fit[i]] / _SCALE[fit[i]]
+        trial[i] = base[fit[i]] / _SCALE[fit[i]]
         if 0.5 * float(np.sum(_soft_l1(residuals(trial)))) <= best.cost * (1 + 1e-9) + 1e-15:
             x = trial
     v = values(x)
-    eff = replace(d.eff, **{k: v[k] for k in PARAMS})
-    params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, prior,
+    params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, base,
                                       lo, hi)
+    return EfficiencyFit(replace(prior, **{k: v[k] for k in PARAMS}), params, corr,
+                         tuple(tied))
+
+
+def calibrate(d: rl.Deployment, points: Sequence[Point],
+              fit: Sequence[str] = PARAMS, *, engine: str = "", engine_version: str = "",
+              source: str = "") -> Calibration:
+    """Fit the parameters named in `fit` (a subset of PARAMS) to measured decode steps; the
+    others stay at `d.eff`'s values. Raises BstarError on input that cannot determine it."""
+    if not points:
+        raise BstarError("no points to calibrate on")
+    terms = _terms(d, points)
+    measured = np.array([p.step_s for p in points])
+    # Efficiencies that would explain the most demanding point outright on each roof.
+    starts = [{"bandwidth": float(np.clip(np.max(terms.memory_s / measured), 0.01, 1.0)),
+               "compute": float(np.clip(np.max(terms.compute_s / measured), 0.01, 1.0))}]
+    f = fit_efficiency(lambda v: _step_s(terms, v), measured, d.eff, fit, starts)
+    eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
+    prior = _eff_dict(d.eff)
+    v = _eff_dict(eff)
     cal_d = d.with_eff(eff)
     pred = predict_step_s(cal_d, points)
     uncal = predict_step_s(d, points)
@@ -303,24 +335,6 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     return Calibration(eff, params, pfits, corr, d.model.name, d.gpu.id,
                        d.weight.name, d.kv.name, d.num_gpus, engine, engine_version, source,
                        notes=tuple(notes))
-
-
-def _starts(fit: Sequence[str], prior: Mapping[str, float], t: _Terms,
-            measured: np.ndarray) -> list[dict[str, float]]:
-    # Efficiencies that would explain the fastest-per-byte and fastest-per-flop points
-    # outright, and the prior: three starts spanning "memory sets it", "compute sets it".
-    bw_hi = float(np.clip(np.max(t.memory_s / measured), 0.01, 1.0))
-    fl_hi = float(np.clip(np.max(t.compute_s / measured), 0.01, 1.0))
-    base = dict(prior)
-    out = [base]
-    for bw, fl in ((bw_hi, fl_hi), (bw_hi, 1.0), (1.0, fl_hi), (0.5 * bw_hi, 0.5 * fl_hi)):
-        s = dict(base)
-        if "bandwidth" in fit:
-            s["bandwidth"] = bw
-        if "compute" in fit:
-            s["compute"] = fl
-        out.append(s)
-    return out
 
 
 def _soft_l1(r: np.ndarray) -> np.ndarray:

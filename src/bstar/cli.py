@@ -31,6 +31,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
                          "or simulation"),
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
+    ("validate", "validate",
+     "the planner vs published measurements: error per row, uncalibrated and calibrated"),
 )
 
 
