@@ -66,13 +66,23 @@ def parse_slo(text: str) -> Slo:
     return Slo(**out)
 
 
-def percentiles(x: npt.ArrayLike) -> dict[str, float | None]:
+Stats = dict[str, float | None]
+
+
+def _no_stats() -> Stats:
+    out: Stats = {f"p{p}": None for p in PERCENTILES}
+    out["mean"] = None
+    return out
+
+
+def percentiles(x: npt.ArrayLike) -> Stats:
     a = np.asarray(x, dtype=np.float64)
     if a.size == 0:
-        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
-    ps = np.percentile(a, PERCENTILES)
-    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, ps, strict=True)} \
-        | {"mean": float(a.mean())}
+        return _no_stats()
+    out: Stats = {f"p{p}": float(v)
+                  for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True)}
+    out["mean"] = float(a.mean())
+    return out
 
 
 def weighted_percentiles(values: npt.ArrayLike, weights: npt.ArrayLike
@@ -84,7 +94,7 @@ def weighted_percentiles(values: npt.ArrayLike, weights: npt.ArrayLike
     keep = w > 0
     v, w = v[keep], w[keep]
     if v.size == 0:
-        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+        return _no_stats()
     order = np.argsort(v, kind="stable")
     v, w = v[order], w[order]
     cum = np.cumsum(w)
