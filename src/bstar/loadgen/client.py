@@ -205,7 +205,21 @@ class OpenAIClient:
 
     # -- the measured path --------------------------------------------------------------
     async def send(self, spec: RequestSpec, *, deadline: float | None = None) -> RequestRecord:
-        """Stream one request. `deadline` (time.monotonic) is the level's time limit."""
+        """Stream one request. `deadline` (time.monotonic) is the level's time limit.
+
+        llama.cpp's HTTP server (cpp-httplib) closes a keep-alive connection after 5
+        requests; the pool may hand out such a connection before it notices, and writing the
+        request then fails before the server saw anything. That one case is sent again, once,
+        on a fresh connection: it is not a server error and must not count as one.
+        """
+        rec = await self._send_once(spec, deadline=deadline)
+        if (rec.error_kind == "reset" and rec.http_status is None and rec.chunks == 0
+                and "write request body" in (rec.error or "")):
+            rec = await self._send_once(spec, deadline=deadline)
+        return rec
+
+    async def _send_once(self, spec: RequestSpec, *,
+                         deadline: float | None = None) -> RequestRecord:
         import aiohttp
 
         rec = RequestRecord(
