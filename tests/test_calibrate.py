@@ -215,3 +215,31 @@ def test_profile_errors(tmp_path: Path) -> None:
     with pytest.raises(BstarError, match="bandwidth efficiency"):
         cal.load_profile(bad)
     assert main(["plan", "--profile", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_points_from_a_sweep_result_use_each_levels_batch_and_the_mean_context() -> None:
+    from types import SimpleNamespace
+
+    def level(idx: int, conc: int, itl: float | None, done: int = 5) -> SimpleNamespace:
+        return SimpleNamespace(idx=idx, batch=conc, stats={
+            "completed": done, "itl_ms": {"p50": itl}, "tpot_ms": {"mean": 2 * (itl or 1)}})
+
+    result = SimpleNamespace(run_id="r1", run={"options": {"input_len": 64, "output_len": 32}},
+                             levels=[level(0, 1, 2.0), level(1, 2, 3.0), level(2, 4, None),
+                                     level(3, 8, 9.0, done=0)])
+    pts = cal.points_from_sweep(result)
+    assert [(p.batch, p.context_tokens, p.step_s) for p in pts] == [(1, 80, 0.002),
+                                                                      (2, 80, 0.003)]
+    # Level 2 has a TPOT but no ITL; level 3 completed nothing.
+    assert [p.step_s for p in cal.points_from_sweep(result, "tpot_mean")] == [0.004, 0.006,
+                                                                             0.002]
+    with pytest.raises(BstarError, match="metric"):
+        cal.points_from_sweep(result, "e2e_p99")
+
+
+def test_check_predicts_other_points_with_given_efficiencies() -> None:
+    d = deployment()
+    other = synthetic(0.0, batches=(1, 16, 128), contexts=(8192,))
+    fits = cal.check(d, TRUE, other)
+    assert all(abs(f.rel_error) < 1e-9 for f in fits)
+    assert all(abs(f.uncalibrated_rel_error) > 0.05 for f in fits)

@@ -306,27 +306,21 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     f = fit_efficiency(lambda v: _step_s(terms, v), measured, d.eff, fit, starts)
     eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
     prior = _eff_dict(d.eff)
-    v = _eff_dict(eff)
-    cal_d = d.with_eff(eff)
-    pred = predict_step_s(cal_d, points)
-    uncal = predict_step_s(d, points)
-    bound = np.where(terms.compute_s / v["compute"] > terms.memory_s / v["bandwidth"],
-                     "compute", "memory")
-    pfits = tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
-                           float(uncal[i]) * 1e3, str(bound[i]), p.label)
-                  for i, p in enumerate(points))
+    pfits = check(d, eff, points)
     notes = []
     for k, pf in params.items():
         if pf.status == "unset":
             notes.append(f"{k} is not identified: its term sets no point's step time; "
                          f"reported as {pf.value:g}" + (" (the prior)" if pf.value == prior[k]
                                                          else ""))
+        elif pf.status == "at-bound" and k in ("bandwidth", "compute"):
+            notes.append(f"{k} efficiency sits at its bound ({pf.value:g}): the points are "
+                         "faster than the GPU figure allows; check the figure (bstar probe)")
         elif pf.status == "at-bound":
-            notes.append(f"{k} sits at its bound ({pf.value:g}): the data push it past the "
-                         "model's range; check the GPU figures (probe the device)")
+            notes.append(f"{k} sits at zero: the points leave no room for it")
     if tied:
         notes.append(f"{', '.join(tied)} trade off exactly against each other in these points "
-                     "(e.g. one context, all memory-bound): their split is arbitrary; add a "
+                     "(e.g. one model at one context on one roof): their split is arbitrary; add a "
                      "second context or model, or fix some with --fit")
     for pair, c in corr.items():
         if abs(c) > 0.95:
@@ -387,6 +381,48 @@ def _uncertainty(fit: Sequence[str], x: np.ndarray, jac: np.ndarray, resid: np.n
                   else "at-bound" if at_bound[i] else "fitted")
         out[k] = ParamFit(k, v[k], stds[k], status, prior[k])
     return out, corr, [k for k, t in zip(fit, tied_mask, strict=True) if t]
+
+
+def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point]) -> tuple[PointFit, ...]:
+    """Predict measured points with efficiencies `eff` (calibrated elsewhere: another
+    context, another model on the same GPU x engine) and with `d`'s own (uncalibrated)."""
+    cal_d = d.with_eff(eff)
+    pred = predict_step_s(cal_d, points)
+    uncal = predict_step_s(d, points)
+    t = _terms(d, points)
+    bound = np.where(t.compute_s / eff.compute > t.memory_s / eff.bandwidth, "compute",
+                     "memory")
+    return tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
+                          float(uncal[i]) * 1e3, str(bound[i]), p.label)
+                 for i, p in enumerate(points))
+
+
+def points_from_sweep(result: Any, metric: str = "itl_p50",
+                      context_tokens: int | None = None) -> list[Point]:
+    """Decode-step points from a sweep result (bstar.loadgen.sweep.SweepResult): one per
+    completed level with a batch (concurrency or max_num_seqs), at the context a request
+    holds on average while decoding, input_len + output_len // 2 (as the sweep's own
+    prediction). `metric`: itl_p50 (the median gap between streamed tokens: one decode
+    step), tpot_mean or tpot_p50 (these also carry stalls behind other requests' prefills)."""
+    if metric not in ("itl_p50", "tpot_mean", "tpot_p50"):
+        raise BstarError(f"metric must be itl_p50, tpot_mean or tpot_p50, got {metric!r}")
+    opts = result.run.get("options") or {}
+    ctx = context_tokens or int(opts.get("input_len") or 0) + int(opts.get("output_len") or 0) // 2
+    if ctx < 1:
+        raise BstarError(f"run {result.run_id}: no input/output lengths stored; give --context")
+    key, stat = metric.split("_", 1)
+    points = []
+    for lv in result.levels:
+        st = lv.stats or {}
+        value = (st.get(f"{key}_ms") or {}).get(stat)
+        if not lv.batch or not st.get("completed") or not value:
+            continue
+        points.append(Point(int(lv.batch), ctx, float(value) / 1e3,
+                            f"run {result.run_id} level {lv.idx}"))
+    if not points:
+        raise BstarError(f"run {result.run_id}: no completed level with a batch and "
+                         f"{key}_ms {stat}")
+    return points
 
 
 # ---- vLLM start-up log: the KV pool it actually got --------------------------------------

@@ -30,7 +30,16 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-log", type=Path, default=None,
                    help="a vLLM start-up log: its KV cache size calibrates the reserve "
                         "(and so B_mem)")
-    p.add_argument("--db", default=None, help="results store for a sweep RUN id")
+    p.add_argument("--db", default=None,
+                   help="results store for a sweep RUN id (default: bstar sweep's)")
+    p.add_argument("--metric", choices=("itl_p50", "tpot_mean", "tpot_p50"), default="itl_p50",
+                   help="a sweep level's step time (RUN input): the median inter-token gap "
+                        "(default: one decode step; a mean TPOT also carries the stalls of "
+                        "other requests' prefills), or the mean / median TPOT")
+    p.add_argument("--check", action="append", default=[], metavar="RUN[=MODEL]",
+                   help="another sweep run to predict with the calibration (another context, "
+                        "or a sibling MODEL on the same GPU and engine); prints the error per "
+                        "level. Repeatable")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="calibration profile to write (TOML)")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
@@ -127,7 +136,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         points, warnings = load_calibration_points(path, args.context)
         source = str(path)
     else:
-        points, source = _points_from_run(args, d)
+        points, source, run = points_from_run(args.db, args.source, args.metric, args.context)
+        if not args.engine_version and run.get("server_version"):
+            args.engine_version = str(run["server_version"])
     c = cal.calibrate(d, points, args.fit, engine=args.engine,
                       engine_version=args.engine_version, source=source)
     if args.vllm_log is not None:
@@ -146,18 +157,66 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if warnings:
         from dataclasses import replace
         c = replace(c, notes=(*warnings, *c.notes))
+    checks = [_check(args, spec, c.eff) for spec in args.check]
     if args.json:
-        print(json.dumps({**c.to_dict(), "profile": str(args.output or "")}, indent=2))
+        print(json.dumps({**c.to_dict(), "profile": str(args.output or ""),
+                          "checks": [{"run": run, "model": model,
+                                      "median_abs_error": _median_abs(pts),
+                                      "points": [_point_dict(p) for p in pts]}
+                                     for run, model, pts in checks]}, indent=2))
         return 0
     _print(c, args.output)
+    for run, model, pts in checks:
+        print(f"check: run {run}, model {model}, predicted with the calibration")
+        _print_points(pts)
+        print(f"  median |error| {_median_abs(pts):.1%} calibrated, "
+              f"{_median_abs(pts, uncal=True):.1%} uncalibrated")
     return 0
 
 
-def _points_from_run(args: argparse.Namespace, d: Any) -> tuple[list[Any], str]:
-    from bstar.errors import BstarError
+def _check(args: argparse.Namespace, spec: str, eff: Any) -> tuple[str, str, list[Any]]:
+    from bstar import calibrate as cal
+    from bstar.commands.plan import deployment_from_args
 
-    raise BstarError(f"{args.source}: no such points file (reading sweep runs from the "
-                     "results store needs `bstar sweep`'s store, not in this build)")
+    run_id, _, model = spec.partition("=")
+    points, _, run = points_from_run(args.db, run_id, args.metric, None)
+    model = model or (run.get("options") or {}).get("model") or args.model
+    d = deployment_from_args(args, model)
+    return run["id"], d.model.name, list(cal.check(d, eff, points))
+
+
+def _median_abs(pts: list[Any], uncal: bool = False) -> float:
+    import statistics
+
+    return statistics.median(abs(p.uncalibrated_rel_error if uncal else p.rel_error)
+                             for p in pts)
+
+
+def _point_dict(p: Any) -> dict[str, Any]:
+    return {"batch": p.batch, "context_tokens": p.context_tokens, "measured_ms": p.measured_ms,
+            "predicted_ms": p.predicted_ms, "rel_error": p.rel_error,
+            "uncalibrated_ms": p.uncalibrated_ms,
+            "uncalibrated_rel_error": p.uncalibrated_rel_error, "bound": p.bound}
+
+
+def points_from_run(db: str | None, run_id: str, metric: str,
+                    context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
+    """Decode-step points from a stored sweep run (bstar sweep's store)."""
+    from bstar import calibrate as cal
+    from bstar.loadgen.sweep import load_result
+
+    result = load_result(db, run_id)  # db None: the sweep's default store
+    points = cal.points_from_sweep(result, metric, context)
+    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
+
+
+def _print_points(points: list[Any]) -> None:
+    print(f"  {'batch':>6}{'context':>9}{'measured ms':>13}{'calibrated':>12}{'error':>8}"
+          f"{'uncalibrated':>14}{'error':>8}  bound")
+    for p in points:
+        print(f"  {p.batch:>6}{p.context_tokens:>9}{p.measured_ms:>13.3f}"
+              f"{p.predicted_ms:>12.3f}{p.rel_error:>+8.1%}{p.uncalibrated_ms:>14.3f}"
+              f"{p.uncalibrated_rel_error:>+8.1%}  {p.bound}")
 
 
 def _print(c: Any, out: Path | None) -> None:
@@ -170,12 +229,7 @@ def _print(c: Any, out: Path | None) -> None:
         scale, unit = units[k]
         sd = f"{p.std * scale:.3g}" if p.std is not None else p.status
         print(f"  {k:<20}{p.value * scale:>12.4g}{sd:>12}  {p.prior * scale:g}{unit}")
-    print(f"  {'batch':>6}{'context':>9}{'measured ms':>13}{'calibrated':>12}{'error':>8}"
-          f"{'uncalibrated':>14}{'error':>8}  bound")
-    for p in c.points:
-        print(f"  {p.batch:>6}{p.context_tokens:>9}{p.measured_ms:>13.3f}"
-              f"{p.predicted_ms:>12.3f}{p.rel_error:>+8.1%}{p.uncalibrated_ms:>14.3f}"
-              f"{p.uncalibrated_rel_error:>+8.1%}  {p.bound}")
+    _print_points(list(c.points))
     print(f"  median |error| {c.median_abs_error:.1%} calibrated (max {c.max_abs_error:.1%}), "
           f"{c.uncalibrated_median_abs_error:.1%} uncalibrated")
     if c.reserve_bytes is not None:
