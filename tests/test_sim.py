@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
@@ -264,3 +266,31 @@ def test_tensor_parallel_and_moe_run() -> None:
     d = replace(dep(), model=get_model("mixtral-8x7b"), gpu=get_gpu("h100-sxm"), num_gpus=2)
     s = simulate_levels(d, [32], Poisson(5.0), Lengths.fixed(300), Lengths.fixed(50), 50, 0)[0]
     assert s.requests == 50 and s.throughput_tok_s > 0
+
+
+# ---- property: any small setting conserves tokens, and the jump changes nothing ----
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), max_num_seqs=st.integers(1, 40),
+       budget=st.sampled_from([16, 48, 256, 2048]), users=st.integers(1, 30),
+       rate=st.one_of(st.none(), st.floats(0.5, 200.0)),
+       preemption=st.sampled_from(["recompute", "swap"]),
+       gpu_util=st.sampled_from([0.2295, 0.232, 0.9]))
+def test_property_conservation_and_jump(seed: int, max_num_seqs: int, budget: int,
+                                        users: int, rate: float | None, preemption: str,
+                                        gpu_util: float) -> None:
+    d = dep(gpu_util=gpu_util)
+    arrivals = Poisson(rate) if rate else ClosedLoop(users, 0.05, random_think=True)
+    w = make_workload(arrivals, parse_lengths("uniform:1:400"), parse_lengths("uniform:1:200"),
+                      60, np.random.default_rng(seed))
+    c = cfg(max_num_seqs, max_num_batched_tokens=budget, preemption=preemption)
+    a = simulate(d, c, w)
+    b = simulate(d, replace(c, fast_forward=False), w)
+    for run in (a, b):
+        assert run.requests.done.all()
+        assert np.array_equal(run.requests.num_generated, w.output_tokens)
+        assert run.timeline.kv_used_blocks[-1] == 0
+        assert max(run.timeline.num_running) <= max_num_seqs
+    np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
+    assert a.num_preemptions == b.num_preemptions
