@@ -41,3 +41,17 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
                  "20", "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert isinstance(one, dict) and one["max_num_seqs"] == 16
+
+
+def test_trace_runs_whole_by_default(tmp_path: object, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    from pathlib import Path
+
+    trace = Path(str(tmp_path)) / "t.csv"
+    rows = "\n".join(f"{i * 0.05:.2f},{32 + i},{8 + i % 5}" for i in range(1200))
+    trace.write_text("arrival_s,input_tokens,output_tokens\n" + rows + "\n")
+    assert main(["simulate", "--trace", str(trace), "--max-num-seqs", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] == 1200  # not cut to the 1000 of generated traffic
+    assert main(["simulate", "--trace", str(trace), "--num-requests", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 10

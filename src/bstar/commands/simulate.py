@@ -41,8 +41,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "or empirical:N1,N2,... (default 512)")
     t.add_argument("--output-len", default="256",
                    help="output tokens, same forms (default 256)")
-    t.add_argument("--num-requests", type=int, default=1000,
-                   help="requests per level (default 1000, at most 1,000,000)")
+    t.add_argument("--num-requests", type=int, default=None,
+                   help="requests per level (default 1000, or the whole --trace; at most "
+                        "1,000,000)")
     t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
     o = p.add_argument_group("objectives and bounds")
     o.add_argument("--slo", default=None,
@@ -133,8 +134,11 @@ def simulate_from_args(args: argparse.Namespace) -> tuple[Any, list[Any], Any, A
                     swap_space_bytes=round(args.swap_space_gib * 2**30),
                     max_sim_time_s=args.max_sim_time_s)
     slo = parse_slo(args.slo) if args.slo else None
+    num_requests = args.num_requests
+    if num_requests is None:
+        num_requests = len(arrivals.arrival_s) if args.trace is not None else 1000
     rows = simulate_levels(d, levels, arrivals, parse_lengths(args.input_len),
-                           parse_lengths(args.output_len), args.num_requests, args.seed,
+                           parse_lengths(args.output_len), num_requests, args.seed,
                            cfg, slo)
     advice = advise(rows, slo) if len(rows) > 1 else None
     return d, rows, advice, arrivals, tokens
@@ -155,8 +159,10 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
     c.print(f"[bold]{d.model.name}[/] on [bold]{d.num_gpus} x {d.gpu.name}[/] ({d.gpu.id}): "
             f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU = {first.kv_blocks:,} blocks "
             f"of {first.block_size} tokens ({first.kv_blocks * first.block_size:,} tokens)")
-    c.print(f"  traffic: {arrivals.describe()}, input {inp.describe()}, output "
-            f"{out.describe()}, {first.requests_total:,} requests, seed {args.seed}; "
+    lengths = "lengths from the trace" if args.trace is not None else \
+        f"input {inp.describe()}, output {out.describe()}"
+    c.print(f"  traffic: {arrivals.describe()}, {lengths}, {first.requests_total:,} requests, "
+            f"seed {args.seed}; "
             f"max_num_batched_tokens {tokens}, preemption {args.preemption}")
     t = Table(show_edge=False, pad_edge=False, box=None)
     cols = ["max_num_seqs", "done", "out tok/s", "req/s"]

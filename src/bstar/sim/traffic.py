@@ -191,14 +191,14 @@ Arrivals = Poisson | ClosedLoop | Trace
 
 def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
                   num_requests: int, rng: np.random.Generator) -> Workload:
-    if isinstance(arrivals, Trace):
-        n = min(num_requests, len(arrivals.arrival_s))
-        order = np.argsort(np.asarray(arrivals.arrival_s[:n]), kind="stable")
-        return Workload(np.asarray(arrivals.input_tokens[:n], dtype=np.int64)[order],
-                        np.asarray(arrivals.output_tokens[:n], dtype=np.int64)[order],
-                        np.asarray(arrivals.arrival_s[:n], dtype=np.float64)[order])
     if num_requests < 1:
         raise BstarError(f"--num-requests must be at least 1, got {num_requests}")
+    if isinstance(arrivals, Trace):
+        # The earliest `num_requests` arrivals, in time order.
+        order = np.argsort(np.asarray(arrivals.arrival_s), kind="stable")[:num_requests]
+        return Workload(np.asarray(arrivals.input_tokens, dtype=np.int64)[order],
+                        np.asarray(arrivals.output_tokens, dtype=np.int64)[order],
+                        np.asarray(arrivals.arrival_s, dtype=np.float64)[order])
     inp = input_len.sample(rng, num_requests)
     out = output_len.sample(rng, num_requests)
     if isinstance(arrivals, Poisson):
