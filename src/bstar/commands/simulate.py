@@ -199,6 +199,12 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
         span = tl["time_s"][-1] if tl["time_s"] else 0.0
         c.print(f"    {r.max_num_seqs:>6}  KV {_bars(tl['kv_utilization'][::2], 1.0):<50} "
                 f"queue {_bars(tl['num_waiting'][::2], queue_top):<50} 0..{span:,.0f} s")
+    rate = getattr(arrivals, "rate_per_s", None)
+    best = max(r.request_throughput_req_s for r in rows)
+    if rate is not None and best < 0.95 * rate:
+        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, at most {best:.2f} req/s served "
+                "at any level; the queue grows for the whole run and TTFT is mostly waiting "
+                "(fewer --num-requests shorten it, not fix it)[/]")
     for r in rows:
         if r.truncated:
             c.print(f"  [yellow]max_num_seqs {r.max_num_seqs}: stopped at "
