@@ -204,7 +204,7 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
     if rate is not None and best < 0.95 * rate:
         c.print(f"  [yellow]overloaded: {rate:g} req/s offered, at most {best:.2f} req/s served "
                 "at any level; the queue grows for the whole run and TTFT is mostly waiting "
-                "(fewer --num-requests shorten it, not fix it)[/]")
+                "(its tail grows with --num-requests)[/]")
     for r in rows:
         if r.truncated:
             c.print(f"  [yellow]max_num_seqs {r.max_num_seqs}: stopped at "
