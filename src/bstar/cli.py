@@ -29,6 +29,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
     ("report", "report", "a self-contained HTML report of a plan, comparison, fit, sweep run "
                          "or simulation"),
+    ("demo", "demo", "the whole story offline: tiny model, llama.cpp, sweep, fit, report"),
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
     ("validate", "validate",

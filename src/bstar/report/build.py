@@ -41,7 +41,7 @@ def _num(v: float | None, digits: int = 1) -> str:
 # ---- plan ----------------------------------------------------------------------------------
 def plan_report(p: dict[str, Any], command: str = "") -> Report:
     """`p` is `bstar.report.views.plan_view(plan)`."""
-    gpus = f"{p['num_gpus']} x {p.get('gpu_name') or p['gpu']}"
+    gpus = (f"{p['num_gpus']} x " if p["num_gpus"] > 1 else "") + (p.get("gpu_name") or p["gpu"])
     r = Report("plan", f"Batch size plan: {p['model']} on {gpus}",
                f"weights {p['weight_dtype']}, KV cache {p['kv_dtype']}, contexts "
                + ", ".join(f"{c['context_tokens']:,}" for c in p["contexts"]) + " tokens",
@@ -205,7 +205,10 @@ def sweep_report(s: dict[str, Any], command: str = "") -> Report:
     r.sections.append(Section(
         "Measured levels", "sweep",
         "Each level ran a fixed number of requests at one load. Dots are medians, whiskers "
-        "reach the 99th percentile; dashed lines are the cost model's prediction.",
+        "reach the 99th percentile"
+        + ("; dashed lines are the cost model's prediction." if any(
+            lv.get("predicted") for lv in levels) else
+           ". (No cost-model prediction: the sweep ran without --model/--gpu.)"),
         facts=facts, charts=[plots.sweep_chart(s)],
         tables=[Table("Per level (ms unless stated)",
                       [xname, "requests", "errors", "tok/s", "TPOT p50", "TPOT p99",

@@ -1,0 +1,148 @@
+"""`bstar demo`: the whole story offline in about a minute. Build the tiny random-weight
+model, serve it with llama.cpp on 127.0.0.1, sweep the concurrency, fit the measured curve
+and predict past it, stop the server, write one HTML report. Standard library only here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bstar.commands.common import int_list, positive_int
+
+DEFAULT_LEVELS = [1, 2, 4, 8, 16]
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output-dir", default="bstar-demo", metavar="DIR",
+                   help="where the report, the results DB, the sweep JSON and the server log "
+                        "go (default ./bstar-demo)")
+    p.add_argument("--concurrency", type=int_list, default=None,
+                   help="levels to sweep, comma-separated (default 1,2,4,8,16)")
+    p.add_argument("--num-requests", type=positive_int, default=16,
+                   help="measured requests per level (default 16)")
+    p.add_argument("--input-len", type=positive_int, default=64,
+                   help="prompt tokens per request (default 64)")
+    p.add_argument("--output-len", type=positive_int, default=32,
+                   help="output tokens per request (default 32)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for llama.cpp (default: one core fewer than the machine "
+                        "has, at most 4, so the load generator keeps a core)")
+    p.add_argument("--json", action="store_true",
+                   help="print {run_id, db, report, levels, recommendation} (contract)")
+
+
+class _Say:
+    """Progress lines on stderr (stdout stays for --json), each with the elapsed time."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from bstar.errors import BstarError
+
+    say = _Say()
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    levels = sorted(set(args.concurrency or DEFAULT_LEVELS))
+    threads = args.threads or max(1, min(4, (os.cpu_count() or 2) - 1))
+    try:
+        import aiohttp  # noqa: F401  (missing extras fail now, not after a minute)
+        import matplotlib  # noqa: F401
+        import scipy  # noqa: F401
+        import xllamacpp  # noqa: F401
+
+        from bstar.servers import LlamaCppServer
+        from bstar.tinymodel import default_tiny_dir
+    except ImportError as e:
+        raise BstarError(f"bstar demo needs the extras: pip install 'bstar[tiny,llamacpp,"
+                         f"sweep,fit,plot]' ({e})") from None
+
+    say("building the tiny random-weight model (cached after the first run)")
+    tiny = default_tiny_dir()
+    if tiny.gguf_path is None:
+        raise BstarError("the tiny model was built without its GGUF file")
+    log = out / "llamacpp.log"
+    say(f"starting llama.cpp on 127.0.0.1: {max(levels)} slots, {threads} threads ({log})")
+    with LlamaCppServer(tiny.gguf_path, n_parallel=max(levels),
+                        ctx_per_slot=args.input_len + args.output_len + 64,
+                        threads=threads, timeout_s=120, log_path=log) as server:
+        say(f"sweeping concurrency {','.join(map(str, levels))}: {args.num_requests} requests "
+            f"per level, {args.input_len} tokens in, {args.output_len} out")
+        result = _sweep(server.url, levels, args, out / "bstar.db", say)
+    say("server stopped")
+    sweep = result.to_dict()
+    sweep_json = out / "sweep.json"
+    sweep_json.write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+
+    from bstar.fit import fit_points, load_points
+
+    points = load_points(sweep_json)
+    top = max(points.batch)
+    predict = [2 * top, 4 * top]
+    say(f"fitting {len(points.batch)} measured levels, predicting batch {predict[0]} and "
+        f"{predict[1]}")
+    fit = fit_points(points, predict=predict)
+
+    from bstar.report.build import demo_report
+    from bstar.report.html import write_html
+    from bstar.report.views import fit_view
+
+    report = write_html(demo_report(sweep, fit_view(fit), "bstar demo"), out / "report.html")
+    say("report written")
+    rec = sweep.get("recommendation") or {}
+    if args.json:
+        print(json.dumps({"run_id": sweep["run_id"], "db": sweep["db"],
+                          "report": str(report.resolve()), "levels": sweep["levels"],
+                          "recommendation": rec, "fit": {"knee_batch": fit.knee_batch,
+                          "predictions": [p.to_dict() for p in fit.predictions]}}, indent=2))
+        return 0
+    _print_summary(sweep, fit, report)
+    return 0
+
+
+def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say: _Say) -> Any:
+    from bstar.loadgen.sweep import SweepConfig, run_sweep
+
+    labels: dict[int, str] = {}
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        # One line per finished level keeps a minute-long wait readable.
+        if kind == "level_start":
+            labels[data["level"]] = data.get("label", "")
+        elif kind == "level_end":
+            tput = (data.get("stats") or {}).get("throughput_tok_s")
+            say(f"  {labels.get(data['level'], data['level'])}: "
+                + (f"{tput:,.1f} tok/s" if tput else str(data.get("status"))))
+
+    cfg = SweepConfig(url=url, served_model="tiny", concurrency=levels,
+                      input_len=args.input_len, output_len=args.output_len,
+                      num_requests=args.num_requests, level_time_limit_s=120.0,
+                      request_timeout_s=120.0)
+    return run_sweep(cfg, db=db, on_event=on_event)
+
+
+def _print_summary(sweep: dict[str, Any], fit: Any, report: Path) -> None:
+    from bstar.units import sparkline
+
+    lv = [x for x in sweep["levels"] if x.get("throughput_tok_s")]
+    xs = ",".join(str(x.get("concurrency")) for x in lv)
+    print(f"run {sweep['run_id']} in {sweep['db']}")
+    print(f"throughput over concurrency {xs}: "
+          f"{sparkline([float(x['throughput_tok_s']) for x in lv])} "
+          + " ".join(f"{x['throughput_tok_s']:,.0f}" for x in lv) + " tok/s")
+    rec = sweep.get("recommendation") or {}
+    if rec:
+        print(f"measured: max_num_seqs = {rec['max_num_seqs']} ({rec.get('reason', '')})")
+    for p in fit.predictions:
+        print(f"fit predicts batch {p.batch}: {p.throughput_tok_s:,.0f} tok/s, TPOT "
+              f"{p.tpot_ms:.1f} ms ({p.regime})")
+    print(f"report: {report.resolve()}")

@@ -1,0 +1,38 @@
+"""`bstar demo` end to end: tiny model, llama.cpp on 127.0.0.1, sweep, fit, report (slow:
+a real server on the CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bstar.cli import main
+
+pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
+pytest.importorskip("gguf", reason="needs the extra bstar[tiny]")
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "demo"
+    # Fewer, shorter levels than the default keep CI quick; the path is the same.
+    assert main(["demo", "-o", str(out), "--concurrency", "1,2,4", "--num-requests", "8",
+                 "--output-len", "16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) >= {"run_id", "db", "report", "levels", "recommendation"}
+    assert Path(d["db"]).is_file() and Path(d["report"]).is_file()
+    assert [lv["concurrency"] for lv in d["levels"]] == [1, 2, 4]
+    for lv in d["levels"]:
+        # Every request succeeds against a healthy local llama.cpp (keep-alive included).
+        assert lv["status"] == "completed" and lv["errors"] == 0, lv
+        assert lv["requests"] == 8 and lv["throughput_tok_s"] > 0
+        assert lv["tpot_ms"]["p50"] > 0 and lv["ttft_ms"]["p99"] >= lv["ttft_ms"]["p50"]
+    assert d["recommendation"]["max_num_seqs"] in (1, 2, 4)
+    html = Path(d["report"]).read_text(encoding="utf-8")
+    assert html.count('<figure class="plot"') == 2  # the sweep and the fit
+    assert d["run_id"] in html
+    # The stored run reports on its own too.
+    assert main(["report", "run", d["run_id"], "--db", d["db"], "-o",
+                 str(tmp_path / "run.html")]) == 0
