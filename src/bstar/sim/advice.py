@@ -10,12 +10,16 @@ from typing import Any
 from bstar import knee
 from bstar.sim.metrics import SimSummary, Slo
 
+FLAT = 1.02  # levels within 2% of the best throughput are on its plateau
+KV_SLACK = 0.9  # below this peak KV use the pool did not shape the schedule
+QUEUE_SLACK = 1.0  # fewer than one request waiting on average: arrivals are served, not queued
+
 
 @dataclass(frozen=True, slots=True)
 class SweepAdvice:
     max_num_seqs: int
     reason: str
-    bound: str  # "knee", "max-level", "sla", "sla-unmet", "single-level"
+    bound: str  # "knee", "load", "max-level", "sla", "sla-unmet", "single-level"
     knees: dict[str, knee.Knee]
 
     def to_dict(self) -> dict[str, Any]:
@@ -37,7 +41,22 @@ def advise(levels: list[SimSummary], slo: Slo | None = None) -> SweepAdvice:
     knees["step"] = knee.step_knee(batch, thr)
     knees["doubling"] = knee.doubling_knee(batch, thr)
     fired = [k for k in (knees["step"], knees["doubling"]) if k.batch is not None]
-    if fired:
+    top = max(thr)
+    # Levels on the throughput plateau where neither the cap nor the KV pool ever bound and
+    # almost nobody waited: there the offered load, not the server, sets throughput, and knee
+    # rules on a flat curve would only pick noise. The smallest such level serves the load.
+    slack = [s for s in rows if s.throughput_tok_s * FLAT >= top
+             and s.running_max < s.max_num_seqs and s.preemptions == 0
+             and s.kv_utilization_max < KV_SLACK and s.queue_mean < QUEUE_SLACK]
+    if slack:
+        pick_row = slack[0]
+        value, bound = pick_row.max_num_seqs, "load"
+        reason = (f"the load, not the server, sets throughput: {value} serves "
+                  f"{pick_row.throughput_tok_s:,.0f} tok/s (best level {top:,.0f}) with the cap "
+                  f"never reached (at most {pick_row.running_max} running) and KV at most "
+                  f"{pick_row.kv_utilization_max * 100:.0f}% used, {pick_row.queue_mean:.2f} "
+                  "waiting on average; smaller caps make requests wait for a slot")
+    elif fired:
         pick = min(fired, key=lambda k: k.batch or 0)
         assert pick.batch is not None
         value, bound = pick.batch, "knee"

@@ -132,6 +132,7 @@ class SimSummary:
     kv_utilization_max: float
     kv_utilization_mean: float
     queue_max: int
+    queue_mean: float  # time-weighted mean number of requests waiting
     running_max: int
     truncated: bool
     timeline: dict[str, list[float]] = field(default_factory=dict)
@@ -151,7 +152,8 @@ class SimSummary:
             "block_size": self.block_size,
             "kv_utilization_max": self.kv_utilization_max,
             "kv_utilization_mean": self.kv_utilization_mean,
-            "queue_max": self.queue_max, "running_max": self.running_max,
+            "queue_max": self.queue_max, "queue_mean": self.queue_mean,
+            "running_max": self.running_max,
             "truncated": self.truncated, "timeline": self.timeline,
         }
 
@@ -188,8 +190,13 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
     t = np.asarray(tl.time_s)
     used = np.asarray(tl.kv_used_blocks, dtype=np.float64) / run.num_blocks
     dt = np.diff(t)
-    mean_util = float((used[:-1] * dt).sum() / dt.sum()) if dt.size and dt.sum() > 0 \
-        else float(used.mean())
+
+    def time_mean(x: npt.NDArray[np.float64]) -> float:
+        return float((x[:-1] * dt).sum() / dt.sum()) if dt.size and dt.sum() > 0 \
+            else float(x.mean())
+
+    mean_util = time_mean(used)
+    queue_mean = time_mean(np.asarray(tl.num_waiting, dtype=np.float64))
     itl = weighted_percentiles(run.itl_values_s * 1e3, run.itl_weights)
     return SimSummary(
         max_num_seqs=run.config.scheduler.max_num_seqs, requests=n_done,
@@ -201,7 +208,8 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
         preempted_requests=int((r.num_preemptions > 0).sum()), num_steps=run.num_steps,
         kv_blocks=run.num_blocks, block_size=run.block_size,
         kv_utilization_max=float(used.max()), kv_utilization_mean=mean_util,
-        queue_max=int(max(tl.num_waiting)), running_max=int(max(tl.num_running)),
+        queue_max=int(max(tl.num_waiting)), queue_mean=queue_mean,
+        running_max=int(max(tl.num_running)),
         truncated=run.truncated, timeline=downsample(tl.time_s, used, tl.num_waiting,
                                                      tl.num_running))
 
