@@ -179,9 +179,12 @@ def _vline(ax: Axes, x: float | None, kind: str, label: str) -> None:
     if x is None or not math.isfinite(x) or x <= 0:
         return
     lo, hi = ax.get_xlim()
-    if not lo <= x <= hi:
-        return
     color, ls = MARK[kind]
+    if not lo <= x <= hi:
+        # Still named in the legend, so a missing line is not mistaken for a missing number.
+        ax.plot([], [], color=color, linestyle=ls, linewidth=1.4,
+                label=f"{label} ({'right' if x > hi else 'left'} of the chart)")
+        return
     ax.axvline(x, color=color, linestyle=ls, linewidth=1.4, label=label, zorder=3)
 
 
@@ -216,7 +219,7 @@ def _shade_regimes(ax: Axes, c: dict[str, Any]) -> None:
         ax.axvspan(a, b, color=REGIME_COLOR[reg], alpha=0.09, linewidth=0, zorder=0)
         # Name the band across it where it is wide enough on the log axis, else upright.
         frac = math.log(b / a) / math.log(hi / lo)
-        if frac > 0.16:
+        if frac > 0.28:
             ax.text(math.sqrt(a * b), 0.985, REGIME_LABEL[reg], transform=ax.get_xaxis_transform(),
                     ha="center", va="top", fontsize=8.5, color=REGIME_COLOR[reg],
                     fontweight="bold", alpha=0.9)
