@@ -1,0 +1,231 @@
+"""How much load can bstar's client drive before it distorts what it measures?
+
+One command:  python bench/client_bench.py [--aiperf PATH] [--levels 16,32,64,...]
+
+A local fixed-rate token server (bench/token_server.py) streams every request's tokens
+exactly `--interval-ms` apart, so any ITL beyond the interval is added by the client (or
+the shared host). For each client and each concurrency level the bench records output
+tokens/s, pooled ITL p50/p99 (every gap between streamed chunks), the p99 added over the
+interval, and the client's CPU. A client "sustains" a level when it adds under 1 ms to ITL
+p99 there. Clients, all against the same server in the same run:
+
+  bstar   bstar.loadgen (OpenAIClient + drive): what `bstar sweep` runs
+  httpx   the same streaming loop on httpx (the alternative HTTP library; the choice)
+  aiperf  NVIDIA AIPerf (`pip install aiperf`, in its own venv: --aiperf .../bin/aiperf),
+          its ITL taken from its per-request export (inter_chunk_latency), pooled the same way
+
+It prints one table and the ratios bstar/aiperf of the highest sustained concurrency and
+of tokens/s there. Everything runs on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from bstar.loadgen.client import OpenAIClient, RequestSpec  # noqa: E402
+from bstar.loadgen.metrics import percentile  # noqa: E402
+from bstar.loadgen.worker import drive  # noqa: E402
+from bstar.servers import ManagedServer, free_port  # noqa: E402
+
+ADDED_LIMIT_MS = 1.0
+
+
+def stats(gaps_s: list[float], tokens: int, wall_s: float, cpu_s: float,
+          interval_ms: float) -> dict[str, float]:
+    g = sorted(x * 1e3 for x in gaps_s)
+    p99 = percentile(g, 99) if g else float("nan")
+    return {"tok_s": tokens / wall_s, "itl_p50_ms": percentile(g, 50) if g else float("nan"),
+            "itl_p99_ms": p99, "added_p99_ms": p99 - interval_ms,
+            "cpu_pct": 100 * cpu_s / wall_s}
+
+
+def prompt(i: int, n: int) -> str:
+    return (f"{i} " + "x" * n)[:n]
+
+
+async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
+                    interval_ms: float) -> dict[str, float]:
+    specs = [RequestSpec(i, out_len, prompt=prompt(i, in_len)) for i in range(requests + n)]
+    async with OpenAIClient(url, "tiny") as c:
+        # Warm-up: one request per stream, so connections exist before timing.
+        async for _ in drive(c, specs[:n], concurrency=n):
+            pass
+        gaps: list[float] = []
+        tokens = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        async for r in drive(c, specs[n:], concurrency=n):
+            gaps += r.itl_s
+            tokens += r.output_tokens if r.ok else 0
+        return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
+                     interval_ms)
+
+
+async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
+                    interval_ms: float) -> dict[str, float]:
+    import httpx
+
+    body = {"model": "tiny", "max_tokens": out_len, "stream": True,
+            "stream_options": {"include_usage": True}}
+    gaps: list[float] = []
+    tokens = 0
+
+    async def one(client: httpx.AsyncClient, i: int, record: bool) -> None:
+        nonlocal tokens
+        last = None
+        async with client.stream("POST", url + "/v1/completions",
+                                 json={**body, "prompt": prompt(i, in_len)}) as resp:
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                ev = json.loads(line[5:])
+                if any(ch.get("text") for ch in ev.get("choices") or ()):
+                    t = time.perf_counter()
+                    if last is not None and record:
+                        gaps.append(t - last)
+                    last = t
+                    tokens += record
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
+        await asyncio.gather(*(one(client, i, False) for i in range(n)))
+        queue = list(range(n, n + requests))
+
+        async def stream() -> None:
+            while queue:
+                await one(client, queue.pop(), True)
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(stream() for _ in range(n)))
+        return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
+                     interval_ms)
+
+
+def run_aiperf(aiperf: str, url: str, n: int, requests: int, in_len: int, out_len: int,
+               interval_ms: float, tokenizer: str) -> dict[str, float]:
+    out = Path(tempfile.mkdtemp(prefix="bstar-aiperf-"))
+    cmd = [aiperf, "profile", "-m", "tiny", "--url", url, "--endpoint-type", "completions",
+           "--streaming", "--concurrency", str(n), "--request-count", str(requests),
+           "--warmup-request-count", str(n), "--prompt-input-tokens-mean", str(in_len),
+           "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", str(out_len),
+           "--prompt-output-tokens-stddev", "0", "--tokenizer", tokenizer,
+           "--output-artifact-dir", str(out), "--use-server-token-count",
+           "--no-server-metrics", "--no-gpu-telemetry", "--ui-type", "none"]
+    env = {**os.environ, "no_proxy": "*", "NO_PROXY": "*"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"aiperf failed ({proc.returncode}): {proc.stdout[-2000:]}")
+    summary = json.loads((out / "profile_export_aiperf.json").read_text())
+    gaps: list[float] = []
+    for line in (out / "profile_export.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["metadata"].get("benchmark_phase") != "profiling":
+            continue
+        icl = (rec.get("metrics") or {}).get("inter_chunk_latency")
+        if icl:
+            gaps += [x / 1e3 for x in icl["value"]]
+    wall_s = float(summary["benchmark_duration"]["avg"])
+    tok_s = float(summary["output_token_throughput"]["avg"])
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    shutil.rmtree(out, ignore_errors=True)
+    s = stats(gaps, round(tok_s * wall_s), wall_s, 0.0, interval_ms)
+    # AIPerf's CPU includes its start-up and dataset generation: report it over the run.
+    s["cpu_pct"] = float("nan") if cpu_s <= 0 else 100 * cpu_s / wall_s
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", default="8,16,32,64,128,256")
+    ap.add_argument("--interval-ms", type=float, default=20.0)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="requests per stream per level")
+    ap.add_argument("--clients", default="bstar,httpx,aiperf")
+    ap.add_argument("--aiperf", default=shutil.which("aiperf") or
+                    str(Path.home() / ".cache/bstar/aiperf-venv/bin/aiperf"))
+    ap.add_argument("--tokenizer", help="HF tokenizer folder for AIPerf (default: the tiny "
+                    "model's, built if needed)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",")]
+    clients = args.clients.split(",")
+    if "aiperf" in clients and not Path(args.aiperf).exists():
+        print(f"aiperf not found at {args.aiperf}; skipping it", file=sys.stderr)
+        clients.remove("aiperf")
+    tokenizer = args.tokenizer
+    if "aiperf" in clients and not tokenizer:
+        from bstar.tinymodel import default_tiny_dir
+
+        tokenizer = str(default_tiny_dir().hf_dir)
+    port = free_port()
+    server = ManagedServer([sys.executable, str(HERE / "token_server.py"), "--port", str(port),
+                            "--interval-ms", str(args.interval_ms)],
+                           health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
+    rows: list[dict[str, Any]] = []
+    with server:
+        url = server.url
+        for n in levels:
+            requests = n * args.rounds
+            for client in clients:
+                if client == "bstar":
+                    s = asyncio.run(run_bstar(url, n, requests, args.input_len,
+                                              args.output_len, args.interval_ms))
+                elif client == "httpx":
+                    s = asyncio.run(run_httpx(url, n, requests, args.input_len,
+                                              args.output_len, args.interval_ms))
+                else:
+                    s = run_aiperf(args.aiperf, url, n, requests, args.input_len,
+                                   args.output_len, args.interval_ms, tokenizer or "")
+                rows.append({"client": client, "concurrency": n, **s})
+                print(f"{client:6s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
+                      f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
+                      f"{s['added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%",
+                      file=sys.stderr, flush=True)
+    best: dict[str, dict[str, Any] | None] = {}
+    for client in clients:
+        ok = [r for r in rows if r["client"] == client and r["added_p99_ms"] < ADDED_LIMIT_MS]
+        best[client] = max(ok, key=lambda r: r["concurrency"]) if ok else None
+    result: dict[str, Any] = {"interval_ms": args.interval_ms, "added_limit_ms": ADDED_LIMIT_MS,
+                              "cpus": os.cpu_count(), "rows": rows, "sustained": best}
+    b, a = best.get("bstar"), best.get("aiperf")
+    if b and a:
+        result["ratio_concurrency"] = b["concurrency"] / a["concurrency"]
+        result["ratio_tok_s"] = b["tok_s"] / a["tok_s"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"\nfixed-rate token server, {args.interval_ms:g} ms per token, "
+          f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs")
+    print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
+          f"{'added':>7s} {'CPU%':>6s}")
+    for r in rows:
+        print(f"{r['client']:7s} {r['concurrency']:5d} {r['tok_s']:9.1f} {r['itl_p50_ms']:8.2f} "
+              f"{r['itl_p99_ms']:8.2f} {r['added_p99_ms']:+7.2f} {r['cpu_pct']:6.1f}")
+    print(f"\nhighest concurrency adding < {ADDED_LIMIT_MS:g} ms to ITL p99:")
+    for client, r in best.items():
+        print(f"  {client:7s} " + (f"{r['concurrency']} streams, {r['tok_s']:.0f} tok/s"
+                                   if r else "none of the levels"))
+    if "ratio_concurrency" in result:
+        print(f"bstar / aiperf: concurrency {result['ratio_concurrency']:.2f}x, "
+              f"tokens/s {result['ratio_tok_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""End-to-end sweeps against real inference engines on the tiny model (127.0.0.1 only).
+
+- llama.cpp (quick): concurrency 1, 2, 4 against a server with 2 slots. Throughput must
+  rise from 1 to 2 streams (weights are read once per step for the whole batch) and stay
+  flat past the slots, where llama.cpp's /metrics shows requests deferred.
+- vLLM-on-CPU (slow + vllm): `--server-cmd` restarts vLLM for --max-num-seqs 1, 4, 12 at
+  12 streams. Throughput rises from 1 to 4 and flattens by 12 (the CPU's compute roof);
+  /metrics gives KV usage, preemptions and cache_config_info.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bstar.cli import main
+from bstar.servers import LlamaCppServer, vllm_cpu_command, vllm_cpu_env
+
+pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+
+# Throughput must grow by this factor over the rising part and by less than FLAT past the
+# knee. Loose on purpose: CI machines are noisy, and the physics gives ~1.7x and ~1.0x.
+RISE = 1.25
+FLAT = 1.15
+
+
+@pytest.mark.slow
+def test_llamacpp_sweep_rises_then_flattens(llamacpp_server: LlamaCppServer, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import LLAMACPP_SLOTS
+
+    assert LLAMACPP_SLOTS == 2
+    db = tmp_path / "runs.db"
+    rc = main(["sweep", "--url", llamacpp_server.url, "--concurrency", "1,2,4",
+               "--input-len", "32", "--output-len", "32", "--num-requests", "12",
+               "--db", str(db), "--json", "--quiet", "--slo", "tpot:2000"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    d = json.loads(out.out)
+    levels = d["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2, 4]
+    for lv in levels:
+        assert lv["errors"] == 0 and lv["requests"] == 12
+        assert lv["token_source"] == "usage"
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(lv[key]) == {"p50", "p90", "p99", "mean"}
+    t1, t2, t4 = (lv["throughput_tok_s"] for lv in levels)
+    assert t2 > RISE * t1, f"no rise from 1 to 2 streams: {t1:.1f} -> {t2:.1f} tok/s"
+    assert t4 < FLAT * t2, f"no plateau past the 2 slots: {t2:.1f} -> {t4:.1f} tok/s"
+    # The server says why: at 4 streams only 2 run, the others wait for a slot.
+    assert levels[2]["running_max"] <= LLAMACPP_SLOTS
+    assert levels[2]["waiting_max"] >= 1
+    assert levels[2]["server"]["slots"] == LLAMACPP_SLOTS
+    assert d["knee"]["rules"]["doubling"]["batch"] == 2
+    assert d["recommendation"]["max_num_seqs"] in (2, 4)
+    # Exact prompt lengths, counted by the server.
+    res_rows = main(["runs", "--db", str(db), "export", d["run_id"], "--what", "requests",
+                     "--format", "json"])
+    assert res_rows == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["prompt_tokens"] == 32 and r["output_tokens"] == 32 for r in rows)
+
+
+def _vllm_python() -> str:
+    python = os.environ.get("BSTAR_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.skip("BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python "
+                    "(install it with scripts/install-vllm-cpu.sh)")
+    return python
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_max_num_seqs_sweep(tiny_model: Any, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    python = _vllm_python()
+    cmd = vllm_cpu_command(python, tiny_model.hf_dir, port=0, max_num_seqs=0,
+                           max_model_len=512)
+    # Placeholders for the sweep to fill, and vLLM's CPU environment through `env`.
+    cmd[cmd.index("--port") + 1] = "{port}"
+    cmd[cmd.index("--max-num-seqs") + 1] = "{max_num_seqs}"
+    env = [f"{k}={v}" for k, v in vllm_cpu_env().items()]
+    server_cmd = shlex.join(["env", *env, *cmd])
+    db = tmp_path / "runs.db"
+    rc = main(["sweep", "--server-cmd", server_cmd, "--max-num-seqs", "1,4,12",
+               "--concurrency", "12", "--input-len", "32", "--output-len", "32",
+               "--num-requests", "24", "--health-timeout", "300", "--db", str(db),
+               "--json", "--quiet", "--model", str(tiny_model.hf_dir / "config.json"),
+               "--gpu", "a100-80gb-sxm"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    d = json.loads(out.out)
+    levels = d["levels"]
+    assert [lv["max_num_seqs"] for lv in levels] == [1, 4, 12]
+    for lv in levels:
+        assert lv["errors"] == 0, lv["error_kinds"]
+        srv = lv["server"]
+        assert srv["engine"] == "vllm"
+        assert lv["preemptions"] is not None  # the counter was read (0 is fine)
+        assert lv["kv_cache_usage_max"] is not None and lv["kv_cache_usage_max"] > 0
+        assert srv["num_gpu_blocks"] and srv["block_size"]
+        assert lv["kv_capacity_seqs"] and lv["kv_capacity_seqs"] >= 12
+        assert lv["running_max"] <= lv["max_num_seqs"]
+        assert Path(lv["server_log"]).is_file()
+        assert lv["predicted"] and lv["predicted"]["throughput_tok_s"] > 0
+    t1, t4, t12 = (lv["throughput_tok_s"] for lv in levels)
+    assert t4 > RISE * t1, f"no rise from max_num_seqs 1 to 4: {t1:.1f} -> {t4:.1f}"
+    # 4 -> 12 triples the batch; on 2 CPU cores it buys far less than 3x.
+    assert t12 < 2.0 * t4, f"no flattening from 4 to 12: {t4:.1f} -> {t12:.1f}"
+    assert levels[0]["waiting_max"] >= 1  # 12 streams, 1 seat: the queue shows
