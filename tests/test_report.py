@@ -275,6 +275,15 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert sum(t.startswith("concurrency ") for t in titles) == 4
     w, h, std = png_stats(png.read_bytes())
     assert w > 1500 and h > 1000 and std > 20
+    # The dense prediction drawn under the levels passes through each level's prediction.
+    from bstar.report.views import sweep_view
+
+    dense = sweep_view(sweep)["predicted_curve"]
+    assert dense["batch"] == list(range(1, 9))  # every batch between the levels
+    for lv in sweep["levels"]:
+        i = dense["batch"].index(lv["concurrency"])
+        assert dense["tpot_ms"][i] == pytest.approx(lv["predicted"]["tpot_ms"])
+        assert dense["throughput_tok_s"][i] == pytest.approx(lv["predicted"]["throughput_tok_s"])
     assert main(["report", "run", "nope", "--db", str(db), "-o", str(out)]) == 2
     assert main(["report", "run", "x", "--db", str(tmp_path / "none.db"), "-o", str(out)]) == 2
     assert not (tmp_path / "none.db").exists()

@@ -46,8 +46,9 @@ def write_sweep_report(sweep: dict[str, Any], path: str | Path, command: str = "
     """`sweep` is the sweep JSON contract (`bstar sweep --json`)."""
     from bstar.report.build import sweep_report
     from bstar.report.html import write_html
+    from bstar.report.views import sweep_view
 
-    return write_html(sweep_report(sweep, command), path)
+    return write_html(sweep_report(sweep_view(sweep), command), path)
 
 
 def write_simulate_report(results: list[dict[str, Any]], path: str | Path,
@@ -86,5 +87,6 @@ def save_sweep_plot(sweep: dict[str, Any], path: str | Path) -> Path:
     """Measured levels (p50, whiskers to p99) over the prediction, TTFT, preemptions and KV
     use (`sweep`: the sweep JSON contract)."""
     from bstar.report import plots
+    from bstar.report.views import sweep_view
 
-    return plots.sweep_chart(sweep).save(path)
+    return plots.sweep_chart(sweep_view(sweep)).save(path)

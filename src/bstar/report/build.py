@@ -369,7 +369,9 @@ def fit_report(f: dict[str, Any], command: str = "") -> Report:
 # ---- demo: a sweep and its fit on one page ---------------------------------------------------
 def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "") -> Report:
     """The measured sweep of the tiny model and the fit of its curve, in one report."""
-    s, f = sweep_report(sweep, command), fit_report(fit, command)
+    from bstar.report.views import sweep_view
+
+    s, f = sweep_report(sweep_view(sweep), command), fit_report(fit, command)
     r = Report("demo", "bstar demo: measure, fit, predict",
                "a tiny random-weight Llama served by llama.cpp on this machine's CPU, swept "
                "over concurrency" + (f" · run {sweep['run_id']}" if sweep.get("run_id") else ""),

@@ -639,9 +639,16 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
             _whiskers(a_tpot, [x for x, _ in t], [v[0] for _, v in t], [v[1] for _, v in t],
                       TPOT_COLOR, "measured per-request TPOT (p50, whisker to p99)", tips,
                       "TPOT", "ms")
+        dense = s.get("predicted_curve")
+        pred_label = ("predicted: " + f"{dense['model']} on {dense['gpu']}, context "
+                      f"{dense['context_tokens']:,}") if dense else "predicted (cost model)"
+        if dense:
+            # The dense prediction is the curve; the levels' own predictions lie on it.
+            pred = [(b, {"tpot_ms": t, "throughput_tok_s": q}) for b, t, q in zip(
+                dense["batch"], dense["tpot_ms"], dense["throughput_tok_s"], strict=True)]
         if pred:
             a_tpot.plot([x for x, _ in pred], [q["tpot_ms"] for _, q in pred], color=TPOT_COLOR,
-                        linestyle=(0, (5, 3)), alpha=0.8, label="predicted (cost model)")
+                        linestyle=(0, (5, 3)), alpha=0.8, label=pred_label)
         if s.get("max_tpot_ms"):
             a_tpot.axhline(s["max_tpot_ms"], color=MARK["sla"][0], linestyle=MARK["sla"][1],
                            label=f"SLA {s['max_tpot_ms']:g} ms")
@@ -659,13 +666,15 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
         a_tput.plot([], [], marker="o", color=TPUT_COLOR, label="measured throughput")
         if pred:
             a_tput.plot([x for x, _ in pred], [q["throughput_tok_s"] for _, q in pred],
-                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8,
-                        label="predicted (cost model)")
+                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8, label=pred_label)
         a_tput.set_ylim(0, None)
         a_tput.yaxis.set_major_formatter(_thousands())
         a_tput.set_ylabel("output tokens / s")
         a_tput.set_title("Throughput")
         for ax in (a_tpot, a_tput):
+            if dense and dense.get("b_mem"):
+                _vline(ax, float(dense["b_mem"]), "b_mem",
+                       f"predicted B_mem = {dense['b_mem']:,}")
             if knee_b:
                 rule = KNEE_RULE.get(knee.get("rule", ""), "")
                 _vline(ax, float(knee_b), "knee", f"knee = {knee_b}"

@@ -110,3 +110,36 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     out["max_tpot_ms"] = max_tpot_ms if max_tpot_ms is not None else getattr(
         result, "max_tpot_ms", None)
     return out
+
+
+def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep JSON plus, when the run named a cost model (--model and --gpu), the
+    prediction on a dense grid of batches between the levels, through the sweep's own
+    `predict_level` at the context its levels were predicted for."""
+    out = dict(sweep)
+    opts = sweep.get("options") or {}
+    preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
+    if not (opts.get("model") and opts.get("gpu") and preds
+            and preds[0].get("context_tokens")):
+        return out
+    from bstar.cli import build_parser
+    from bstar.commands.plan import deployment_from_args
+    from bstar.loadgen.sweep import predict_level
+
+    # The plan parser's defaults, overridden by the deployment flags the sweep stored.
+    args = build_parser().parse_args(["plan"])
+    for k, v in (opts.get("deployment_args") or {}).items():
+        if v is not None:
+            setattr(args, k, v)
+    d = deployment_from_args(args, opts["model"], opts["gpu"])
+    batches = [p["batch"] for p in preds if p.get("batch")]
+    grid = np.unique(np.geomspace(min(batches), max(batches), 120).round().astype(np.int64))
+    ctx = int(preds[0]["context_tokens"])
+    rows = [predict_level(d, int(b), ctx) for b in grid]
+    out["predicted_curve"] = {"batch": [r["batch"] for r in rows],
+                              "tpot_ms": [r["tpot_ms"] for r in rows],
+                              "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
+                              "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
+                              "context_tokens": ctx, "model": opts["model"],
+                              "gpu": opts["gpu"]}
+    return out
