@@ -90,15 +90,19 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+def _prompt_tokens(body: dict, chat: bool) -> int:
+    """One token per character; a chat template of 11 tokens per message."""
+    if chat:
+        msgs = body.get("messages") or []
+        return sum(len(str(m.get("content", ""))) for m in msgs) + 11 * len(msgs)
+    return len(str(body.get("prompt", "")))
+
+
 async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWriter,
                   nth: int) -> bool:
     """Stream one completion; returns False when the connection must be dropped."""
     a = st.args
-    if chat:
-        msgs = body.get("messages") or []
-        prompt_tokens = sum(len(str(m.get("content", ""))) for m in msgs) + 11 * len(msgs)
-    else:
-        prompt_tokens = len(str(body.get("prompt", "")))
+    prompt_tokens = _prompt_tokens(body, chat)
     out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
     faulty = a.fault_every > 0 and nth % a.fault_every == 0
@@ -198,7 +202,7 @@ async def handle(st: State, reader: asyncio.StreamReader, writer: asyncio.Stream
                     continue
                 if not body.get("stream"):
                     text = "a" * int(body.get("max_tokens") or 16)
-                    pt = len(str(body.get("prompt", "")))
+                    pt = _prompt_tokens(body, path.endswith("chat/completions"))
                     writer.write(_response(200, json.dumps({
                         "choices": [{"text": text, "index": 0}],
                         "usage": {"prompt_tokens": pt, "completion_tokens": len(text)},

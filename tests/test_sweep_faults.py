@@ -231,3 +231,31 @@ def test_server_cmd_restarts_per_max_num_seqs(tmp_path: Path) -> None:
         log = Path(lv["server_log"])
         assert log.is_file() and log.is_relative_to(tmp_path)
         assert f"--max-seqs {mns}" in log.read_text()
+
+
+def test_chat_endpoint_counts_template_tokens(token_server: TokenServerFactory,
+                                              tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, endpoint="chat", input_len=40), db=db)
+    assert res.status == "completed"
+    con = sqlite3.connect(db)
+    got = con.execute("SELECT DISTINCT prompt_tokens, expected_prompt_tokens FROM requests"
+                      ).fetchall()
+    con.close()
+    # The fake chat template adds 11 tokens per message: the content was sized to 29.
+    assert got == [(40, 40)]
+    assert (res.levels[0].stats or {})["client_cpu_pct"] is not None
+
+
+def test_open_loop_rate_levels(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    res = run_sweep(cfg(srv.url, concurrency=None, rate=[20.0, 80.0], num_requests=40),
+                    db=tmp_path / "r.db")
+    assert res.status == "completed"
+    d = res.to_dict()
+    assert [lv["rate"] for lv in d["levels"]] == [20.0, 80.0]
+    r20, r80 = (lv["duration_s"] for lv in d["levels"])
+    # 40 Poisson arrivals at 20/s take about 2 s, at 80/s about 0.5 s.
+    assert 1.0 < r20 < 4.5 and r80 < r20 / 2
+    assert d["knee"]["points"] == 0 and "need at least two" in d["knee"]["note"]

@@ -107,12 +107,14 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
         # Without the plot extra, the shape of the curve at a glance.
         console.print(f"throughput {sparkline([float(lv['throughput_tok_s']) for lv in done])}"
                       f"  {_level_name(done[0])} .. {_level_name(done[-1])}")
+    seen_caps: set[tuple[Any, Any]] = set()
     for lv in d["levels"]:
         if (lv.get("status_detail") and lv["status"] != "completed") or lv["errors"]:
             console.print(f"  [yellow]{_level_name(lv)}[/]: {lv.get('status_detail') or ''}")
         cap = lv.get("kv_capacity_seqs")
         pred = lv.get("predicted") or {}
-        if cap is not None:
+        if cap is not None and (cap, pred.get("b_mem")) not in seen_caps:
+            seen_caps.add((cap, pred.get("b_mem")))
             extra = f" (cost model B_mem: {pred['b_mem']})" if pred.get("b_mem") else ""
             console.print(f"  {_level_name(lv)}: server KV pool holds {cap} sequences of "
                           f"this length{extra}")

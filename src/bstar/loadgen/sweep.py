@@ -298,11 +298,15 @@ def verdict(levels: list[LevelResult], slo: dict[str, float]) -> tuple[dict[str,
         bound = min(sla, key=lambda k: -1 if k.batch is None else k.batch)
         out["rules"]["sla"] = bound.to_dict()
         out["sla_batch"] = bound.batch
-    step = knees["step"]
-    if step.batch is not None:
-        rec = {"max_num_seqs": step.batch, "reason": f"measured knee: {step.reason}",
+    # The seeds' two rules (000: step under 5%, 004: doubling under 15%); the earlier
+    # knee wins, since past it throughput is flat within the rule and only latency grows.
+    fired = [k for k in (knees["step"], knees["doubling"]) if k.batch is not None]
+    if fired:
+        k = min(fired, key=lambda k: k.batch or 0)
+        rec = {"max_num_seqs": k.batch, "reason": f"measured knee ({k.rule} rule): {k.reason}",
                "bound": "knee"}
     else:
+        step = knees["step"]
         rec = {"max_num_seqs": batches[-1],
                "reason": f"no knee within the sweep ({step.reason}); the largest level "
                          f"measured, B={batches[-1]}; sweep further to find the knee",
@@ -502,6 +506,7 @@ class _Runner:
             await scraper.start()
             stop = asyncio.Event()
             t0 = time.monotonic()
+            cpu0 = time.process_time()
             deadline = t0 + cfg.level_time_limit_s
             recs: list[RequestRecord] = []
             status, detail = "completed", None
@@ -520,6 +525,7 @@ class _Runner:
                     detail = (f"error rate {errors}/{len(recs)} over --max-error-rate "
                               f"{cfg.max_error_rate:g}: {_kinds(recs)}")
             duration = time.monotonic() - t0
+            client_cpu_s = time.process_time() - cpu0
             server_stats = await scraper.stop()
         if status == "completed" and len(recs) < cfg.num_requests:
             status = "time_limit"
@@ -540,6 +546,10 @@ class _Runner:
         if status == "completed" and bad:
             detail = f"{len(bad)} failed requests: {_kinds(recs)}"
         stats = summarize(recs, duration, cfg.slo).to_dict()
+        # The client's own CPU while it measured (bench/client_bench.py says how much load
+        # it sustains on how much CPU); a client near a full core distorts what it measures.
+        stats["client_cpu_s"] = client_cpu_s
+        stats["client_cpu_pct"] = 100 * client_cpu_s / duration if duration > 0 else None
         predicted = None
         if self.deployment is not None:
             batch = lv.batch
