@@ -1,0 +1,81 @@
+"""`bstar runs list|show|export|compare` over runs swept against the local token server."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from bstar.cli import main
+
+pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+
+from conftest import TokenServerFactory
+
+
+def sweep(url: str, db: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    rc = main(["sweep", "--url", url, "--concurrency", "1,4", "--input-len", "16",
+               "--output-len", "8", "--num-requests", "12", "--db", str(db), "--json",
+               "--quiet", *extra])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+def test_runs_list_show_export_compare(token_server: TokenServerFactory, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    fast = token_server(interval_ms=2)
+    slow = token_server(interval_ms=8)
+    a = sweep(fast.url, db, capsys)
+    b = sweep(slow.url, db, capsys)
+    # The contract's keys, on every level.
+    for lv in a["levels"]:
+        for key in ("concurrency", "requests", "errors", "throughput_tok_s", "ttft_ms",
+                    "tpot_ms", "itl_ms", "e2e_ms", "preemptions", "kv_cache_usage_max",
+                    "predicted"):
+            assert key in lv
+    assert {"run_id", "db", "levels", "knee", "recommendation"} <= set(a)
+    assert a["db"] == str(db)
+
+    assert main(["runs", "--db", str(db), "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed] == [b["run_id"], a["run_id"]]  # newest first
+    assert all(r["levels_done"] == 2 and r["status"] == "completed" for r in listed)
+
+    assert main(["runs", "--db", str(db), "show", a["run_id"][:17]]) == 0  # unique prefix
+    shown = capsys.readouterr().out
+    assert a["run_id"] in shown and "recommendation" in shown
+
+    assert main(["runs", "--db", str(db), "export", a["run_id"], "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [int(r["concurrency"]) for r in rows] == [1, 4]
+    assert float(rows[1]["throughput_tok_s"]) == pytest.approx(
+        a["levels"][1]["throughput_tok_s"])
+    assert "tpot_ms_p99" in rows[0]
+
+    out_file = tmp_path / "req.json"
+    assert main(["runs", "--db", str(db), "export", a["run_id"], "--what", "requests",
+                 "--format", "json", "-o", str(out_file)]) == 0
+    reqs = json.loads(out_file.read_text())
+    assert sum(1 for r in reqs if not r["warmup"]) == 24
+
+    assert main(["runs", "--db", str(db), "compare", a["run_id"], b["run_id"], "--json"]) == 0
+    cmp = json.loads(capsys.readouterr().out)
+    assert cmp["runs"] == [a["run_id"], b["run_id"]]
+    assert len(cmp["levels"]) == 2
+    for row in cmp["levels"]:
+        fa, sl = row["runs"]
+        # 8 ms per token against 2 ms: the second server streams about 4x slower.
+        assert sl["throughput_tok_s"] < fa["throughput_tok_s"] / 2
+    assert main(["runs", "--db", str(db), "compare", a["run_id"], b["run_id"]]) == 0
+    table = capsys.readouterr().out
+    assert "tok/s ratio" in table and a["run_id"] in table
+
+
+def test_runs_show_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--db", str(tmp_path / "x.db"), "show", "nope"]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
