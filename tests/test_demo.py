@@ -31,7 +31,10 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert lv["tpot_ms"]["p50"] > 0 and lv["ttft_ms"]["p99"] >= lv["ttft_ms"]["p50"]
     assert d["recommendation"]["max_num_seqs"] in (1, 2, 4)
     html = Path(d["report"]).read_text(encoding="utf-8")
-    assert html.count('<figure class="plot"') == 2  # the sweep and the fit
+    # Predicted/fitted/measured/simulated on one picture, then the sweep and the fit.
+    assert html.count('<figure class="plot"') == 3
+    assert Path(d["report"]).with_name("this-cpu.toml").is_file()  # the probed "GPU" file
+    assert all(lv["predicted"] for lv in d["levels"])  # the cost model ran for each level
     assert d["run_id"] in html
     # The stored run reports on its own too.
     assert main(["report", "run", d["run_id"], "--db", d["db"], "-o",

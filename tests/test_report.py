@@ -264,10 +264,17 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
                  "--plot", str(png), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["report"] == str(out)
     html = out.read_text(encoding="utf-8")
-    assert html.count('<figure class="plot"') == 1
+    # The signature picture (predicted, fitted, measured, simulated), then the sweep's own.
+    assert re.findall(r'data-plot="([^"]+)"', html) == ["signature", "sweep"]
     for lv in sweep["levels"]:
         assert f"{lv['throughput_tok_s']:,.1f}" in html
-    root = ET.fromstring(re.search(r"<svg.*?</svg>", html, re.S).group(0))
+    sig = ET.fromstring(re.search(r'id="plot-signature".*?(<svg.*?</svg>)', html, re.S)
+                        .group(1))
+    sig_titles = [t.text or "" for t in sig.iter(f"{SVG}title")]
+    for kind in ("measured", "simulated"):  # both panels, every level
+        assert sum(t.startswith(f"{kind} at batch") for t in sig_titles) == 8, kind
+    assert sum(t.startswith("fit predicts batch") for t in sig_titles) == 4
+    root = ET.fromstring(re.search(r'id="plot-sweep".*?(<svg.*?</svg>)', html, re.S).group(1))
     titles = [t.text or "" for t in root.iter(f"{SVG}title")]
     # TPOT and TTFT whiskers and the throughput point of every level.
     assert sum(t.startswith("TPOT at ") for t in titles) == 4

@@ -249,7 +249,7 @@ def test_sweep_run_report_in_chromium(token_server: Any, tmp_path: Path) -> None
     sweep = stored_sweep(token_server, db)
     out = tmp_path / "run.html"
     assert main(["report", "run", sweep["run_id"], "--db", str(db), "-o", str(out)]) == 0
-    check_report(out, ["sweep"], "report-sweep.png")
+    check_report(out, ["signature", "sweep"], "report-sweep.png")
 
 
 def test_a_network_fetch_is_caught(tmp_path: Path) -> None:

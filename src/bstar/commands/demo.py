@@ -70,6 +70,9 @@ def run_demo(args: argparse.Namespace) -> int:
     tiny = default_tiny_dir()
     if tiny.gguf_path is None:
         raise BstarError("the tiny model was built without its GGUF file")
+    gpu_file = out / "this-cpu.toml"
+    say(f"measuring this CPU's bandwidth and matmul rate for the cost model ({gpu_file})")
+    _probe(gpu_file)
     log = out / "llamacpp.log"
     say(f"starting llama.cpp on 127.0.0.1: {max(levels)} slots, {threads} threads ({log})")
     with LlamaCppServer(tiny.gguf_path, n_parallel=max(levels),
@@ -77,7 +80,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         threads=threads, timeout_s=120, log_path=log) as server:
         say(f"sweeping concurrency {','.join(map(str, levels))}: {args.num_requests} requests "
             f"per level, {args.input_len} tokens in, {args.output_len} out")
-        result = _sweep(server.url, levels, args, out / "bstar.db", say)
+        result = _sweep(server.url, levels, args, out / "bstar.db", say, tiny.hf_dir, gpu_file)
     say("server stopped")
     sweep = result.to_dict()
     sweep_json = out / "sweep.json"
@@ -94,9 +97,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from bstar.report.build import demo_report
     from bstar.report.html import write_html
-    from bstar.report.views import fit_view
+    from bstar.report.views import fit_view, run_signature
 
-    report = write_html(demo_report(sweep, fit_view(fit), "bstar demo"), out / "report.html")
+    say("predicting with the cost model and replaying the levels in the simulator")
+    signature = run_signature(sweep, fit, "The tiny model on this CPU, four ways")
+    report = write_html(demo_report(sweep, fit_view(fit), "bstar demo", signature),
+                        out / "report.html")
     say("report written")
     rec = sweep.get("recommendation") or {}
     if args.json:
@@ -109,8 +115,23 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say: _Say) -> Any:
+def _probe(path: Path) -> None:
+    """A quick `bstar probe` of this CPU (small arrays, 3 runs: about a second), written as
+    a GPU file the cost model and the simulator read."""
+    from bstar.probe import probe_cpu
+
+    path.write_text(probe_cpu(copy_bytes=128 << 20, gemm_n=1024, repeats=3).to_toml(),
+                    encoding="utf-8")
+
+
+# llama.cpp holds the tiny model in fp32 (the GGUF is F32) and its KV cache in f16.
+DEPLOYMENT_ARGS = {"dtype": "fp32", "kv_dtype": "fp16"}
+
+
+def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say: _Say,
+           model_dir: Path, gpu_file: Path) -> Any:
     from bstar.loadgen.sweep import SweepConfig, run_sweep
+    from bstar.report.views import sweep_deployment
 
     labels: dict[int, str] = {}
 
@@ -126,8 +147,10 @@ def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say:
     cfg = SweepConfig(url=url, served_model="tiny", concurrency=levels,
                       input_len=args.input_len, output_len=args.output_len,
                       num_requests=args.num_requests, level_time_limit_s=120.0,
-                      request_timeout_s=120.0)
-    return run_sweep(cfg, db=db, on_event=on_event)
+                      request_timeout_s=120.0, model=str(model_dir), gpu=str(gpu_file),
+                      deployment_args=DEPLOYMENT_ARGS)
+    return run_sweep(cfg, db=db, on_event=on_event,
+                     deployment=sweep_deployment(cfg.to_options()))
 
 
 def _print_summary(sweep: dict[str, Any], fit: Any, report: Path) -> None:

@@ -46,9 +46,10 @@ def write_sweep_report(sweep: dict[str, Any], path: str | Path, command: str = "
     """`sweep` is the sweep JSON contract (`bstar sweep --json`)."""
     from bstar.report.build import sweep_report
     from bstar.report.html import write_html
-    from bstar.report.views import sweep_view
+    from bstar.report.views import fit_sweep, run_signature, sweep_view
 
-    return write_html(sweep_report(sweep_view(sweep), command), path)
+    signature = run_signature(sweep, fit_sweep(sweep), "The sweep four ways")
+    return write_html(sweep_report(sweep_view(sweep), command, signature), path)
 
 
 def write_simulate_report(results: list[dict[str, Any]], path: str | Path,

@@ -167,8 +167,25 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
 
 
 # ---- sweep ---------------------------------------------------------------------------------
-def sweep_report(s: dict[str, Any], command: str = "") -> Report:
-    """`s` is the sweep JSON contract (optionally with served_model, url, workload keys)."""
+SIGNATURE_INTRO = (
+    "The same curve four ways. Dashed: the cost model's prediction for this deployment, with "
+    "its regimes shaded and B*, B_mem and its knee marked. Solid: the fit of the measured "
+    "levels (dotted where it extrapolates, diamonds its predictions). Dots: the measured "
+    "levels (median, whisker to p99). Squares: the simulator replaying the same levels "
+    "through a continuous-batching scheduler stepped by the cost model.")
+
+
+def signature_section(v: dict[str, Any]) -> Section:
+    present = [k for k in ("predicted", "fitted", "measured", "simulated") if v.get(k)]
+    return Section("Predicted, fitted, measured, simulated", "signature",
+                   SIGNATURE_INTRO + (" Shown here: " + ", ".join(present) + "."),
+                   charts=[plots.signature_chart(v)])
+
+
+def sweep_report(s: dict[str, Any], command: str = "",
+                 signature: dict[str, Any] | None = None) -> Report:
+    """`s` is the sweep JSON contract (optionally with served_model, url, workload keys);
+    `signature` a `views.run_signature` of it, drawn first."""
     levels = s["levels"]
     xname = "max_num_seqs" if any(lv.get("max_num_seqs") is not None for lv in levels) \
         else "concurrency"
@@ -202,6 +219,8 @@ def sweep_report(s: dict[str, Any], command: str = "") -> Report:
     skipped = len(levels) - len(plots.drawable_levels(levels))
     if skipped:
         facts.append(("levels not drawn", f"{skipped} (failed, or no batch)"))
+    if signature is not None:
+        r.sections.append(signature_section(signature))
     r.sections.append(Section(
         "Measured levels", "sweep",
         "Each level ran a fixed number of requests at one load. Dots are medians, whiskers "
@@ -367,11 +386,14 @@ def fit_report(f: dict[str, Any], command: str = "") -> Report:
 
 
 # ---- demo: a sweep and its fit on one page ---------------------------------------------------
-def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "") -> Report:
-    """The measured sweep of the tiny model and the fit of its curve, in one report."""
+def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "",
+                signature: dict[str, Any] | None = None) -> Report:
+    """The measured sweep of the tiny model and the fit of its curve, in one report, after
+    the signature picture when given."""
     from bstar.report.views import sweep_view
 
-    s, f = sweep_report(sweep_view(sweep), command), fit_report(fit, command)
+    s = sweep_report(sweep_view(sweep), command, signature)
+    f = fit_report(fit, command)
     r = Report("demo", "bstar demo: measure, fit, predict",
                "a tiny random-weight Llama served by llama.cpp on this machine's CPU, swept "
                "over concurrency" + (f" · run {sweep['run_id']}" if sweep.get("run_id") else ""),

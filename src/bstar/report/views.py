@@ -112,6 +112,19 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     return out
 
 
+def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
+    """The cost model's deployment a sweep ran with (its stored --model, --gpu and
+    deployment flags over `bstar plan`'s defaults)."""
+    from bstar.cli import build_parser
+    from bstar.commands.plan import deployment_from_args
+
+    args = build_parser().parse_args(["plan"])
+    for k, v in (options.get("deployment_args") or {}).items():
+        if v is not None:
+            setattr(args, k, v)
+    return deployment_from_args(args, options["model"], options["gpu"])
+
+
 def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
     """The sweep JSON plus, when the run named a cost model (--model and --gpu), the
     prediction on a dense grid of batches between the levels, through the sweep's own
@@ -122,16 +135,9 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
     if not (opts.get("model") and opts.get("gpu") and preds
             and preds[0].get("context_tokens")):
         return out
-    from bstar.cli import build_parser
-    from bstar.commands.plan import deployment_from_args
     from bstar.loadgen.sweep import predict_level
 
-    # The plan parser's defaults, overridden by the deployment flags the sweep stored.
-    args = build_parser().parse_args(["plan"])
-    for k, v in (opts.get("deployment_args") or {}).items():
-        if v is not None:
-            setattr(args, k, v)
-    d = deployment_from_args(args, opts["model"], opts["gpu"])
+    d = sweep_deployment(opts)
     batches = [p["batch"] for p in preds if p.get("batch")]
     grid = np.unique(np.geomspace(min(batches), max(batches), 120).round().astype(np.int64))
     ctx = int(preds[0]["context_tokens"])
@@ -143,3 +149,117 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
                               "context_tokens": ctx, "model": opts["model"],
                               "gpu": opts["gpu"]}
     return out
+
+
+def measured_series(sweep: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's completed levels as aligned lists (median and p99 per-request TPOT)."""
+    from bstar.report.plots import drawable_levels, level_x
+
+    lv = drawable_levels(sweep["levels"])
+    return {"batch": [level_x(x) for x in lv],
+            "tpot_ms": [(x.get("tpot_ms") or {}).get("p50") for x in lv],
+            "tpot_p99_ms": [(x.get("tpot_ms") or {}).get("p99") for x in lv],
+            "throughput_tok_s": [x["throughput_tok_s"] for x in lv]}
+
+
+def simulated_series(d: rl.Deployment, levels: list[tuple[int, int]], input_tokens: int,
+                     output_tokens: int, num_requests: int, seed: int = 0) -> dict[str, Any]:
+    """The simulator at each sweep level, given as (closed-loop users, server batch cap),
+    with the sweep's request shape: what the sweep would have measured if the cost model
+    were right, with scheduling and queueing included. x is the running-batch bound,
+    min(users, cap), as on the sweep's axis."""
+    from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, parse_lengths, simulate_levels
+
+    rows = []
+    for users, cap in levels:
+        rows.append(simulate_levels(d, [cap], ClosedLoop(users),
+                                    parse_lengths(str(input_tokens)),
+                                    parse_lengths(str(output_tokens)), num_requests, seed,
+                                    SimConfig(SchedulerConfig(cap)))[0].to_dict())
+    return {"batch": [min(u, c) for u, c in levels],
+            "tpot_ms": [r["tpot_ms"]["p50"] for r in rows],
+            "tpot_p99_ms": [r["tpot_ms"]["p99"] for r in rows],
+            "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
+            "preemptions": [r["preemptions"] for r in rows]}
+
+
+def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any] | None = None,
+                   predicted: tuple[dict[str, Any], int] | None = None,
+                   simulated: dict[str, Any] | None = None, title: str = "") -> dict[str, Any]:
+    """Predicted, fitted, measured and simulated curves for one picture. `predicted` is a
+    plan view and the index of its context whose regimes, B*, B_mem and knee are drawn."""
+    out: dict[str, Any] = {"title": title, "measured": measured, "simulated": simulated,
+                           "fitted": None, "predicted": None, "plan": None}
+    if fitted is not None:
+        out["fitted"] = {"batch": fitted["dense"]["batch"],
+                         "tpot_ms": fitted["dense"]["tpot_ms"],
+                         "throughput_tok_s": fitted["dense"]["throughput_tok_s"],
+                         "last_measured_batch": fitted["dense"]["last_measured_batch"],
+                         "knee_batch": fitted.get("knee_batch"),
+                         "knee_rule": fitted.get("knee_rule"),
+                         "predictions": fitted.get("predictions", [])}
+    if predicted is not None:
+        p, i = predicted
+        c = p["contexts"][i]
+        out["plan"] = {"model": p["model"], "gpu": p.get("gpu_name") or p["gpu"],
+                       "num_gpus": p["num_gpus"], **{k: c[k] for k in (
+                           "context_tokens", "b_star", "b_star_weights_read", "b_mem",
+                           "compute_crossover_batch", "knee", "recommendation")}}
+        out["predicted"] = {"batch": c["dense"]["batch"], "tpot_ms": c["dense"]["tpot_ms"],
+                            "throughput_tok_s": c["dense"]["throughput_tok_s"]}
+    return out
+
+
+def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> dict[str, Any]:
+    """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
+    or None), and, when the sweep named a cost model, the plan at the levels' context and
+    the simulator replaying the sweep's levels."""
+    from bstar.plan import make_plan
+    from bstar.report.plots import drawable_levels, sweep_knee
+
+    meas = measured_series(sweep)
+    fitted = fit_view(fit) if fit is not None else None
+    opts = sweep.get("options") or {}
+    preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
+    predicted, simulated = None, None
+    if opts.get("model") and opts.get("gpu") and preds and preds[0].get("context_tokens"):
+        d = sweep_deployment(opts)
+        ctx = int(preds[0]["context_tokens"])
+        extra = [p["batch"] for p in (fitted or {}).get("predictions", [])]
+        batches = sorted({*meas["batch"], *extra})
+        pv = plan_view(make_plan(d, [ctx], batches))
+        predicted = (pv, 0)
+        levels = drawable_levels(sweep["levels"])
+        conc = [lv.get("concurrency") for lv in levels]
+        top = max([c for c in conc if c] or [1])
+        pairs = [(lv.get("concurrency") or lv["max_num_seqs"], lv.get("max_num_seqs") or top)
+                 for lv in levels]
+        simulated = simulated_series(d, pairs, int(opts.get("input_len") or ctx),
+                                     int(opts.get("output_len") or 1),
+                                     int(opts.get("num_requests") or 64),
+                                     int(opts.get("seed") or 0))
+    v = signature_view(meas, fitted, predicted, simulated, title)
+    knee = sweep_knee(sweep)
+    v["measured_knee"] = knee.get("batch") if knee else None
+    return v
+
+
+def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | None:
+    """bstar fit on a sweep's levels (through the fit's own sweep reader), predicting 2x and
+    4x the largest level by default; None when the levels cannot be fitted (too few)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from bstar.errors import BstarError
+    from bstar.fit import fit_points, load_points
+
+    with tempfile.TemporaryDirectory(prefix="bstar-fit-") as tmp:
+        path = Path(tmp) / "sweep.json"
+        path.write_text(json.dumps({"levels": sweep["levels"]}), encoding="utf-8")
+        try:
+            points = load_points(path)
+            top = max(points.batch)
+            return fit_points(points, predict=predict or [2 * top, 4 * top])
+        except BstarError:
+            return None
