@@ -87,7 +87,8 @@ def render_html(report: Report) -> str:
     sections = []
     for s in report.sections:
         # A chart is shown no wider than ~1.25x its drawn size, so fonts keep their size.
-        charts = [_ChartView(c.name, c.caption, jinja2.utils.markupsafe.Markup(_inline(c.svg())),
+        charts = [_ChartView(c.name, c.title, c.caption,
+                             jinja2.utils.markupsafe.Markup(_inline(c.svg())),
                              round(c.fig.get_figwidth() * 120))
                   for c in s.charts]
         sections.append(_SectionView(s, charts))
@@ -104,6 +105,7 @@ def _inline(svg: str) -> str:
 @dataclass
 class _ChartView:
     name: str
+    title: str
     caption: str
     svg_markup: Any
     max_width_px: int
