@@ -183,3 +183,40 @@ def test_prompts_jsonl(tmp_path: Path) -> None:
     p.write_text("{bad\n")
     with pytest.raises(BstarError, match="not JSON"):
         load_prompts_jsonl(p)
+
+
+def test_gpu_telemetry_skips_cleanly_and_samples_a_fake_nvml(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from bstar.loadgen.scrape import GpuTelemetry
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    assert GpuTelemetry.create() is None
+
+    class Util:
+        gpu, memory = 80.0, 60.0
+
+    class Mem:
+        used = 5e9
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: "h",
+        nvmlDeviceGetUtilizationRates=lambda h: Util(),
+        nvmlDeviceGetMemoryInfo=lambda h: Mem())
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    t = GpuTelemetry.create()
+    assert t is not None
+    t.sample()
+    t.sample()
+    assert t.summary() == {"sm_util_mean_pct": 80.0, "sm_util_max_pct": 80.0,
+                           "mem_bw_util_mean_pct": 60.0, "mem_bw_util_max_pct": 60.0,
+                           "mem_used_max_bytes": 5e9}
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    assert GpuTelemetry.create() is None

@@ -297,6 +297,10 @@ class OpenAIClient:
         except aiohttp.ClientError as e:
             rec.error_kind = "client"
             rec.error = _short(f"{type(e).__name__}: {e}")
+        except (ValueError, TypeError, AttributeError, KeyError, UnicodeError) as e:
+            # An odd server (events of the wrong shape) must cost one record, not a stream.
+            rec.error_kind = "malformed_sse"
+            rec.error = _short(f"unexpected event shape: {type(e).__name__}: {e}")
         rec.e2e_s = time.perf_counter() - t0
         if usage_tokens is not None:
             rec.output_tokens = int(usage_tokens)
