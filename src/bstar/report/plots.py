@@ -243,6 +243,17 @@ def _fmt(v: float, unit: str = "") -> str:
     return f"{s} {unit}".rstrip()
 
 
+def _shared_legend(fig: Figure, axes: Sequence[Axes], ncol: int = 4) -> None:
+    """One legend under side-by-side panels: each label once, in order of appearance."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol,
+                   handlelength=2.4, columnspacing=1.6)
+
+
 def _legend_below(ax: Axes, ncol: int = 3) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
@@ -934,8 +945,7 @@ def fit_chart(f: dict[str, Any]) -> Chart:
         a_tput.yaxis.set_major_formatter(_thousands())
         a_tput.set_ylabel("output tokens / s")
         a_tput.set_title("Throughput: measured and fitted")
-        for ax in (a_tpot, a_tput):
-            _legend_below(ax, ncol=2)
+        _shared_legend(fig, (a_tpot, a_tput))
         fig.suptitle(f"bstar fit · step(B) = {pr['a_ms']:.3g} + {pr['b_ms']:.3g}·B ms"
                      + (f", roof {pr['c_ms']:.3g}·B ms" if pr.get("c_ms") else "")
                      + (f" + {pr['overhead_ms']:.3g} ms" if pr.get("overhead_ms") else ""),
@@ -1021,8 +1031,7 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
                     tips.point(ax, xs[i], ys[i], f"{label} at batch {xs[i]}: "
                                f"{_fmt(ys[i], unit)}{extra}", marker=marker, markersize=7,
                                color=color)
-                ax.plot([], [], marker=marker, color=color, linestyle="none",
-                        label=label + (" (p50, whisker to p99)" if key == "tpot_ms" else ""))
+                ax.plot([], [], marker=marker, color=color, linestyle="none", label=label)
             if plan:
                 _mark_batches(ax, {**plan, "sla_batch": None, "knee": None})
                 if (plan.get("knee") or {}).get("batch"):
@@ -1036,13 +1045,12 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
         a_tpot.set_yscale("log")
         _plain_log_y(a_tpot)
         a_tpot.set_ylabel("per-request TPOT, ms (log scale)")
-        a_tpot.set_title("Per-request TPOT")
+        a_tpot.set_title("Per-request TPOT (p50, whisker to p99)")
         a_tput.set_ylim(0, None)
         a_tput.yaxis.set_major_formatter(_thousands())
         a_tput.set_ylabel("output tokens / s")
         a_tput.set_title("Throughput")
-        for ax in (a_tpot, a_tput):
-            _legend_below(ax, ncol=2)
+        _shared_legend(fig, (a_tpot, a_tput))
         fig.suptitle(v.get("title") or "Predicted, fitted, measured and simulated",
                      x=0.01, ha="left", fontsize=13, fontweight="bold")
     return Chart(name, "Predicted, fitted, measured, simulated", fig, tips.tips,
