@@ -6,9 +6,12 @@ A local fixed-rate token server (bench/token_server.py) streams every request's 
 exactly `--interval-ms` apart, so any ITL beyond the interval is added by the client (or
 the shared host). For each client and each concurrency level the bench records output
 tokens/s, pooled ITL p50/p99 (every gap between streamed chunks), the p99 added over the
-interval, and the client's CPU. A client "sustains" a level when it adds under 1 ms to ITL
-p99 there. Clients, all against the same server in the same run:
+interval ("added"), the same against the minimal client at that level ("vs min": what the
+client adds beyond the host's and the server's own jitter), and the client's CPU. A client
+"sustains" a level when it adds under 1 ms to ITL p99 over the interval there. Clients,
+all against the same server in the same run:
 
+  minimal raw asyncio sockets, no JSON parsing: the floor (host and server jitter)
   bstar   bstar.loadgen (OpenAIClient + drive): what `bstar sweep` runs
   httpx   the same streaming loop on httpx (the alternative HTTP library; the choice)
   aiperf  NVIDIA AIPerf (`pip install aiperf`, in its own venv: --aiperf .../bin/aiperf),
@@ -114,6 +117,49 @@ async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
                      interval_ms)
 
 
+async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int,
+                      interval_ms: float) -> dict[str, float]:
+    """The floor: raw asyncio sockets, one keep-alive connection per stream, no JSON
+    parsing. What it sees beyond the interval is the host's and the server's jitter."""
+    host, port = url.split("//", 1)[1].split(":")
+    gaps: list[float] = []
+    tokens = 0
+
+    async def stream(ids: list[int], record: bool) -> None:
+        nonlocal tokens
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for i in ids:
+                body = json.dumps({"model": "tiny", "prompt": prompt(i, in_len),
+                                   "max_tokens": out_len, "stream": True}).encode()
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                last = None
+                while True:
+                    line = await reader.readline()
+                    if line.startswith(b"data: [DONE]"):
+                        await reader.readline()  # the chunk's CRLF
+                        await reader.readline()  # the terminating 0-size chunk
+                        await reader.readline()
+                        break
+                    if line.startswith(b"data: {"):
+                        t = time.perf_counter()
+                        if last is not None and record:
+                            gaps.append(t - last)
+                        last = t
+                        tokens += record
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(stream([i], False) for i in range(n)))
+    per = [list(range(n + k, n + requests, n)) for k in range(n)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(stream(ids, True) for ids in per))
+    return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
+                 interval_ms)
+
+
 def run_aiperf(aiperf: str, url: str, n: int, requests: int, in_len: int, out_len: int,
                interval_ms: float, tokenizer: str) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(prefix="bstar-aiperf-"))
@@ -156,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="requests per stream per level")
-    ap.add_argument("--clients", default="bstar,httpx,aiperf")
+    ap.add_argument("--clients", default="minimal,bstar,httpx,aiperf")
     ap.add_argument("--aiperf", default=shutil.which("aiperf") or
                     str(Path.home() / ".cache/bstar/aiperf-venv/bin/aiperf"))
     ap.add_argument("--tokenizer", help="HF tokenizer folder for AIPerf (default: the tiny "
@@ -186,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                 if client == "bstar":
                     s = asyncio.run(run_bstar(url, n, requests, args.input_len,
                                               args.output_len, args.interval_ms))
+                elif client == "minimal":
+                    s = asyncio.run(run_minimal(url, n, requests, args.input_len,
+                                                args.output_len, args.interval_ms))
                 elif client == "httpx":
                     s = asyncio.run(run_httpx(url, n, requests, args.input_len,
                                               args.output_len, args.interval_ms))
@@ -197,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
                       f"{s['added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%",
                       file=sys.stderr, flush=True)
+    # Against the floor at the same level: what the client adds beyond host/server jitter.
+    floor = {r["concurrency"]: r["itl_p99_ms"] for r in rows if r["client"] == "minimal"}
+    for r in rows:
+        r["vs_minimal_p99_ms"] = (r["itl_p99_ms"] - floor[r["concurrency"]]
+                                  if r["concurrency"] in floor else float("nan"))
     best: dict[str, dict[str, Any] | None] = {}
     for client in clients:
         ok = [r for r in rows if r["client"] == client and r["added_p99_ms"] < ADDED_LIMIT_MS]
@@ -213,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfixed-rate token server, {args.interval_ms:g} ms per token, "
           f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs")
     print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
-          f"{'added':>7s} {'CPU%':>6s}")
+          f"{'added':>7s} {'vs min':>7s} {'CPU%':>6s}")
     for r in rows:
         print(f"{r['client']:7s} {r['concurrency']:5d} {r['tok_s']:9.1f} {r['itl_p50_ms']:8.2f} "
-              f"{r['itl_p99_ms']:8.2f} {r['added_p99_ms']:+7.2f} {r['cpu_pct']:6.1f}")
+              f"{r['itl_p99_ms']:8.2f} {r['added_p99_ms']:+7.2f} "
+              f"{r['vs_minimal_p99_ms']:+7.2f} {r['cpu_pct']:6.1f}")
     print(f"\nhighest concurrency adding < {ADDED_LIMIT_MS:g} ms to ITL p99:")
     for client, r in best.items():
         print(f"  {client:7s} " + (f"{r['concurrency']} streams, {r['tok_s']:.0f} tok/s"

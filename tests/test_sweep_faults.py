@@ -259,3 +259,20 @@ def test_open_loop_rate_levels(token_server: TokenServerFactory, tmp_path: Path)
     # 40 Poisson arrivals at 20/s take about 2 s, at 80/s about 0.5 s.
     assert 1.0 < r20 < 4.5 and r80 < r20 / 2
     assert d["knee"]["points"] == 0 and "need at least two" in d["knee"]["note"]
+
+
+def test_managed_server_killed_mid_level(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
+           "--interval-ms 2 --fault die --fault-every 6")
+    res = run_sweep(SweepConfig(server_cmd=cmd, max_num_seqs=[1, 2], input_len=8,
+                                output_len=8, num_requests=20, warmup_requests=0,
+                                health_timeout_s=30), db=db)
+    for lv in res.levels:  # each value got a fresh server, and each one died
+        assert lv.status == "server_died"
+        assert lv.status_detail is not None and "server exited (code 1)" in lv.status_detail
+        # 6 requests started before the 7th killed it; one may still have been streaming.
+        assert lv.stats is not None and lv.stats["completed"] in (5, 6)  # kept
+        assert lv.server_log and "token server" in Path(lv.server_log).read_text()
+    assert res.status == "incomplete"  # --resume would retry both levels
+    assert "server_died" in res.run["status_detail"]

@@ -537,12 +537,18 @@ class _Runner:
         bad = [r for r in recs if not r.ok]
         if recs and bad and all(r.error_kind in _CONNECTION_KINDS for r in bad[-3:]):
             # The last failures were lost connections: is the server gone?
-            if self.server is not None and not self.server.alive():
-                code = self.server.process.poll() if self.server.process else None
+            proc = self.server.process if self.server is not None else None
+            code = None
+            if proc is not None:
+                # The reset can reach us before the exit is reaped: wait a moment for it.
+                with contextlib.suppress(Exception):
+                    code = await asyncio.to_thread(proc.wait, 2.0)
+            if code is not None:
                 status, detail = "server_died", f"server exited (code {code}) mid-level"
             elif not await _reachable(url):
                 status, detail = "server_died", f"server stopped answering at {url}"
-                self.fatal = detail
+                if proc is None:  # a server bstar started is restarted for the next level
+                    self.fatal = detail
         if status == "completed" and bad:
             detail = f"{len(bad)} failed requests: {_kinds(recs)}"
         stats = summarize(recs, duration, cfg.slo).to_dict()
