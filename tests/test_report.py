@@ -218,6 +218,28 @@ def test_fit_plot_and_report(tmp_path: Path) -> None:
     # Two panels, each with the 4 measured points and 2 predictions.
     assert sum(t.startswith("measured at batch") for t in titles) == 8
     assert sum(t.startswith("predicted at batch") for t in titles) == 4
+    assert html.count('<figure class="plot"') == 1  # no cost model named: the fit alone
+
+
+def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
+    from bstar.report.views import fit_signature
+
+    out = tmp_path / "fit.html"
+    args = [str(SEED001), "--critical-batch", "128", "--predict", "256,512", "--model",
+            "llama-2-7b", "--gpu", "h100-sxm", "--context", "1024"]
+    assert main(["report", "fit", *args, "-o", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert re.findall(r'data-plot="([^"]+)"', html) == ["fit", "signature"]
+    from bstar.cli import build_parser
+    from bstar.commands.fit import fit_from_args
+
+    ns = build_parser().parse_args(["fit", *args])
+    v = fit_signature(fit_from_args(ns)[0], ns)
+    assert v is not None and v["plan"]["context_tokens"] == 1024
+    d = bstar.Deployment(model=bstar.get_model("llama-2-7b"), gpu=bstar.get_gpu("h100-sxm"))
+    assert v["plan"]["b_mem"] == rl.b_mem(d, 1024)
+    assert v["predicted"]["tpot_ms"][0] == pytest.approx(
+        float(rl.curve(d, [1], 1024).tpot_s[0]) * 1e3)
 
 
 def test_simulate_plot_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

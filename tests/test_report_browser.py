@@ -229,9 +229,11 @@ def test_compare_report_in_chromium(tmp_path: Path) -> None:
 
 def test_fit_report_in_chromium(tmp_path: Path) -> None:
     out = tmp_path / "fit.html"
+    # Seed 001 is a 7B model on an H100: the report draws the fit beside that prediction.
     assert main(["report", "fit", str(ROOT / "examples" / "seed001.csv"), "--critical-batch",
-                 "128", "--predict", "256,512", "-o", str(out)]) == 0
-    check_report(out, ["fit"], "report-fit.png")
+                 "128", "--predict", "256,512", "--model", "llama-2-7b", "--gpu", "h100-sxm",
+                 "-o", str(out)]) == 0
+    check_report(out, ["fit", "signature"], "report-fit.png")
 
 
 def test_simulate_report_in_chromium(tmp_path: Path) -> None:

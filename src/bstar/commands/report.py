@@ -109,7 +109,7 @@ def _report_fit(args: argparse.Namespace) -> int:
     from bstar.report import save_fit_plot, write_fit_report
 
     result, _spec = fit_cmd.fit_from_args(args)
-    path = write_fit_report(result, args.output, _command_line())
+    path = write_fit_report(result, args.output, _command_line(), args)
     if getattr(args, "plot", None):
         save_fit_plot(result, args.plot)
     return _done(args, path, {"knee_batch": result.knee_batch})

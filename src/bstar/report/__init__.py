@@ -69,12 +69,16 @@ def save_fit_plot(result: Any, path: str | Path) -> Path:
     return plots.fit_chart(fit_view(result)).save(path)
 
 
-def write_fit_report(result: Any, path: str | Path, command: str = "") -> Path:
+def write_fit_report(result: Any, path: str | Path, command: str = "",
+                     args: Any = None) -> Path:
+    """`args`: bstar fit's flags; with --model and --gpu the report also draws the fit
+    beside the cost model's prediction."""
     from bstar.report.build import fit_report
     from bstar.report.html import write_html
-    from bstar.report.views import fit_view
+    from bstar.report.views import fit_signature, fit_view
 
-    return write_html(fit_report(fit_view(result), command), path)
+    signature = fit_signature(result, args) if args is not None else None
+    return write_html(fit_report(fit_view(result), command, signature), path)
 
 
 def save_simulate_plot(results: list[dict[str, Any]], path: str | Path) -> Path:

@@ -299,8 +299,10 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
 
 
 # ---- fit -----------------------------------------------------------------------------------
-def fit_report(f: dict[str, Any], command: str = "") -> Report:
-    """`f` is `bstar.report.views.fit_view(result)` (the fit JSON contract plus a curve)."""
+def fit_report(f: dict[str, Any], command: str = "",
+               signature: dict[str, Any] | None = None) -> Report:
+    """`f` is `bstar.report.views.fit_view(result)` (the fit JSON contract plus a curve);
+    `signature` the fit beside the cost model (`views.fit_signature`), drawn after it."""
     pr = f["params"]
     r = Report("fit", "Fit of measured points", f"source: {f.get('source', '')}",
                command=command)
@@ -370,6 +372,8 @@ def fit_report(f: dict[str, Any], command: str = "") -> Report:
         "costs per step, b each sequence's KV read and per-sequence work, c the compute per "
         "sequence once the roof binds. " + (pr.get("roof_note") or ""),
         facts=facts, charts=[plots.fit_chart(f)], tables=tables))
+    if signature is not None:
+        r.sections.append(signature_section(signature))
     notes = [*(f"warning: {w}" for w in f.get("warnings", [])), *f.get("notes", [])]
     if notes:
         r.sections.append(Section("Warnings and notes", "notes",

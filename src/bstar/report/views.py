@@ -263,3 +263,24 @@ def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | 
             return fit_points(points, predict=predict or [2 * top, 4 * top])
         except BstarError:
             return None
+
+
+def fit_signature(result: Any, args: Any) -> dict[str, Any] | None:
+    """For `bstar report fit` with --model and --gpu: the fit's points and curve beside the
+    cost model's prediction for that deployment at --context (default 512, as bstar fit)."""
+    if not (getattr(args, "model", None) and getattr(args, "gpu", None)):
+        return None
+    from bstar.plan import make_plan
+
+    d = sweep_deployment({"model": args.model, "gpu": args.gpu, "deployment_args": {
+        "num_gpus": args.num_gpus, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
+        "flops_eff": args.flops_eff}})
+    fitted = fit_view(result)
+    pts = fitted["points"]
+    meas = {"batch": [p["batch"] for p in pts], "tpot_ms": [p["tpot_ms"] for p in pts],
+            "throughput_tok_s": [p["throughput_tok_s"] for p in pts]}
+    batches = sorted({*meas["batch"], *(p["batch"] for p in fitted["predictions"])})
+    pv = plan_view(make_plan(d, [args.context or 512], batches))
+    return signature_view(meas, fitted, (pv, 0), None,
+                          f"The fit beside the cost model: {pv['model']} on "
+                          f"{pv['gpu_name']}, context {args.context or 512:,}")
