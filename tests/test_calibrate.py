@@ -243,3 +243,37 @@ def test_check_predicts_other_points_with_given_efficiencies() -> None:
     fits = cal.check(d, TRUE, other)
     assert all(abs(f.rel_error) < 1e-9 for f in fits)
     assert all(abs(f.uncalibrated_rel_error) > 0.05 for f in fits)
+
+
+def test_against_a_probed_gpu_an_engine_may_beat_the_figure_and_the_profile_scales_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The engine streams 1.3x what the probe measured (caches, better kernels).
+    probed = replace(get_gpu("a100-80gb-sxm"), id="probed", provenance="measured")
+    faster = replace(probed, hbm_bandwidth_bytes_s=probed.hbm_bandwidth_bytes_s * 1.3)
+    truth = replace(TRUE, bandwidth=1.0)
+    pts = [cal.Point(b, s, float(rl.decode_step(replace(deployment(), gpu=faster, eff=truth),
+                                                [b], s).step_s[0]))
+           for s in CONTEXTS for b in BATCHES]
+    c = cal.calibrate(replace(deployment(), gpu=probed), pts)
+    assert c.params["bandwidth"].value == pytest.approx(1.3, rel=1e-3)
+    assert c.eff.bandwidth == 1.0 and c.bandwidth_scale == pytest.approx(1.3, rel=1e-3)
+    assert c.max_abs_error < 1e-4
+    assert any("beats the measured GPU figure" in n for n in c.notes)
+    # Against a datasheet figure the efficiency stays <= 1 and says so.
+    capped = cal.calibrate(replace(deployment(), gpu=get_gpu("a100-80gb-sxm")), pts)
+    assert capped.params["bandwidth"].value == pytest.approx(1.0)
+    assert capped.params["bandwidth"].status == "at-bound"
+    # The profile carries the scale; --profile applies it to the GPU file it is used with.
+    gpu_file = tmp_path / "probed.toml"
+    gpu_file.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in {
+        "id": "probed", "name": "probed A100", "memory_bytes": probed.memory_bytes,
+        "hbm_bandwidth_bytes_s": probed.hbm_bandwidth_bytes_s,
+        "bf16_flops": probed.bf16_flops, "provenance": "measured"}.items()) + "\n")
+    prof = tmp_path / "p.toml"
+    prof.write_text(cal.profile_toml(c))
+    assert cal.load_profile(prof).bandwidth_scale == pytest.approx(1.3, rel=1e-3)
+    assert main(["plan", "--gpu", str(gpu_file), "--profile", str(prof), "--context", "2048",
+                 "--batch", "64", "--json"]) == 0
+    step_ms = json.loads(capsys.readouterr().out)["contexts"][0]["curve"][0]["step_ms"]
+    want = [p.measured_ms for p in c.points if p.batch == 64 and p.context_tokens == 2048]
+    assert step_ms == pytest.approx(want[0], rel=1e-6)

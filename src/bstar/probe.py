@@ -248,15 +248,17 @@ def cpu_memory_bytes() -> tuple[int, str]:
 
 
 def probe_cpu(copy_bytes: int = DEFAULT_COPY_BYTES, gemm_n: int = DEFAULT_GEMM_N,
-              repeats: int = DEFAULT_REPEATS) -> ProbeResult:
+              repeats: int = DEFAULT_REPEATS, threads: int | None = None) -> ProbeResult:
+    """`threads` sets the copy's threads; BLAS (the GEMV and GEMM) uses what the process
+    allows (OPENBLAS_NUM_THREADS, set before numpy loads: `bstar probe --threads`)."""
     import numpy as np
 
     t0 = time.perf_counter()
     mem, how = cpu_memory_bytes()
-    bw = cpu_bandwidth(copy_bytes, repeats)
+    bw = cpu_bandwidth(copy_bytes, repeats, threads)
     read = cpu_read_bandwidth(copy_bytes, repeats)
     mm = cpu_matmul(gemm_n, repeats)
-    return ProbeResult("cpu", cpu_name(), mem, how, bw, {"fp32": mm}, cpu_threads(),
+    return ProbeResult("cpu", cpu_name(), mem, how, bw, {"fp32": mm}, threads or cpu_threads(),
                        {"numpy": np.__version__, "python": platform.python_version()},
                        time.perf_counter() - t0, read_bandwidth=read)
 

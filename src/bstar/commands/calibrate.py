@@ -157,7 +157,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if warnings:
         from dataclasses import replace
         c = replace(c, notes=(*warnings, *c.notes))
-    checks = [_check(args, spec, c.eff) for spec in args.check]
+    checks = [_check(args, spec, c) for spec in args.check]
     if args.json:
         print(json.dumps({**c.to_dict(), "profile": str(args.output or ""),
                           "checks": [{"run": run, "model": model,
@@ -174,7 +174,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace, spec: str, eff: Any) -> tuple[str, str, list[Any]]:
+def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
     from bstar import calibrate as cal
     from bstar.commands.plan import deployment_from_args
 
@@ -182,7 +182,8 @@ def _check(args: argparse.Namespace, spec: str, eff: Any) -> tuple[str, str, lis
     points, _, run = points_from_run(args.db, run_id, args.metric, None)
     model = model or (run.get("options") or {}).get("model") or args.model
     d = deployment_from_args(args, model)
-    return run["id"], d.model.name, list(cal.check(d, eff, points))
+    return run["id"], d.model.name, list(cal.check(d, c.eff, points, c.bandwidth_scale,
+                                                   c.compute_scale))
 
 
 def _median_abs(pts: list[Any], uncal: bool = False) -> float:

@@ -44,6 +44,8 @@ def add_gpus_arguments(p: argparse.ArgumentParser) -> None:
 
 def deployment_from_args(args: argparse.Namespace, model: str | None = None,
                          gpu: str | None = None) -> Any:
+    from dataclasses import replace
+
     from bstar import plan as plan_mod
     from bstar import roofline as rl
     from bstar.specs.gpu import get_gpu
@@ -74,13 +76,14 @@ def deployment_from_args(args: argparse.Namespace, model: str | None = None,
     if args.overhead_per_seq_us is not None:
         over["overhead_per_seq_s"] = args.overhead_per_seq_us / 1e6
     if over:
-        from dataclasses import replace
         eff = replace(eff, **over)
     d = rl.Deployment(
         model=get_model(model or args.model or plan_mod.DEFAULT_MODEL),
         gpu=get_gpu(gpu or args.gpu or plan_mod.DEFAULT_GPU), num_gpus=args.num_gpus,
         weight_dtype=args.dtype, kv_dtype=args.kv_dtype, gpu_util=args.gpu_util,
         reserve_bytes=round(reserve_gib * 2**30), block_tokens=args.block_size, eff=eff)
+    if profile_path:
+        d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
     if profile_path and prof.gpu and prof.gpu != d.gpu.id:
         import sys
 

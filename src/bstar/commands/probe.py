@@ -20,10 +20,20 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
                    help="side of the square GEMM (default 2048 on CPU, 8192 on CUDA)")
     p.add_argument("--repeats", type=positive_int, default=7,
                    help="timed runs of each measurement; the median is kept (default 7)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads to measure with (default: all this process may use); "
+                        "match the engine's, e.g. llama.cpp --threads")
     p.add_argument("--json", action="store_true", help="print the written fields as JSON")
 
 
 def run_probe(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    if args.threads and "numpy" not in sys.modules:
+        # BLAS reads its thread count when numpy loads: set it first.
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
     from bstar import probe as pr
     from bstar.errors import BstarError
     from bstar.specs.gpu import load_gpu_file
@@ -33,6 +43,10 @@ def run_probe(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not pr.cuda_available():
         raise BstarError("--device cuda: torch with a CUDA device is not importable here")
     sizes: dict[str, int] = {"repeats": args.repeats}
+    if args.threads:
+        if args.device == "cuda" or (args.device == "auto" and pr.cuda_available()):
+            raise BstarError("--threads applies to a CPU probe")
+        sizes["threads"] = args.threads
     if args.copy_mib:
         sizes["copy_bytes"] = args.copy_mib << 20
     if args.gemm_n:
