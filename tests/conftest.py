@@ -21,9 +21,10 @@ from bstar.servers import LlamaCppServer, ManagedServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN_SERVER = ROOT / "bench" / "token_server.py"
-# Slots of the shared llama.cpp server. Two slots cap the batch early, so a sweep over
-# 1, 2, 4 streams sees the rise (1 -> 2) and the flat part (beyond the slots) within seconds.
-LLAMACPP_SLOTS = 2
+# Slots of the shared llama.cpp server: its cap on concurrent sequences (llama.cpp's
+# max_num_seqs). Four slots cap the batch early, so a sweep over 1, 4, 8 streams sees the
+# rise (1 -> 4: REAL-SERVERS.md measured 53 -> 103 tok/s) and the flat part past the slots.
+LLAMACPP_SLOTS = 4
 
 
 @pytest.fixture(scope="session")

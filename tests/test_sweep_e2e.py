@@ -1,8 +1,10 @@
 """End-to-end sweeps against real inference engines on the tiny model (127.0.0.1 only).
 
-- llama.cpp (quick): concurrency 1, 2, 4 against a server with 2 slots. Throughput must
-  rise from 1 to 2 streams (weights are read once per step for the whole batch) and stay
-  flat past the slots, where llama.cpp's /metrics shows requests deferred.
+- llama.cpp (quick): concurrency 1, 4, 8 against a server with 4 slots. Throughput must
+  rise from 1 to 4 streams (one step serves the whole batch) and stay flat past the slots,
+  where llama.cpp's /metrics shows requests deferred. llama.cpp's 2 threads spin-wait on
+  each other, so on a CPU shared with other busy processes its throughput collapses (this
+  test then fails for want of CPU, not for a wrong rule).
 - vLLM-on-CPU (slow + vllm): `--server-cmd` restarts vLLM for --max-num-seqs 4, 16, 32 at
   32 streams. Throughput rises from 4 to 16 and is flat (or falls) from 16 to 32: measured
   on 2 cores, 81, 156, 284, 504, 449 tok/s at 1, 4, 8, 16, 32 streams (32 in / 32 out), the
@@ -37,29 +39,29 @@ def test_llamacpp_sweep_rises_then_flattens(llamacpp_server: LlamaCppServer, tmp
                                             capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import LLAMACPP_SLOTS
 
-    assert LLAMACPP_SLOTS == 2
+    assert LLAMACPP_SLOTS == 4
     db = tmp_path / "runs.db"
-    rc = main(["sweep", "--url", llamacpp_server.url, "--concurrency", "1,2,4",
-               "--input-len", "32", "--output-len", "32", "--num-requests", "12",
+    rc = main(["sweep", "--url", llamacpp_server.url, "--concurrency", "1,4,8",
+               "--input-len", "32", "--output-len", "32", "--num-requests", "16",
                "--db", str(db), "--json", "--quiet", "--slo", "tpot:2000"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     d = json.loads(out.out)
     levels = d["levels"]
-    assert [lv["concurrency"] for lv in levels] == [1, 2, 4]
+    assert [lv["concurrency"] for lv in levels] == [1, 4, 8]
     for lv in levels:
-        assert lv["errors"] == 0 and lv["requests"] == 12
+        assert lv["errors"] == 0 and lv["requests"] == 16
         assert lv["token_source"] == "usage"
         for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             assert set(lv[key]) == {"p50", "p90", "p99", "mean"}
-    t1, t2, t4 = (lv["throughput_tok_s"] for lv in levels)
-    assert t2 > RISE * t1, f"no rise from 1 to 2 streams: {t1:.1f} -> {t2:.1f} tok/s"
-    assert t4 < BEND * t2, f"no plateau past the 2 slots: {t2:.1f} -> {t4:.1f} tok/s"
-    # The server says why: at 4 streams only 2 run, the others wait for a slot.
+    t1, t4, t8 = (lv["throughput_tok_s"] for lv in levels)
+    assert t4 > RISE * t1, f"no rise from 1 to 4 streams: {t1:.1f} -> {t4:.1f} tok/s"
+    assert t8 < BEND * t4, f"no plateau past the 4 slots: {t4:.1f} -> {t8:.1f} tok/s"
+    # The server says why: at 8 streams only 4 run, the others wait for a slot.
     assert levels[2]["running_max"] <= LLAMACPP_SLOTS
     assert levels[2]["waiting_max"] >= 1
     assert levels[2]["server"]["slots"] == LLAMACPP_SLOTS
-    assert d["recommendation"]["max_num_seqs"] in (1, 2, 4)
+    assert 1 <= d["recommendation"]["max_num_seqs"] <= LLAMACPP_SLOTS
     # Exact prompt lengths, counted by the server.
     res_rows = main(["runs", "--db", str(db), "export", d["run_id"], "--what", "requests",
                      "--format", "json"])

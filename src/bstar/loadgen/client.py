@@ -209,12 +209,19 @@ class OpenAIClient:
 
         llama.cpp's HTTP server (cpp-httplib) closes a keep-alive connection after 5
         requests; the pool may hand out such a connection before it notices, and writing the
-        request then fails before the server saw anything. That one case is sent again, once,
-        on a fresh connection: it is not a server error and must not count as one.
+        request then fails before the server saw anything. That case is sent again (up to
+        three times): it is not a server error and must not count as one.
         """
         rec = await self._send_once(spec, deadline=deadline)
-        if (rec.error_kind == "reset" and rec.http_status is None and rec.chunks == 0
-                and "write request body" in (rec.error or "")):
+        # Also "Server disconnected" before any status line: the server closed the pooled
+        # connection as the request went out (seen against llama.cpp at 2 streams). The
+        # pool may hold more than one such connection, so up to three resends. A server
+        # that died fails them with "connect" and is recorded as such.
+        for _ in range(3):
+            if not (rec.error_kind == "reset" and rec.http_status is None and rec.chunks == 0
+                    and any(m in (rec.error or "") for m in ("write request body",
+                                                             "Server disconnected"))):
+                break
             rec = await self._send_once(spec, deadline=deadline)
         return rec
 
