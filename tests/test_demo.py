@@ -12,6 +12,8 @@ from bstar.cli import main
 
 pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
 pytest.importorskip("gguf", reason="needs the extra bstar[tiny]")
+# A chart whose legend or labels squeeze its axes to nothing is a broken picture.
+pytestmark = pytest.mark.filterwarnings("error:constrained_layout not applied:UserWarning")
 
 
 @pytest.mark.slow

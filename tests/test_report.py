@@ -25,6 +25,8 @@ from bstar.report import plots
 from bstar.report.views import plan_view
 
 SVG = "{http://www.w3.org/2000/svg}"
+# A chart whose legend or labels squeeze its axes to nothing is a broken picture.
+pytestmark = pytest.mark.filterwarnings("error:constrained_layout not applied:UserWarning")
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,12 @@ from bstar.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None and os.environ.get("BSTAR_REQUIRE_BROWSER") != "1",
-    reason="chromium is not installed (scripts/test installs it)")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None and os.environ.get("BSTAR_REQUIRE_BROWSER") != "1",
+                       reason="chromium is not installed (scripts/test installs it)"),
+    # A chart whose legend or labels squeeze its axes to nothing is a broken picture.
+    pytest.mark.filterwarnings("error:constrained_layout not applied:UserWarning"),
+]
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

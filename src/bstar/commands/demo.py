@@ -70,6 +70,10 @@ def run_demo(args: argparse.Namespace) -> int:
     tiny = default_tiny_dir()
     if tiny.gguf_path is None:
         raise BstarError("the tiny model was built without its GGUF file")
+    # The cost model reads the same config.json, from a folder whose name labels the plots.
+    model_dir = out / "tiny-llama"
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "config.json").write_bytes((tiny.hf_dir / "config.json").read_bytes())
     gpu_file = out / "this-cpu.toml"
     say(f"measuring this CPU's bandwidth and matmul rate for the cost model ({gpu_file})")
     _probe(gpu_file)
@@ -80,7 +84,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         threads=threads, timeout_s=120, log_path=log) as server:
         say(f"sweeping concurrency {','.join(map(str, levels))}: {args.num_requests} requests "
             f"per level, {args.input_len} tokens in, {args.output_len} out")
-        result = _sweep(server.url, levels, args, out / "bstar.db", say, tiny.hf_dir, gpu_file)
+        result = _sweep(server.url, levels, args, out / "bstar.db", say, model_dir, gpu_file)
     say("server stopped")
     sweep = result.to_dict()
     sweep_json = out / "sweep.json"

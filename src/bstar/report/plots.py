@@ -248,14 +248,21 @@ def _shared_legend(fig: Figure, axes: Sequence[Axes], ncol: int = 4) -> None:
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            seen.setdefault(label, h)
+            seen.setdefault(_short_label(label), h)
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol,
                    handlelength=2.4, columnspacing=1.6)
 
 
+def _short_label(label: str, limit: int = 72) -> str:
+    # A file path in a label (a model folder, a probed GPU file) must not push the plot
+    # out of its figure.
+    return label if len(label) <= limit else label[:limit - 1] + "…"
+
+
 def _legend_below(ax: Axes, ncol: int = 3) -> None:
     handles, labels = ax.get_legend_handles_labels()
+    labels = [_short_label(x) for x in labels]
     if handles:
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16),
                   ncol=ncol, handlelength=2.4, columnspacing=1.4)
@@ -739,8 +746,7 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                        "(vLLM's /metrics does; llama.cpp's does not)", ha="center", va="center",
                        transform=a_mem.transAxes, fontsize=10, color="#666666")
             a_mem.set_yticks([])
-        for ax in (a_tpot, a_tput, a_ttft):
-            ax.legend(loc="best")
+        _shared_legend(fig, (a_tpot, a_tput, a_ttft), ncol=3)
         title = "bstar sweep"
         if s.get("run_id") is not None:
             title += f" · run {s['run_id']}"

@@ -146,8 +146,8 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
                               "tpot_ms": [r["tpot_ms"] for r in rows],
                               "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
                               "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
-                              "context_tokens": ctx, "model": opts["model"],
-                              "gpu": opts["gpu"]}
+                              "context_tokens": ctx, "model": d.model.name,
+                              "gpu": d.gpu.name}
     return out
 
 
