@@ -177,7 +177,7 @@ async def handle(st: State, reader: asyncio.StreamReader, writer: asyncio.Stream
             elif path == "/v1/models":
                 writer.write(_response(200, json.dumps(
                     {"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()))
-            elif path == "/tokenize" and method == "POST":
+            elif path == "/tokenize" and method == "POST" and not a.no_tokenize:
                 body = json.loads(raw or b"{}")
                 text = str(body.get("prompt", body.get("content", "")))
                 writer.write(_response(200, json.dumps(
@@ -239,6 +239,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     choices=["none", "401", "429", "500", "reset", "malformed", "hang", "die"])
     ap.add_argument("--fault-every", type=int, default=0)
     ap.add_argument("--api-key", default="")
+    ap.add_argument("--no-tokenize", action="store_true",
+                    help="no /tokenize endpoint (clients must calibrate from usage)")
     return ap.parse_args(argv)
 
 

@@ -56,7 +56,8 @@ def token_server(tmp_path: Path) -> Iterator[TokenServerFactory]:
         port = free_port()
         cmd = [sys.executable, str(TOKEN_SERVER), "--port", str(port)]
         for k, v in opts.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
+            flag = f"--{k.replace('_', '-')}"
+            cmd += [flag] if v is True else [flag, str(v)]
         srv = ManagedServer(cmd, health_url=f"http://127.0.0.1:{port}/health", timeout_s=30,
                             log_path=tmp_path / f"token-server-{port}.log")
         srv.start()

@@ -276,3 +276,31 @@ def test_managed_server_killed_mid_level(tmp_path: Path) -> None:
         assert lv.server_log and "token server" in Path(lv.server_log).read_text()
     assert res.status == "incomplete"  # --resume would retry both levels
     assert "server_died" in res.run["status_detail"]
+
+
+def test_prompt_lengths_from_usage_without_tokenize(token_server: TokenServerFactory,
+                                                    tmp_path: Path) -> None:
+    srv = token_server(no_tokenize=True, **FAST)
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, input_len=37), db=db)
+    assert res.status == "completed"
+    con = sqlite3.connect(db)
+    got = con.execute("SELECT DISTINCT prompt_tokens FROM requests").fetchall()
+    con.close()
+    assert got == [(37,)]
+    assert (res.levels[0].stats or {})["prompt_token_count_method"] == "usage"
+
+
+def test_prompts_from_jsonl(token_server: TokenServerFactory, tmp_path: Path) -> None:
+    srv = token_server(**FAST)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": "p" * n, "output_len": 3 + n % 2})
+                                 for n in (5, 6, 7)) + "\n")
+    db = tmp_path / "r.db"
+    res = run_sweep(cfg(srv.url, prompts_file=str(prompts), num_requests=6), db=db)
+    assert res.status == "completed"
+    con = sqlite3.connect(db)
+    got = con.execute("SELECT prompt_tokens, output_tokens FROM requests WHERE warmup = 0 "
+                      "ORDER BY idx").fetchall()
+    con.close()
+    assert got == [(5, 4), (6, 3), (7, 4)] * 2  # used in order, cycling

@@ -555,6 +555,8 @@ class _Runner:
         # The client's own CPU while it measured (bench/client_bench.py says how much load
         # it sustains on how much CPU); a client near a full core distorts what it measures.
         stats["client_cpu_s"] = client_cpu_s
+        # How prompt lengths were fitted: "tokenize", "usage" or "estimate" (see workload).
+        stats["prompt_token_count_method"] = counter.method
         stats["client_cpu_pct"] = 100 * client_cpu_s / duration if duration > 0 else None
         predicted = None
         if self.deployment is not None:
