@@ -318,3 +318,17 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert main(["report", "run", "nope", "--db", str(db), "-o", str(out)]) == 2
     assert main(["report", "run", "x", "--db", str(tmp_path / "none.db"), "-o", str(out)]) == 2
     assert not (tmp_path / "none.db").exists()
+
+
+def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the plot extra the terminal still shows the curve's shape."""
+    from bstar.units import sparkline
+
+    db = tmp_path / "runs.db"
+    sweep = stored_sweep(token_server, db)
+    capsys.readouterr()
+    assert main(["runs", "show", sweep["run_id"], "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    expected = sparkline([float(lv["throughput_tok_s"]) for lv in sweep["levels"]])
+    assert f"throughput {expected}" in out
