@@ -277,3 +277,23 @@ def test_against_a_probed_gpu_an_engine_may_beat_the_figure_and_the_profile_scal
     step_ms = json.loads(capsys.readouterr().out)["contexts"][0]["curve"][0]["step_ms"]
     want = [p.measured_ms for p in c.points if p.batch == 64 and p.context_tokens == 2048]
     assert step_ms == pytest.approx(want[0], rel=1e-6)
+
+
+def test_a_real_vllm_cpu_log_gives_the_pool_it_was_told_to_use() -> None:
+    # Two lines of vLLM-on-CPU 0.32.0's start-up log, serving the default tiny model
+    # (float32 KV) with VLLM_CPU_KVCACHE_SPACE=1: the pool must come out as 1 GiB.
+    log = ("(Worker pid=17943) INFO 11-29 13:25:03 [cpu_worker.py:260] Explicitly set "
+           "(1.0/20.96) GiB for KV cache on node 0.\n"
+           "(EngineCore pid=17932) INFO 11-29 13:25:03 [kv_cache_utils.py:2327] CPU KV cache "
+           "size: 32,768 tokens, Maximum concurrency for 512 tokens per request: 64.00x\n")
+    from bstar.tinymodel import _hf_config
+
+    tiny = _hf_config(hidden_size=1024, num_layers=8, intermediate_size=2816, num_heads=16,
+                      num_kv_heads=8, vocab_size=259, bos_id=257, eos_id=258)
+    from bstar.specs.model import from_hf_config
+
+    d = rl.Deployment(from_hf_config(tiny, name="tiny"), get_gpu("a100-80gb-sxm"),
+                      weight_dtype="fp32", kv_dtype="fp32")
+    parsed = cal.parse_vllm_log(log)
+    assert parsed.kv_cache_tokens == 32768
+    assert cal.kv_pool_from_log(d, parsed) == 1 << 30
