@@ -297,3 +297,40 @@ def test_a_real_vllm_cpu_log_gives_the_pool_it_was_told_to_use() -> None:
     parsed = cal.parse_vllm_log(log)
     assert parsed.kv_cache_tokens == 32768
     assert cal.kv_pool_from_log(d, parsed) == 1 << 30
+
+
+def _store_run(db: Path, model: str, input_len: int, output_len: int,
+               eff: rl.Efficiency) -> str:
+    """A sweep run in bstar sweep's store whose levels' median ITL is the roofline's step."""
+    from bstar.loadgen.store import Store
+
+    ctx = input_len + output_len // 2
+    d = deployment().with_eff(eff)
+    with Store(db) as st:
+        rid = st.create_run(url="http://127.0.0.1:1", served_model="m", model=model, gpu=None,
+                            options={"input_len": input_len, "output_len": output_len},
+                            bstar_version="test", server_version="vllm 0.0-test")
+        for i, b in enumerate((1, 8, 32, 128, 256)):
+            lid, _ = st.start_level(rid, i, concurrency=b, rate=None, max_num_seqs=None)
+            step_ms = float(rl.decode_step(d, [b], ctx).step_s[0]) * 1e3
+            st.finish_level(lid, status="completed", stats={
+                "completed": 10, "itl_ms": {"p50": step_ms}, "tpot_ms": {"mean": step_ms * 2}})
+    return rid
+
+
+def test_cli_calibrates_on_a_stored_sweep_run_and_checks_another(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "runs.db"
+    fitted = _store_run(db, "llama-3-8b", 512, 256, TRUE)
+    other = _store_run(db, "llama-3-8b", 4096, 256, TRUE)  # another context
+    assert main(["calibrate", fitted, "--db", str(db), "--model", "llama-3-8b", "--gpu",
+                 "a100-80gb-sxm", "--fit", "bandwidth,compute,overhead_s", "--overhead-per-seq-us",
+                 "40", "--check", other, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine_version"] == "vllm 0.0-test"  # from the run's record
+    assert out["efficiency"]["bandwidth"] == pytest.approx(TRUE.bandwidth, rel=1e-3)
+    assert [p["context_tokens"] for p in out["points"]] == [640] * 5
+    (check,) = out["checks"]
+    assert check["median_abs_error"] < 1e-3  # the other context, predicted exactly
+    assert all(p["context_tokens"] == 4224 for p in check["points"])
+    assert main(["calibrate", "no-such-run", "--db", str(db), "--model", "llama-3-8b"]) == 2
