@@ -9,12 +9,14 @@ Bytes, FLOPs and communication are exact for a given model and deployment; what 
 engine on real hardware adds is captured by four numbers: eta_bw, eta_fl, overhead_s and
 overhead_per_seq_s. This module fits them to measured (B, s, step time) points by robust
 nonlinear least squares on the log of the step time (relative errors: a 10% miss at batch
-1 counts as much as at batch 64), within bounds (efficiencies in (0, 1], overheads >= 0),
-and reports each parameter's 1-sigma uncertainty and every point's residual.
+1 counts as much as at batch 64), within bounds (overheads >= 0; efficiencies in (0, 1]
+against a datasheet GPU, up to MAX_EFF_MEASURED against a probed one, the excess filed as
+a scale on the GPU's figures), and reports each parameter's 1-sigma uncertainty and every
+point's residual.
 
 Identifiability, stated rather than hidden: a parameter whose term never sets any point's
 step time (eta_fl when every point is memory-bound) has a zero column in the Jacobian; it
-is reported as not identified and keeps its prior value where the points allow; parameters
+is reported as not identified and takes the value nearest its prior that fits; parameters
 in an exact trade-off (a null direction of the Jacobian) are reported as tied. Compute
 efficiency and the per-sequence overhead are both linear in B and separate only through
 the kink of the max (and through context length or model size); their correlation is
@@ -31,7 +33,7 @@ import re
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": math.inf,
 # soft_l1 loss scale on log residuals: points off by more than ~5% weigh progressively less,
 # so one stalled level (a prefill landing in the window, a noisy neighbour) cannot drag the fit.
 ROBUST_SCALE = 0.05
+# Against a probed device an engine may beat the figure: the probe's kernels are not the
+# engine's, and caches serve part of a small model.
 MAX_EFF_MEASURED = 2.0
 
 
@@ -173,7 +177,6 @@ class Calibration:
     reserve_bytes: int | None = None  # from a vLLM log, when given
     kv_pool_bytes: int | None = None
     notes: tuple[str, ...] = ()
-    meta: dict[str, Any] = field(default_factory=dict)
     # How far the engine beats the device figures (efficiency > 1, allowed against a
     # probed device only): the profile scales the GPU's bandwidth / FLOP/s by these.
     bandwidth_scale: float = 1.0
