@@ -216,7 +216,7 @@ class Store:
         rows = self.conn.execute(
             "SELECT r.*, (SELECT COUNT(DISTINCT idx) FROM levels l WHERE l.run_id = r.id"
             " AND l.status = 'completed') AS levels_done FROM runs r"
-            " ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)).fetchall()
+            " ORDER BY r.created_at DESC, r.rowid DESC LIMIT ?", (limit,)).fetchall()
         return [dict(r) for r in rows]
 
     # -- levels --------------------------------------------------------------------------
