@@ -61,7 +61,7 @@ def test_llamacpp_sweep_rises_then_flattens(llamacpp_server: LlamaCppServer, tmp
     assert levels[2]["running_max"] <= LLAMACPP_SLOTS
     assert levels[2]["waiting_max"] >= 1
     assert levels[2]["server"]["slots"] == LLAMACPP_SLOTS
-    assert 1 <= d["recommendation"]["max_num_seqs"] <= LLAMACPP_SLOTS
+    assert d["recommendation"]["max_num_seqs"] in (1, 4, 8)  # a measured level
     # Exact prompt lengths, counted by the server.
     res_rows = main(["runs", "--db", str(db), "export", d["run_id"], "--what", "requests",
                      "--format", "json"])
