@@ -128,7 +128,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                 result = sw.run_sweep(cfg, db=args.db, api_key=api_key, resume=args.resume,
                                       on_event=prog, deployment=deployment)
     except sw.SweepInterrupted as e:
-        err.print(f"bstar: {e}")
+        print(f"bstar: {e}", file=sys.stderr)  # one unwrapped line: it holds a command
         return 130
     if args.plot:
         from bstar.report import save_sweep_plot

@@ -452,6 +452,9 @@ class _Runner:
                 if not ids:
                     return "/v1/models lists no model; give --served-model"
                 self.served_model = ids[0]
+                self.store.conn.execute("UPDATE runs SET served_model = ? WHERE id = ?",
+                                        (self.served_model, self.run_id))
+                self.store.conn.commit()
             elif ids and self.served_model not in ids:
                 return (f"model {self.served_model!r} is not served here; /v1/models "
                         f"lists {ids}")
