@@ -215,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     if "aiperf" in clients and not Path(args.aiperf).exists():
         print(f"aiperf not found at {args.aiperf}; skipping it", file=sys.stderr)
         clients.remove("aiperf")
+    if "httpx" in clients:
+        try:
+            import httpx  # noqa: F401
+        except ImportError:
+            print("httpx is not installed; skipping it", file=sys.stderr)
+            clients.remove("httpx")
     tokenizer = args.tokenizer
     if "aiperf" in clients and not tokenizer:
         from bstar.tinymodel import default_tiny_dir
