@@ -332,3 +332,18 @@ def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path
     out = capsys.readouterr().out
     expected = sparkline([float(lv["throughput_tok_s"]) for lv in sweep["levels"]])
     assert f"throughput {expected}" in out
+
+
+def test_predicted_knee_ignores_batches_past_b_mem() -> None:
+    from bstar.plan import make_plan
+    from bstar.report.views import predicted_knee
+    from bstar.roofline import Deployment
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
+    plan = make_plan(Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm")), [8192])
+    c = plan.to_dict()["contexts"][0]
+    k = predicted_knee(c["curve"])
+    assert k is not None
+    assert k["batch"] is None or k["batch"] <= c["b_mem"]
+    assert "B_mem" in k["reason"]

@@ -89,11 +89,16 @@ def predicted_knee(curve_points: list[dict[str, Any]]) -> dict[str, Any] | None:
     which runs in powers of two past B_mem by default, so the plateau is on it."""
     from bstar import knee
 
-    if len(curve_points) < 2:
+    # Past B_mem the engine cannot run the batch (throughput is B_mem's): a knee there would
+    # recommend a setting that only preempts.
+    pts = [p for p in curve_points if p["regime"] != "memory-exhausted"]
+    if len(pts) < 2:
         return None
-    k = knee.doubling_knee([p["batch"] for p in curve_points],
-                           [p["throughput_tok_s"] for p in curve_points])
-    return k.to_dict()
+    k = knee.doubling_knee([p["batch"] for p in pts], [p["throughput_tok_s"] for p in pts])
+    out = k.to_dict()
+    if out["batch"] is None and len(pts) < len(curve_points):
+        out["reason"] += "; memory (B_mem) binds before throughput flattens"
+    return out
 
 
 def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
