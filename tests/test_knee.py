@@ -154,3 +154,16 @@ def test_all_knees_and_sorting() -> None:
 def test_bad_curves(batch: list[float], tput: list[float], msg: str) -> None:
     with pytest.raises(BstarError, match=msg):
         kn.step_knee(batch, tput)
+
+
+def test_doubling_knee_skips_a_dip_followed_by_a_rise() -> None:
+    from bstar.knee import doubling_knee
+
+    # 1 -> 2 gains 10% (under 15%), but 2 -> 4 gains 50%: the curve has not flattened yet.
+    batch = [1, 2, 4, 8, 16]
+    tput = [100.0, 110.0, 165.0, 180.0, 185.0]
+    k = doubling_knee(batch, tput)
+    gains = [tput[i + 1] / tput[i] - 1 for i in range(4)]
+    first_sustained = next(i for i in range(4) if all(g < 0.15 for g in gains[i:]))
+    assert k.batch == batch[first_sustained] == 4
+    assert "no later doubling" in k.reason

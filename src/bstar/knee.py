@@ -126,12 +126,14 @@ def _interp_log2(b: FloatArray, t: FloatArray, x: float) -> float:
 def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                   threshold: float = DEFAULT_DOUBLING) -> Knee:
     """Seed 004: "set max_batch_size to the point where the marginal throughput gain of the
-    next doubling is under 15%". Each point B_i is compared with the throughput at B_i/2; the
-    first doubling B_i/2 -> B_i that gains less than `threshold` makes B_i/2 the knee. Where
+    next doubling is under 15%". Each point B_i is compared with the throughput at B_i/2; a
+    doubling B_i/2 -> B_i that gains less than `threshold` makes B_i/2 the knee. Where
     B_i/2 is not on the curve (non-power-of-two spacing) its throughput is interpolated
-    linearly in log2(batch) between its neighbours, and the reason says so."""
+    linearly in log2(batch) between its neighbours, and the reason says so. On measured curves
+    a small gain can be followed by a large one (noise, or a curve that is not concave): the
+    knee is the first doubling after which every doubling gains less than `threshold`."""
     b, t = _curve(batch, throughput_tok_s)
-    last: tuple[float, float] | None = None
+    steps: list[tuple[float, float, float, str]] = []  # (half, B, gain, how)
     for i in range(b.size):
         half = b[i] / 2
         if half < b[0] * (1 - 1e-9):
@@ -144,19 +146,23 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
             t_half = _interp_log2(b, t, half)
             how = (f"; throughput at B={_b(half)} interpolated in log2(batch) between "
                    f"B={_b(b[k - 1])} and B={_b(b[k])}")
-        gain = t[i] / t_half - 1.0
-        last = (b[i], gain)
-        if gain < threshold:
-            knee = max(1, math.floor(half))
-            return Knee("doubling", knee,
-                        f"doubling B={_b(half)} -> {_b(b[i])} gains {gain * 100:.1f}% "
-                        f"throughput (< {threshold * 100:g}% per doubling, seed 004){how}")
-    if last is None:
+        steps.append((half, float(b[i]), float(t[i] / t_half - 1.0), how))
+    if not steps:
         return Knee("doubling", None,
                     f"the curve spans less than one doubling (B={_b(b[0])}..{_b(b[-1])})")
+    # The knee is where the gains stay small: a small gain followed by a large one is a dip
+    # in a measured (noisy, or not yet saturated) curve, not the plateau.
+    for n, (half, bi, gain, how) in enumerate(steps):
+        if gain < threshold and all(g < threshold for _, _, g, _ in steps[n + 1:]):
+            later = (f"; no later doubling gains {threshold * 100:g}% or more"
+                     if n + 1 < len(steps) else "")
+            return Knee("doubling", max(1, math.floor(half)),
+                        f"doubling B={_b(half)} -> {_b(bi)} gains {gain * 100:.1f}% "
+                        f"throughput (< {threshold * 100:g}% per doubling, seed 004){later}{how}")
+    half, bi, gain, _ = steps[-1]
     return Knee("doubling", None,
-                f"every doubling gains >= {threshold * 100:g}% throughput (last: "
-                f"{last[1] * 100:.1f}% into B={_b(last[0])}); the knee lies past the curve")
+                f"the last doubling gains >= {threshold * 100:g}% throughput ({gain * 100:.1f}% "
+                f"into B={_b(bi)}); the knee lies past the curve")
 
 
 def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt.ArrayLike,
