@@ -40,24 +40,24 @@ float_list = _list_of(float, "a number")
 str_list = _list_of(str, "a name")
 
 
-def positive_float(s: str) -> float:
+def _number(s: str, *, positive: bool) -> float:
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
-    if not v > 0:
+    if positive and not v > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {s}")
+    if not positive and not v >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {s}")
     return v
+
+
+def positive_float(s: str) -> float:
+    return _number(s, positive=True)
 
 
 def non_negative_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {s}")
-    return v
+    return _number(s, positive=False)
 
 
 def positive_int(s: str) -> int:

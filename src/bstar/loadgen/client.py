@@ -144,15 +144,19 @@ class OpenAIClient:
             self._session = None
 
     # -- small JSON helpers used by the workload (tokenize, calibration) and the sweep -----
-    async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+    async def _call(self, method: str, path: str, *, body: dict[str, Any] | None,
+                    timeout_s: float, as_json: bool) -> tuple[int, Any]:
+        """(status, parsed JSON or text); (0, reason) when the server cannot be reached."""
         import aiohttp
 
         try:
-            async with self._session.get(
-                self.base_url + path, headers=self._headers,
+            async with self._session.request(
+                method, self.base_url + path, json=body, headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 text = await resp.text()
+                if not as_json:
+                    return resp.status, text
                 try:
                     return resp.status, json.loads(text)
                 except ValueError:
@@ -160,34 +164,17 @@ class OpenAIClient:
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             return 0, str(e)
 
-    async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
-        import aiohttp
+    async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+        return await self._call("GET", path, body=None, timeout_s=timeout_s, as_json=True)
 
-        try:
-            async with self._session.get(
-                self.base_url + path, headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as resp:
-                return resp.status, await resp.text()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            return 0, str(e)
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        status, text = await self._call("GET", path, body=None, timeout_s=timeout_s,
+                                        as_json=False)
+        return status, str(text)
 
     async def post_json(self, path: str, body: dict[str, Any],
                         timeout_s: float = 60.0) -> tuple[int, Any]:
-        import aiohttp
-
-        try:
-            async with self._session.post(
-                self.base_url + path, json=body, headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as resp:
-                text = await resp.text()
-                try:
-                    return resp.status, json.loads(text)
-                except ValueError:
-                    return resp.status, text
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            return 0, str(e)
+        return await self._call("POST", path, body=body, timeout_s=timeout_s, as_json=True)
 
     def body_for(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
