@@ -84,22 +84,20 @@ def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> Non
         t.add_column(col, justify="left" if col in ("model", "gpu", "attn", "bound")
                      else "right", no_wrap=col in ("model", "gpu"))
     for r in rows:
-        cross = r["compute_crossover_batch"]
+        sizes = (r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
+                 f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
+                 str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}",
+                 f"{r['b_star']:.1f}")
         if not r["fits"]:
             need = r["min_num_gpus"]
-            t.add_row(r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
-                      f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
-                      str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}",
-                      f"{r['b_star']:.1f}", "[red]0[/]", "-", "-", "-",
+            t.add_row(*sizes, "[red]0[/]", "-", "-", "-",
                       f"[red]does not fit; --num-gpus {need}[/]" if need else
                       "[red]does not fit[/]")
             continue
-        t.add_row(r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
-                  f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
-                  str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}",
-                  f"{r['b_star']:.1f}", str(r["b_mem"]),
-                  f"{cross:.0f}" if cross is not None else "-", f"{r['tpot_batch1_ms']:.2f}",
-                  str(r["recommendation"]["max_num_seqs"]), r["recommendation"]["bound"])
+        cross = r["compute_crossover_batch"]
+        t.add_row(*sizes, str(r["b_mem"]), f"{cross:.0f}" if cross is not None else "-",
+                  f"{r['tpot_batch1_ms']:.2f}", str(r["recommendation"]["max_num_seqs"]),
+                  r["recommendation"]["bound"])
     c.print(t)
     for r in rows:
         for w in r.get("warnings") or ():

@@ -16,6 +16,7 @@ step time / B = 1 / throughput: seed 000's "TPOT" curve is the amortized one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -256,12 +257,12 @@ def prefill_s(d: Deployment, input_tokens: int, batch: int = 1) -> float:
 
 
 # ---- derived points -------------------------------------------------------------------------
-def _first_root(f: object, lo: float = 1e-3, hi: float = 1e7) -> float | None:
-    """First B in [lo, hi] where f(B) >= 0, f vectorized and (piecewise) monotone."""
-    fn = f  # type: ignore[assignment]
+def _first_root(fn: Callable[[FloatArray], FloatArray], lo: float = 1e-3,
+                hi: float = 1e7) -> float | None:
+    """First B in [lo, hi] where fn(B) >= 0, fn vectorized and (piecewise) monotone: a log
+    grid finds the bracket, bisection narrows it."""
     grid = np.geomspace(lo, hi, 512)
-    vals = fn(grid)  # type: ignore[operator]
-    idx = np.flatnonzero(vals >= 0)
+    idx = np.flatnonzero(fn(grid) >= 0)
     if idx.size == 0:
         return None
     i = int(idx[0])
@@ -270,7 +271,7 @@ def _first_root(f: object, lo: float = 1e-3, hi: float = 1e7) -> float | None:
     a, b = float(grid[i - 1]), float(grid[i])
     for _ in range(60):
         mid = 0.5 * (a + b)
-        if fn(np.array([mid]))[0] >= 0:  # type: ignore[operator]
+        if fn(np.array([mid]))[0] >= 0:
             b = mid
         else:
             a = mid
