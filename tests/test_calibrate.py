@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,13 +18,21 @@ from bstar.errors import BstarError
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
-TRUE = rl.Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6)
+# Hard roofs (one max per kernel group, as cost model 1): these tests check identifiability
+# reporting, which a hard max makes exact (a roof that sets no point is unset).
+_PRIOR = rl.Efficiency(roof_sharpness=math.inf)
+# The truth lies in the family calibrate fits by default: the KV stream and the attention
+# rate at the prior's ratios to the weight stream and the GEMM rate (calibrate._FOLLOWS).
+TRUE = rl.Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6,
+                     kv_bandwidth=0.55 * _PRIOR.kv_bandwidth / _PRIOR.bandwidth,
+                     attention_compute=0.35 * _PRIOR.attention_compute / _PRIOR.compute,
+                     roof_sharpness=math.inf)
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (512, 2048)
 
 
 def deployment() -> rl.Deployment:
-    return rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
+    return rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"), eff=_PRIOR)
 
 
 def synthetic(noise: float, seed: int = 0, batches: tuple[int, ...] = BATCHES,
@@ -83,7 +92,7 @@ def test_compute_efficiency_is_reported_unidentified_when_no_point_is_compute_bo
     c = cal.calibrate(deployment(), pts)
     assert all(p.bound == "memory" for p in c.points)
     assert c.params["compute"].status == "unset"
-    assert c.params["compute"].value == rl.Efficiency().compute  # the prior, not a corner
+    assert c.params["compute"].value == _PRIOR.compute  # the prior, not a corner
     assert c.params["compute"].std is None
     assert any("compute is not identified" in n for n in c.notes)
     assert c.params["bandwidth"].value == pytest.approx(TRUE.bandwidth, rel=1e-3)
@@ -99,7 +108,7 @@ def test_one_context_all_memory_bound_reports_the_exact_trade_off() -> None:
 
 
 def test_fixed_parameters_keep_the_deployment_values() -> None:
-    d = deployment().with_eff(replace(rl.Efficiency(), overhead_per_seq_s=TRUE.overhead_per_seq_s))
+    d = deployment().with_eff(replace(_PRIOR, overhead_per_seq_s=TRUE.overhead_per_seq_s))
     c = cal.calibrate(d, synthetic(0.0), fit=("bandwidth", "compute", "overhead_s"))
     assert not c.params["overhead_per_seq_s"].fitted
     assert c.eff.overhead_per_seq_s == TRUE.overhead_per_seq_s
@@ -247,16 +256,19 @@ def test_check_predicts_other_points_with_given_efficiencies() -> None:
 
 def test_against_a_probed_gpu_an_engine_may_beat_the_figure_and_the_profile_scales_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The engine streams 1.3x what the probe measured (caches, better kernels).
+    # The engine streams 1.3x what the probe measured (caches, better kernels), at the prior's
+    # stream efficiencies: 1.3 x those of the probe's figure, the KV stream's the larger.
     probed = replace(get_gpu("a100-80gb-sxm"), id="probed", provenance="measured")
     faster = replace(probed, hbm_bandwidth_bytes_s=probed.hbm_bandwidth_bytes_s * 1.3)
-    truth = replace(TRUE, bandwidth=1.0)
+    truth = replace(TRUE, bandwidth=_PRIOR.bandwidth, kv_bandwidth=_PRIOR.kv_bandwidth)
     pts = [cal.Point(b, s, float(rl.decode_step(replace(deployment(), gpu=faster, eff=truth),
                                                 [b], s).step_s[0]))
            for s in CONTEXTS for b in BATCHES]
     c = cal.calibrate(replace(deployment(), gpu=probed), pts)
-    assert c.params["bandwidth"].value == pytest.approx(1.3, rel=1e-3)
-    assert c.eff.bandwidth == 1.0 and c.bandwidth_scale == pytest.approx(1.3, rel=1e-3)
+    scale = 1.3 * _PRIOR.kv_bandwidth
+    assert c.params["bandwidth"].value == pytest.approx(1.3 * _PRIOR.bandwidth, rel=1e-3)
+    assert c.eff.kv_bandwidth == pytest.approx(1.0)
+    assert c.bandwidth_scale == pytest.approx(scale, rel=1e-3)
     assert c.max_abs_error < 1e-4
     assert any("beats the measured GPU figure" in n for n in c.notes)
     # Against a datasheet figure the efficiency stays <= 1 and says so.
@@ -271,7 +283,7 @@ def test_against_a_probed_gpu_an_engine_may_beat_the_figure_and_the_profile_scal
         "bf16_flops": probed.bf16_flops, "provenance": "measured"}.items()) + "\n")
     prof = tmp_path / "p.toml"
     prof.write_text(cal.profile_toml(c))
-    assert cal.load_profile(prof).bandwidth_scale == pytest.approx(1.3, rel=1e-3)
+    assert cal.load_profile(prof).bandwidth_scale == pytest.approx(scale, rel=1e-3)
     assert main(["plan", "--gpu", str(gpu_file), "--profile", str(prof), "--context", "2048",
                  "--batch", "64", "--json"]) == 0
     step_ms = json.loads(capsys.readouterr().out)["contexts"][0]["curve"][0]["step_ms"]
@@ -321,8 +333,10 @@ def _store_run(db: Path, model: str, input_len: int, output_len: int,
 def test_cli_calibrates_on_a_stored_sweep_run_and_checks_another(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"
-    fitted = _store_run(db, "llama-3-8b", 512, 256, TRUE)
-    other = _store_run(db, "llama-3-8b", 4096, 256, TRUE)  # another context
+    # The CLI's prior has soft roofs: the stored truth is in that family.
+    truth = replace(TRUE, roof_sharpness=rl.Efficiency().roof_sharpness)
+    fitted = _store_run(db, "llama-3-8b", 512, 256, truth)
+    other = _store_run(db, "llama-3-8b", 4096, 256, truth)  # another context
     assert main(["calibrate", fitted, "--db", str(db), "--model", "llama-3-8b", "--gpu",
                  "a100-80gb-sxm", "--fit", "bandwidth,compute,overhead_s", "--overhead-per-seq-us",
                  "40", "--check", other, "--json"]) == 0

@@ -15,7 +15,12 @@ from bstar.errors import BstarError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "published-measurements.csv"
 HEADER = "model,gpu,num_gpus,engine,input_len,output_len,batch,metric,value,source"
-TRUE = rl.Efficiency(bandwidth=0.6, compute=0.45)
+_PRIOR = rl.Efficiency()
+# In the family validate fits: the KV stream and the attention rate follow the fitted weight
+# stream and GEMM rate at the prior's ratios (bstar.calibrate._FOLLOWS).
+TRUE = rl.Efficiency(bandwidth=0.6, compute=0.45,
+                     kv_bandwidth=0.6 * _PRIOR.kv_bandwidth / _PRIOR.bandwidth,
+                     attention_compute=0.45 * _PRIOR.attention_compute / _PRIOR.compute)
 
 
 def row(metric: str, batch: int, i: int = 512, o: int = 256, value: float = 1.0,
@@ -52,7 +57,7 @@ def test_leave_one_out_recovers_rows_the_model_generated() -> None:
     v = va.validate(rows)
     for res in v.rows:
         assert res.calibrated_error == pytest.approx(0.0, abs=1e-4)
-    # The defaults (0.70 / 0.60) miss them: the uncalibrated error is real.
+    # The defaults miss them: the uncalibrated error is real.
     assert v.uncalibrated_median_abs_error > 0.05
     eff = v.group_eff[("a100-80gb-sxm", "eng 1")]
     assert eff.bandwidth == pytest.approx(TRUE.bandwidth, rel=1e-3)

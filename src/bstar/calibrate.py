@@ -42,12 +42,34 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.errors import BstarError
 
-PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
+# Cost model 2's parameters (bstar.roofline.Efficiency), in fitting order.
+PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
+          "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
+          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream")
+# What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
+# CPU time. Chunk terms join when mixed (prefill + decode) points are given.
+DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
+# A parameter not fitted follows its lead's fit at the prior's ratio: one model's weight
+# read is the same at every batch, so the weight stream and overhead_s trade off exactly;
+# the KV stream's slope then sets both streams, as cost model 1's one efficiency did. Fit
+# kv_bandwidth too (--fit) when the points span models of different weight sizes.
+_FOLLOWS = {"kv_bandwidth": "bandwidth", "attention_compute": "compute"}
+MIXED_FIT = ("attention_compute", "chunk_layer_s")
 # Fitting happens in these units so that all parameters are O(0.01..1).
-_SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_seq_s": 1e-6}
-_LOWER = {"bandwidth": 1e-3, "compute": 1e-3, "overhead_s": 0.0, "overhead_per_seq_s": 0.0}
-_UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": math.inf,
-          "overhead_per_seq_s": math.inf}
+_SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_seq_s": 1e-6,
+          "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-6,
+          "decode_layer_s": 1e-6, "chunk_layer_s": 1e-6, "score_bytes": 1.0,
+          "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+_LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
+# Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
+# running sequence; 1 ms per layer; 100 us per all-reduce.
+_UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_seq_s": 1e-3,
+          "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-3,
+          "decode_layer_s": 1e-3, "chunk_layer_s": 1e-3, "score_bytes": 256.0,
+          "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+# Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
+_BANDWIDTHS = ("bandwidth", "kv_bandwidth")
+_COMPUTES = ("compute", "attention_compute")
 # soft_l1 loss scale on log residuals: points off by more than ~5% weigh progressively less,
 # so one stalled level (a prefill landing in the window, a noisy neighbour) cannot drag the fit.
 ROBUST_SCALE = 0.05
@@ -58,23 +80,41 @@ MAX_EFF_MEASURED = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """One measured decode condition: `batch` sequences decoding together, each holding
-    about `context_tokens` of KV, one step taking `step_s` (= per-request TPOT/ITL)."""
+    """One measured step: `batch` sequences decoding together, each holding about
+    `context_tokens` of KV, plus (a mixed step) one prompt chunk of `chunk_tokens` new tokens
+    on top of `chunk_start` cached ones; one step takes `step_s` (= per-request TPOT/ITL)."""
 
     batch: int
     context_tokens: int
     step_s: float
     label: str = ""
+    chunk_tokens: int = 0
+    chunk_start: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch < 1:
-            raise BstarError(f"point {self.label or ''}: batch must be at least 1, "
-                             f"got {self.batch}")
+        where = f"point {self.label or ''}"
+        if self.chunk_tokens < 0 or self.chunk_start < 0:
+            raise BstarError(f"{where}: chunk_tokens and chunk_start must not be negative")
+        if self.batch < (0 if self.chunk_tokens else 1):
+            raise BstarError(f"{where}: batch must be at least 1, got {self.batch}")
         if self.context_tokens < 1:
-            raise BstarError(f"point {self.label or ''}: context_tokens must be at least 1")
+            raise BstarError(f"{where}: context_tokens must be at least 1")
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
-            raise BstarError(f"point {self.label or ''}: step time must be a positive number, "
+            raise BstarError(f"{where}: step time must be a positive number, "
                              f"got {self.step_s}")
+
+    @property
+    def mixed(self) -> bool:
+        return self.chunk_tokens > 0
+
+    def scheduled(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, new) tokens of every scheduled sequence, as the simulator prices them."""
+        start = [self.context_tokens - 1] * self.batch
+        new = [1] * self.batch
+        if self.chunk_tokens:
+            start.append(self.chunk_start)
+            new.append(self.chunk_tokens)
+        return np.array(start, dtype=np.int64), np.array(new, dtype=np.int64)
 
 
 def points_from_fit(points: Any, context_tokens: int) -> list[Point]:
@@ -87,38 +127,111 @@ def points_from_fit(points: Any, context_tokens: int) -> list[Point]:
             for b, t in zip(points.batch, points.tpot_ms, strict=True)]
 
 
-# ---- the model as a function of the four parameters ------------------------------------------
+# ---- the model as a function of its parameters ----------------------------------------------
+# Rates at efficiency 1 with one score byte per position: each term below is then the
+# quantity a parameter divides or multiplies (bstar.sim.steptime.StepTerms).
+_UNIT = rl.Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
+                      allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
+                      layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=1.0,
+                      roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0)
+
+
 @dataclass(frozen=True, slots=True)
 class _Terms:
-    """Per point, the parts of the step time that do not depend on the parameters:
-    memory and compute time at efficiency 1, and communication."""
+    """Per point (arrays), the parts of the step time that do not depend on the parameters."""
 
-    batch: np.ndarray
-    memory_s: np.ndarray
-    compute_s: np.ndarray
-    comm_s: np.ndarray
+    batch: np.ndarray  # sequences scheduled (decode + chunk)
+    weight_s: np.ndarray
+    gemm_s: np.ndarray
+    kv_s: np.ndarray
+    score_s: np.ndarray  # per score byte
+    decode_attention_s: np.ndarray
+    chunk_kv_s: np.ndarray
+    chunk_tiles_kv_s: np.ndarray
+    chunk_attention_s: np.ndarray
+    chunk_attention_at_gemm_rate_s: np.ndarray
+    comm_s: np.ndarray  # bandwidth part of the all-reduces
+    num_allreduces: np.ndarray
+    has_decode: np.ndarray
+    has_chunk: np.ndarray
+    num_layers: int
+    weight_bits: int
+    sharpness: float
+    grouped: bool
 
 
 def _terms(d: rl.Deployment, points: Sequence[Point]) -> _Terms:
-    # The roofline itself computes the terms: at efficiency 1 and zero overhead, memory_s
-    # and compute_s are exactly bytes / BW and FLOPs / peak.
-    ideal = d.with_eff(replace(rl.IDEAL, allreduce_latency_s=d.eff.allreduce_latency_s))
-    mem, comp, comm = (np.empty(len(points)) for _ in range(3))
-    for i, p in enumerate(points):
-        c = rl.decode_step(ideal, [p.batch], p.context_tokens)
-        mem[i], comp[i], comm[i] = c.memory_s[0], c.compute_s[0], c.comm_s[0]
-    return _Terms(np.array([p.batch for p in points], dtype=np.float64), mem, comp, comm)
+    from bstar.sim.steptime import coefficients
+
+    grouped = d.eff.grouped
+    k = coefficients(d.with_eff(_UNIT))
+    terms = [k.step_terms(*p.scheduled()) for p in points]
+
+    def col(name: str) -> np.ndarray:
+        return np.array([getattr(t, name) for t in terms], dtype=np.float64)
+
+    calls = 2 * d.model.num_layers if d.num_gpus > 1 else 0
+    return _Terms(
+        batch=col("num_seqs"), weight_s=col("weight_s"), gemm_s=col("gemm_s"),
+        kv_s=col("kv_s"), score_s=col("score_s"), decode_attention_s=col("decode_attention_s"),
+        chunk_kv_s=col("chunk_kv_s"), chunk_tiles_kv_s=col("chunk_tiles_kv_s"),
+        chunk_attention_s=col("chunk_attention_s"),
+        chunk_attention_at_gemm_rate_s=col("chunk_attention_at_gemm_rate_s"),
+        comm_s=col("comm_s"), num_allreduces=np.full(len(points), float(calls)),
+        has_decode=col("num_decode") > 0, has_chunk=col("num_chunks") > 0,
+        num_layers=d.model.num_layers, weight_bits=d.weight.bits,
+        sharpness=d.eff.roof_sharpness, grouped=grouped)
+
+
+def _weight_eff(t: _Terms, v: Mapping[str, float]) -> float:
+    if t.weight_bits <= 4:
+        return v["bandwidth"] * v["int4_weight_stream"]
+    if t.weight_bits <= 8:
+        return v["bandwidth"] * v["fp8_weight_stream"]
+    return v["bandwidth"]
+
+
+def _groups(t: _Terms, v: Mapping[str, float]) -> tuple[np.ndarray, ...]:
+    """Each kernel group's (memory, compute) times at the parameters `v`."""
+    return ((t.weight_s / _weight_eff(t, v), t.gemm_s / v["compute"]),
+            ((t.kv_s + v["score_bytes"] * t.score_s) / v["kv_bandwidth"],
+             t.decode_attention_s / v["compute"]),
+            (t.chunk_tiles_kv_s / v["kv_bandwidth"],
+             t.chunk_attention_s / v["attention_compute"]))
 
 
 def _step_s(t: _Terms, v: Mapping[str, float]) -> np.ndarray:
-    return (np.maximum(t.memory_s / v["bandwidth"], t.compute_s / v["compute"]) + t.comm_s
-            + v["overhead_s"] + v["overhead_per_seq_s"] * t.batch)
+    (wm, gc), (km, ac), (cm, cc) = _groups(t, v)
+    if t.grouped:
+        k = t.sharpness
+        kernels = rl.roof(wm, gc, k) + np.where(t.has_decode, rl.roof(km, ac, k), 0.0) \
+            + np.where(t.has_chunk, rl.roof(cm, cc, k), 0.0)
+        layers = t.num_layers * (v["layer_s"] + v["decode_layer_s"] * t.has_decode
+                                 + v["chunk_layer_s"] * t.has_chunk)
+    else:
+        kernels = np.maximum(
+            wm + (t.kv_s + v["score_bytes"] * t.score_s + t.chunk_kv_s) / v["bandwidth"],
+            gc + (t.decode_attention_s + t.chunk_attention_at_gemm_rate_s) / v["compute"])
+        layers = t.num_layers * v["layer_s"]
+    comm = np.where(t.batch > 0, t.comm_s + t.num_allreduces * v["allreduce_latency_s"], 0.0)
+    return kernels + layers + comm + v["overhead_s"] + v["overhead_per_seq_s"] * t.batch
+
+
+def _bound(t: _Terms, v: Mapping[str, float]) -> np.ndarray:
+    """Which resource sets most of each step: "compute" where the groups' compute times sum
+    past their memory times, else "memory"."""
+    groups = _groups(t, v)
+    mem = sum(g[0] for g in groups)
+    comp = sum(g[1] for g in groups)
+    return np.where(comp > mem, "compute", "memory")
 
 
 def predict_step_s(d: rl.Deployment, points: Sequence[Point]) -> np.ndarray:
     """The deployment's predicted step time at each point (its own efficiencies)."""
-    return np.array([float(rl.decode_step(d, [p.batch], p.context_tokens).step_s[0])
-                     for p in points])
+    from bstar.sim.steptime import coefficients
+
+    k = coefficients(d)
+    return np.array([k.batch_step_s(*p.scheduled()) for p in points])
 
 
 # ---- results ------------------------------------------------------------------------------
@@ -222,9 +335,7 @@ class Calibration:
 
 
 def _eff_dict(e: rl.Efficiency) -> dict[str, float]:
-    return {"bandwidth": e.bandwidth, "compute": e.compute, "overhead_s": e.overhead_s,
-            "overhead_per_seq_s": e.overhead_per_seq_s,
-            "allreduce_latency_s": e.allreduce_latency_s}
+    return {k: float(getattr(e, k)) for k in PARAMS}
 
 
 # ---- the fit ------------------------------------------------------------------------------
@@ -255,11 +366,11 @@ def scaled(d: rl.Deployment, eff: rl.Efficiency, bandwidth_scale: float = 1.0,
 
 def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
                    measured: Sequence[float], prior: rl.Efficiency,
-                   fit: Sequence[str] = PARAMS,
+                   fit: Sequence[str] = DEFAULT_FIT,
                    starts: Sequence[Mapping[str, float]] = (),
                    max_efficiency: float = 1.0) -> EfficiencyFit:
     """Fit the parameters named in `fit` so that `predict(values)` (a positive array aligned
-    with `measured`, values = all four PARAMS) matches `measured` in log space, robustly,
+    with `measured`, values = every one of PARAMS) matches `measured` in log space, robustly,
     within bounds; the others stay at `prior`. Used for decode steps (`calibrate`) and for
     any other predicted metric (`bstar validate`)."""
     from scipy.optimize import least_squares
@@ -276,22 +387,26 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     log_measured = np.log(np.asarray(measured, dtype=np.float64))
     base = _eff_dict(prior)
 
+    follow = {k: lead for k, lead in _FOLLOWS.items() if lead in fit and k not in fit}
+
     def values(x: np.ndarray) -> dict[str, float]:
         v = {k: base[k] for k in PARAMS}
         for k, xi in zip(fit, x, strict=True):
             v[k] = float(xi) * _SCALE[k]
+        for k, lead in follow.items():  # keep the prior's ratio to the fitted lead
+            v[k] = min(base[k] * v[lead] / base[lead], max_efficiency)
         return v
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(predict(values(x))) - log_measured
 
     lo = np.array([_LOWER[k] / _SCALE[k] for k in fit])
-    upper = {**_UPPER, "bandwidth": max_efficiency, "compute": max_efficiency}
+    upper = {**_UPPER, **dict.fromkeys((*_BANDWIDTHS, *_COMPUTES), max_efficiency)}
     hi = np.array([upper[k] / _SCALE[k] for k in fit])
     best = None
     # The max() makes the problem piecewise smooth: start from a few corners and keep the
     # best, so the result does not depend on which roof the prior happened to favour.
-    corners = [{"bandwidth": bw, "compute": fl}
+    corners = [{"bandwidth": bw, "kv_bandwidth": bw, "compute": fl}
                for bw, fl in ((1.0, 1.0), (0.5, 0.5), (1.0, 0.2), (0.2, 1.0), (0.2, 0.2))]
     for start in [base, *starts, *({**base, **c} for c in corners)]:
         x0 = np.clip(np.array([start.get(k, base[k]) / _SCALE[k] for k in fit]), lo + 1e-9,
@@ -329,24 +444,34 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     v = values(x)
     params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, base,
                                       lo, hi)
-    eff = replace(prior, **{k: min(v[k], 1.0) if k in ("bandwidth", "compute") else v[k]
-                            for k in PARAMS})
-    return EfficiencyFit(eff, params, corr, tuple(tied), max(v["bandwidth"], 1.0),
-                         max(v["compute"], 1.0))
+    # Against a probed device an efficiency may pass 1: the excess becomes a scale on the
+    # GPU's figure, shared by the efficiencies of that resource.
+    bw_scale = max(1.0, *(v[k] for k in _BANDWIDTHS))
+    fl_scale = max(1.0, *(v[k] for k in _COMPUTES))
+    scaled_v = {k: v[k] / (bw_scale if k in _BANDWIDTHS else fl_scale if k in _COMPUTES
+                           else 1.0) for k in PARAMS}
+    eff = replace(prior, **scaled_v)
+    return EfficiencyFit(eff, params, corr, tuple(tied), bw_scale, fl_scale)
 
 
 def calibrate(d: rl.Deployment, points: Sequence[Point],
-              fit: Sequence[str] = PARAMS, *, engine: str = "", engine_version: str = "",
+              fit: Sequence[str] | None = None, *, engine: str = "", engine_version: str = "",
               source: str = "") -> Calibration:
-    """Fit the parameters named in `fit` (a subset of PARAMS) to measured decode steps; the
-    others stay at `d.eff`'s values. Raises BstarError on input that cannot determine it."""
+    """Fit the parameters named in `fit` (a subset of PARAMS; default DEFAULT_FIT, plus
+    MIXED_FIT when mixed steps are given) to measured steps; the others stay at `d.eff`'s
+    values. Raises BstarError on input that cannot determine it."""
     if not points:
         raise BstarError("no points to calibrate on")
+    if fit is None:
+        fit = DEFAULT_FIT + (MIXED_FIT if any(p.mixed for p in points) else ())
     terms = _terms(d, points)
     measured = np.array([p.step_s for p in points])
     # Efficiencies that would explain the most demanding point outright on each roof.
-    starts = [{"bandwidth": float(np.clip(np.max(terms.memory_s / measured), 0.01, 1.0)),
-               "compute": float(np.clip(np.max(terms.compute_s / measured), 0.01, 1.0))}]
+    unit = _eff_dict(_UNIT) | {"score_bytes": 0.0}
+    (wm, gc), (km, ac), _ = _groups(terms, unit)
+    starts = [{"bandwidth": float(np.clip(np.max((wm + km) / measured), 0.01, 1.0)),
+               "kv_bandwidth": float(np.clip(np.max((wm + km) / measured), 0.01, 1.0)),
+               "compute": float(np.clip(np.max((gc + ac) / measured), 0.01, 1.0))}]
     # A datasheet peak cannot be beaten; a probed figure can (the probe's kernels are not
     # the engine's, and caches serve part of a small model), so against a measured device
     # the efficiencies may reach MAX_EFF_MEASURED, the excess scaling the GPU's figures.
@@ -357,17 +482,20 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     pfits = check(d, eff, points, f.bandwidth_scale, f.compute_scale)
     notes = []
     for k, pf in params.items():
-        if pf.status == "unset":
+        if pf.status == "unset" and k in MIXED_FIT:
+            notes.append(f"{k} is not identified: no point runs its kernel group "
+                         f"(it needs mixed prefill + decode steps); kept at {pf.value:.4g}")
+        elif pf.status == "unset":
             notes.append(f"{k} is not identified: its term sets no point's step time; "
                          f"reported as {pf.value:.4g}" + (
                              " (the prior)" if pf.value == prior[k]
                              else f", the value nearest the prior {prior[k]:g} that fits"))
-        elif pf.status == "at-bound" and k in ("bandwidth", "compute"):
+        elif pf.status == "at-bound" and k in (*_BANDWIDTHS, *_COMPUTES):
             notes.append(f"{k} efficiency sits at its bound ({pf.value:g}): the points are "
                          "faster than the GPU figure allows; check the figure (bstar probe)")
         elif pf.status == "at-bound":
             notes.append(f"{k} sits at zero: the points leave no room for it")
-        if k in ("bandwidth", "compute") and pf.value > 1.0:
+        if k in (*_BANDWIDTHS, *_COMPUTES) and pf.value > 1.0:
             notes.append(f"{k} efficiency {pf.value:.3g} beats the measured GPU figure: filed "
                          f"as efficiency 1 with the GPU's figure scaled by {pf.value:.3g}")
     if tied:
@@ -443,9 +571,7 @@ def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point],
     cal_d = scaled(d, eff, bandwidth_scale, compute_scale)
     pred = predict_step_s(cal_d, points)
     uncal = predict_step_s(d, points)
-    t = _terms(cal_d, points)
-    bound = np.where(t.compute_s / eff.compute > t.memory_s / eff.bandwidth, "compute",
-                     "memory")
+    bound = _bound(_terms(cal_d, points), _eff_dict(cal_d.eff))
     return tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
                           float(uncal[i]) * 1e3, str(bound[i]), p.label)
                  for i, p in enumerate(points))
@@ -559,6 +685,10 @@ def profile_toml(c: Calibration) -> str:
     lines.append("\n[efficiency]")
     for k, x in _eff_dict(c.eff).items():
         lines.append(f"{k} = {val(x)}")
+    # The shape of the model the values belong to (not fitted).
+    k = c.eff.roof_sharpness
+    lines.append(f"roof_sharpness = {'inf' if math.isinf(k) else val(float(k))}")
+    lines.append(f"grouped = {val(c.eff.grouped)}")
     lines.append("\n[gpu_scale]  # the engine beats the (probed) GPU figures by these factors")
     lines.append(f"bandwidth = {val(c.bandwidth_scale)}")
     lines.append(f"compute = {val(c.compute_scale)}")
@@ -608,14 +738,18 @@ def load_profile(path: str | Path) -> Profile:
     eff_tab = data.get("efficiency")
     if not isinstance(eff_tab, dict):
         raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")
-    known = set(_eff_dict(rl.Efficiency()))
+    known = {*PARAMS, "roof_sharpness", "grouped"}
     unknown = set(eff_tab) - known
     if unknown:
         raise BstarError(f"{p}: unknown efficiency field(s) {', '.join(sorted(unknown))}")
+    grouped = eff_tab.pop("grouped", True)
+    if not isinstance(grouped, bool):
+        raise BstarError(f"{p}: grouped must be true or false")
     try:
-        values = {k: float(x) for k, x in eff_tab.items()}
+        values: dict[str, Any] = {k: float(x) for k, x in eff_tab.items()}
     except (TypeError, ValueError):
         raise BstarError(f"{p}: efficiency values must be numbers") from None
+    values["grouped"] = grouped
     try:
         eff = replace(rl.Efficiency(), **values)
     except BstarError as e:

@@ -1,13 +1,20 @@
-"""The decode (and prefill) cost model: a roofline over exact bytes and FLOPs. Pure, no I/O.
+"""The decode (and prefill) cost model: rooflines over exact bytes and FLOPs. Pure, no I/O.
 
-Per decode step with B sequences each holding s tokens of KV (Williams et al. 2009 roofline;
-the per-step accounting of seed 000 and DESIGN.md):
+Cost model 2 prices a step as a sum over kernel groups, each bound by its own resource
+(Williams et al. 2009 roofline, applied per group; docs/cost-model.md has every term):
 
-    weight bytes read   W_read(B) = dense + experts * (1 - (1 - k/E)^B)      (MoE)
-    KV bytes read       B * kv_bytes_per_seq(s)
-    FLOPs               B * (2 * matmul_params_per_token + attention_flops(s))
-    step time           max(bytes / (BW * eta_bw), FLOPs / (peak * eta_fl))
-                        + all-reduces (tensor parallel) + overhead(B)
+    weight GEMMs        roof(W_read(T) / (BW * eta_w[dtype]),  2 * P * T / (peak * eta_c))
+    decode attention    roof((B * kv_per_seq(s) + scores) / (BW * eta_kv),
+                             B * attention_flops(s) / (peak * eta_c))
+    chunk attention     roof(K/V of the chunk's keys per query tile / (BW * eta_kv),
+                             causal FLOPs / (peak * eta_attn * occupancy))     (prefill)
+    fixed               layers * (layer_s + decode_layer_s [+ chunk_layer_s])
+                        + all-reduces (tensor parallel) + overhead_s + overhead_per_seq_s * B
+
+with W_read(T) = dense + experts * (1 - (1 - k/E)^T) for MoE, and roof(a, b) the soft
+maximum (a^k + b^k)^(1/k): a kernel near its ridge point is slower than either roof alone
+(measured on an H200, docs/cost-model.md). `IDEAL` is the seeds' arithmetic: one hard
+max(bytes / BW, FLOPs / peak) over the step's totals, efficiencies 1, no fixed costs.
 
 Per-request TPOT (inter-token latency) is the step time. Amortized time per token is
 step time / B = 1 / throughput: seed 000's "TPOT" curve is the amortized one.
@@ -36,35 +43,95 @@ REGIMES = ("weight-dominated", "kv-dominated", "compute-bound", "memory-exhauste
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """How far a real engine falls short of the datasheet. Stated defaults, meant to be
-    replaced by calibration against a sweep (`bstar calibrate`):
+    """How far a real engine falls short of the datasheet: stated defaults, replaced by an
+    engine profile (`--engine`, bstar/presets/engines.toml) or by calibration against a
+    sweep (`bstar calibrate`). The GPU-side defaults are fitted to real H200 steps
+    (data/h200/, `python bench/accuracy.py`); the engine-side ones (overheads, per-layer
+    costs) are the vLLM profile's.
 
-    - bandwidth 0.70: served decode reaches roughly 60-75% of peak HBM bandwidth at batch 1
-      (gpt-fast and vLLM batch-1 figures); 0.70 is the middle.
-    - compute 0.60: large bf16 GEMMs reach 70-80% of dense peak, decode-shaped ones less.
-    - overhead 0.5 ms per step + 5 us per sequence: scheduler, sampling and launch costs of
-      a CUDA-graph engine ("low milliseconds" in Python schedulers, seed 004).
-    - all-reduce latency 8 us per call (NCCL small-message latency over NVLink).
-    Set all to 1 / 0 to get the pure roofline the seeds compute.
+    - bandwidth 0.80: weight streaming by the GEMMs (H200 fit 0.806; big matrices reach
+      0.92 of the datasheet in data/h200/gemv.jsonl, small ones far less; the per-layer
+      costs below carry the small-matrix latency).
+    - kv_bandwidth 0.93: KV-cache streaming by decode attention (H200 fit 0.933).
+    - compute 0.68: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.681).
+    - attention_compute 0.21: prefill/chunk attention FLOPs, before occupancy (H200 fit).
+    - layer_s, decode_layer_s, chunk_layer_s: fixed time per layer per step of the kernels
+      every step runs, of decode attention (when sequences decode), of chunk attention
+      (when a prompt chunk runs): launch and tail latency of small kernels.
+    - overhead_s + overhead_per_seq_s * B: the engine's CPU time per step (scheduling,
+      input preparation, sampling) not hidden behind the GPU.
+    - allreduce_latency_s 8 us per call (NCCL small-message latency over NVLink).
+    - score_bytes: bytes per (query head, cached token, layer) that an unfused attention
+      writes and reads for its scores; 0 for fused kernels (FlashAttention, paged attention).
+    - roof_sharpness k of the soft maximum; inf = a hard max.
+    - fp8_weight_stream, int4_weight_stream: weight streaming with those weights runs at
+      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 measured 0.76 on an
+      H200, int4 a stated guess): 8-bit weights do not halve the step time.
+    - grouped: price the step per kernel group (cost model 2); False = one max over the
+      step's totals (cost model 1, the seeds' arithmetic).
     """
 
-    bandwidth: float = 0.70
-    compute: float = 0.60
-    overhead_s: float = 0.5e-3
-    overhead_per_seq_s: float = 5e-6
+    bandwidth: float = 0.80
+    compute: float = 0.68
+    overhead_s: float = 0.7e-3
+    overhead_per_seq_s: float = 8e-6
     allreduce_latency_s: float = 8e-6
+    kv_bandwidth: float = 0.93
+    attention_compute: float = 0.21
+    layer_s: float = 0.0
+    decode_layer_s: float = 8e-6
+    chunk_layer_s: float = 8e-6
+    score_bytes: float = 0.0
+    roof_sharpness: float = 1.5
+    fp8_weight_stream: float = 0.76
+    int4_weight_stream: float = 0.70
+    grouped: bool = True
 
     def __post_init__(self) -> None:
-        for k in ("bandwidth", "compute"):
+        for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",
+                  "fp8_weight_stream", "int4_weight_stream"):
             v = getattr(self, k)
             if not 0 < v <= 1:
                 raise BstarError(f"{k} efficiency must be in (0, 1], got {v}")
-        for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s"):
+        for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s", "layer_s",
+                  "decode_layer_s", "chunk_layer_s", "score_bytes"):
             if getattr(self, k) < 0:
                 raise BstarError(f"{k} must not be negative")
+        if not self.roof_sharpness >= 1:
+            raise BstarError(f"roof_sharpness must be at least 1, got {self.roof_sharpness}")
+
+    def weight_stream(self, weight: Precision) -> float:
+        """Weight-streaming efficiency for weights of this precision."""
+        if weight.bits <= 4:
+            return self.bandwidth * self.int4_weight_stream
+        if weight.bits <= 8:
+            return self.bandwidth * self.fp8_weight_stream
+        return self.bandwidth
+
+    def kv_stream(self) -> float:
+        """KV-streaming efficiency (cost model 1 had one bandwidth efficiency for both)."""
+        return self.kv_bandwidth if self.grouped else self.bandwidth
 
 
-IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 0.0)
+# The seeds' arithmetic: datasheet rates, one hard max over the step, nothing else.
+IDEAL = Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
+                   allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
+                   layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=0.0,
+                   roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
+                   grouped=False)
+
+
+def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) -> FloatArray:
+    """Time of a kernel group bound by two resources: the soft maximum
+    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 1.5 a kernel exactly at its ridge
+    takes 2^(2/3) = 1.59x either roof: an H200 bf16 GEMM with 256 rows (at its ridge)
+    streamed its weights at 0.64x the rate of 1 row (data/h200/gemv.jsonl)."""
+    m = np.asarray(memory_s, dtype=np.float64)
+    c = np.asarray(compute_s, dtype=np.float64)
+    if math.isinf(sharpness):
+        return np.maximum(m, c)
+    hi = np.maximum(np.maximum(m, c), 1e-300)  # scaled: no overflow, exact at 0
+    return hi * ((m / hi) ** sharpness + (c / hi) ** sharpness) ** (1.0 / sharpness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +230,10 @@ def min_gpus_that_fit(d: Deployment, context_tokens: int, limit: int = 64) -> in
 # ---- per-step cost, vectorized over batch sizes ---------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """Per-GPU cost of one decode step at each batch size (arrays aligned with `batch`)."""
+    """Per-GPU cost of one decode step at each batch size (arrays aligned with `batch`).
+    `memory_s` and `compute_s` are the step's totals on each roof (for regimes and the
+    arithmetic intensity); `gemm_s` and `attention_s` are the two kernel groups, each on
+    its own roofline; `layers_s` the fixed per-layer kernel time."""
 
     batch: IntArray
     weight_bytes_read: FloatArray
@@ -173,10 +243,16 @@ class StepCost:
     compute_s: FloatArray
     comm_s: FloatArray
     overhead_s: FloatArray
+    gemm_s: FloatArray
+    attention_s: FloatArray
+    layers_s: FloatArray
+    grouped: bool = True
 
     @property
     def step_s(self) -> FloatArray:
-        return np.maximum(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+        kernels = self.gemm_s + self.attention_s if self.grouped \
+            else np.maximum(self.memory_s, self.compute_s)
+        return kernels + self.layers_s + self.comm_s + self.overhead_s
 
     @property
     def bytes_read(self) -> FloatArray:
@@ -210,18 +286,30 @@ def weight_bytes_read(d: Deployment, batch: IntArray | FloatArray) -> FloatArray
 
 
 def decode_step(d: Deployment, batch: npt.ArrayLike, context_tokens: int) -> StepCost:
-    b = np.asarray(batch, dtype=np.int64)
-    bf = b.astype(np.float64)
+    bf = np.asarray(batch, dtype=np.float64)  # fractional B for root finding
+    b = bf.astype(np.int64)
     m, g, e, n = d.model, d.gpu, d.eff, d.num_gpus
     w_read = weight_bytes_read(d, bf)
-    kv_read = bf * kv_bytes_per_seq(d, context_tokens) / n \
-        if not m.is_mla else bf * kv_bytes_per_seq(d, context_tokens)  # MLA latent replicates
-    flops = bf * (2 * m.matmul_params_per_token + m.attention_flops_per_token(context_tokens)) / n
-    memory_s = (w_read + kv_read) / (g.hbm_bandwidth_bytes_s * e.bandwidth)
-    compute_s = flops / (g.peak_flops(d.weight.compute) * e.compute)
-    comm_s = allreduce_s(d, bf)
-    overhead = e.overhead_s + e.overhead_per_seq_s * bf
-    return StepCost(b, w_read, kv_read, flops, memory_s, compute_s, comm_s, overhead)
+    kv_div = 1 if m.is_mla else n  # an MLA latent replicates on every GPU
+    kv_read = bf * kv_bytes_per_seq(d, context_tokens) / kv_div
+    # Unfused attention writes and reads a score per (query head, cached token, layer).
+    scores = e.score_bytes * bf * m.num_heads * sum(m.kv_tokens_held(context_tokens)) / n
+    gemm_flops = bf * 2 * m.matmul_params_per_token / n
+    attn_flops = bf * m.attention_flops_per_token(context_tokens) / n
+    peak = g.peak_flops(d.weight.compute)
+    weight_mem_s = w_read / (g.hbm_bandwidth_bytes_s * e.weight_stream(d.weight))
+    kv_mem_s = (kv_read + scores) / (g.hbm_bandwidth_bytes_s * e.kv_stream())
+    gemm_compute_s = gemm_flops / (peak * e.compute)
+    attn_compute_s = attn_flops / (peak * e.compute)
+    layers_s = np.full_like(bf, m.num_layers * (e.layer_s + e.decode_layer_s))
+    return StepCost(
+        batch=b, weight_bytes_read=w_read, kv_bytes_read=kv_read,
+        flops=gemm_flops + attn_flops, memory_s=weight_mem_s + kv_mem_s,
+        compute_s=gemm_compute_s + attn_compute_s, comm_s=allreduce_s(d, bf),
+        overhead_s=e.overhead_s + e.overhead_per_seq_s * bf,
+        gemm_s=roof(weight_mem_s, gemm_compute_s, e.roof_sharpness),
+        attention_s=roof(kv_mem_s, attn_compute_s, e.roof_sharpness),
+        layers_s=layers_s, grouped=e.grouped)
 
 
 def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
@@ -240,20 +328,50 @@ def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
     return np.asarray(2 * d.model.num_layers * per_call, dtype=np.float64)
 
 
+def chunk_occupancy(d: Deployment, new_tokens: float, num_chunks: float = 1.0) -> float:
+    """Fraction of the GPU's SMs that attention over prompt chunks can fill: a
+    FlashAttention-style prefill runs (heads per GPU) x ceil(tokens / 128) blocks per chunk,
+    and fewer blocks than SMs leave the rest idle (an H200's 128-token chunk over a 4,096
+    prefix: 32 blocks on 132 SMs; data/h200/steps.jsonl). 1 when the SM count is unknown."""
+    sms = d.gpu.num_sms
+    if not sms or new_tokens <= 0:
+        return 1.0
+    heads = max(1, math.ceil(d.model.num_heads / d.num_gpus))
+    blocks = heads * math.ceil(new_tokens / ATTENTION_TILE_TOKENS) * num_chunks
+    return min(1.0, blocks / sms)
+
+
+ATTENTION_TILE_TOKENS = 128  # query rows per block of FlashAttention-2's forward kernel
+
+
 def prefill_s(d: Deployment, input_tokens: int, batch: int = 1) -> float:
-    """Time to prefill `batch` prompts of `input_tokens` (TTFT without queueing): the
-    weights are read once; FLOPs are 2*P per token plus causal attention, 2*s^2*heads*dim
-    per layer (QK^T and AV over the lower triangle)."""
+    """Time to prefill `batch` prompts of `input_tokens` (TTFT without queueing), priced as
+    the step that runs them: the weight GEMMs over every token (weights read once), the
+    causal attention (2*s^2*heads*dim per layer: QK^T and AV over the lower triangle)
+    reading each query tile's keys, the fixed per-layer costs, communication, overhead."""
     m, g, e, n = d.model, d.gpu, d.eff, d.num_gpus
     tokens = input_tokens * batch
     held = m.kv_tokens_held(input_tokens)
-    attn = sum(2 * input_tokens * t for t in held) * m.num_heads * m.head_dim * batch
-    flops = (2 * m.matmul_params_per_token * tokens + attn) / n
-    kv_write = batch * kv_bytes_per_seq(d, input_tokens) / n
-    bytes_ = float(weight_bytes_read(d, np.array([tokens]))[0]) + kv_write
-    t = max(bytes_ / (g.hbm_bandwidth_bytes_s * e.bandwidth),
-            flops / (g.peak_flops(d.weight.compute) * e.compute))
-    return t + float(allreduce_s(d, np.array([float(tokens)]))[0]) + e.overhead_s
+    attn = sum(2 * input_tokens * t for t in held) * m.num_heads * m.head_dim * batch / n
+    gemm = 2 * m.matmul_params_per_token * tokens / n
+    kv_div = 1 if m.is_mla else n
+    kv_bytes = batch * kv_bytes_per_seq(d, input_tokens) / kv_div
+    w_read = float(weight_bytes_read(d, np.array([tokens]))[0])
+    peak = g.peak_flops(d.weight.compute)
+    bw = g.hbm_bandwidth_bytes_s
+    fixed = float(allreduce_s(d, np.array([float(tokens)]))[0]) + e.overhead_s
+    if not e.grouped:
+        t = max(w_read / (bw * e.weight_stream(d.weight)) + kv_bytes / (bw * e.kv_stream()),
+                (gemm + attn) / (peak * e.compute))
+        return t + fixed
+    tiles = math.ceil(input_tokens / ATTENTION_TILE_TOKENS)
+    occ = chunk_occupancy(d, input_tokens, batch)
+    gemm_s = roof(w_read / (bw * e.weight_stream(d.weight)), gemm / (peak * e.compute),
+                  e.roof_sharpness)
+    attn_s = roof(kv_bytes * tiles / (bw * e.kv_bandwidth),
+                  attn / (peak * e.attention_compute * occ), e.roof_sharpness)
+    layers = m.num_layers * (e.layer_s + e.chunk_layer_s)
+    return float(gemm_s + attn_s) + layers + fixed
 
 
 # ---- derived points -------------------------------------------------------------------------
@@ -286,16 +404,12 @@ def b_star_read(d: Deployment, context_tokens: int) -> float | None:
 
 
 def compute_crossover(d: Deployment, context_tokens: int) -> float | None:
-    """Batch where the compute term of the step time overtakes the memory term, with the
-    deployment's efficiencies; None if memory stays the bound at any batch."""
-
-    one = decode_step(d, [1], context_tokens)  # both terms are linear in B but W_read
-    per_seq_compute_s = float(one.compute_s[0])
-    bw = d.gpu.hbm_bandwidth_bytes_s * d.eff.bandwidth
-    per_seq_kv_s = float(one.kv_bytes_read[0]) / bw
+    """Batch where the compute term of the step overtakes the memory term (both totals,
+    with the deployment's efficiencies); None if memory stays the bound at any batch."""
 
     def diff(b: FloatArray) -> FloatArray:
-        return b * per_seq_compute_s - (weight_bytes_read(d, b) / bw + b * per_seq_kv_s)
+        c = decode_step(d, b, context_tokens)
+        return c.compute_s - c.memory_s
 
     return _first_root(diff)
 
@@ -304,7 +418,7 @@ def tpot_floor_s(d: Deployment, context_tokens: int) -> float:
     """Floor of the amortized time per token as B grows: reading one sequence's KV
     (seed 000's kv_per_seq / BW, with the bandwidth efficiency)."""
     kv = kv_bytes_per_seq(d, context_tokens) / (1 if d.model.is_mla else d.num_gpus)
-    return kv / (d.gpu.hbm_bandwidth_bytes_s * d.eff.bandwidth)
+    return kv / (d.gpu.hbm_bandwidth_bytes_s * d.eff.kv_stream())
 
 
 @dataclass(frozen=True, slots=True)

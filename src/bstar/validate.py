@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -181,7 +181,7 @@ class Validation:
 def _fit_group(deps: Sequence[rl.Deployment], rows: Sequence[Row],
                fit: Sequence[str], prior: rl.Efficiency) -> rl.Efficiency:
     def pred(v: Any) -> np.ndarray:
-        eff = rl.Efficiency(**v, allreduce_latency_s=prior.allreduce_latency_s)
+        eff = replace(prior, **v)
         return np.array([predict(d.with_eff(eff), r) for d, r in zip(deps, rows, strict=True)])
 
     return fit_efficiency(pred, [r.value for r in rows], prior, fit).eff

@@ -33,6 +33,9 @@ class GpuSpec:
     source: str = ""
     memory_source: str = ""
     provenance: str = "datasheet"  # or "measured" (bstar probe)
+    # Streaming multiprocessors (AMD: compute units); 0 = unknown. Attention over one short
+    # prompt chunk runs heads x query-tiles blocks: fewer blocks than SMs leave SMs idle.
+    num_sms: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
@@ -40,6 +43,8 @@ class GpuSpec:
         for k in ("hbm_bandwidth_bytes_s", "bf16_flops"):
             if not getattr(self, k) > 0:
                 raise BstarError(f"GPU {self.id!r}: {k} must be positive")
+        if not isinstance(self.num_sms, int) or self.num_sms < 0:
+            raise BstarError(f"GPU {self.id!r}: num_sms must be a non-negative integer")
         for k in ("fp16_flops", "fp8_flops", "int8_ops", "interconnect_bytes_s"):
             if getattr(self, k) < 0:
                 raise BstarError(f"GPU {self.id!r}: {k} must not be negative")
