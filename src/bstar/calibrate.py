@@ -454,6 +454,22 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     return EfficiencyFit(eff, params, corr, tuple(tied), bw_scale, fl_scale)
 
 
+def fit_steps(groups: Sequence[tuple[rl.Deployment, Sequence[Point]]],
+              fit: Sequence[str], prior: rl.Efficiency | None = None) -> EfficiencyFit:
+    """One set of parameters for measured steps of several deployments (models, precisions)
+    on one GPU x engine: what separates the weight stream from the KV stream and the fixed
+    costs, which one model's points cannot (its weight read never changes). Each group's
+    deployment supplies the model; `prior` (default: the first group's) the values not fitted."""
+    if not groups:
+        raise BstarError("no points to calibrate on")
+    prior = prior or groups[0][0].eff
+    terms = [_terms(d.with_eff(prior), pts) for d, pts in groups]
+    measured = np.concatenate([[p.step_s for p in pts] for _, pts in groups])
+    cap = 1.0 if groups[0][0].gpu.provenance == "datasheet" else MAX_EFF_MEASURED
+    return fit_efficiency(lambda v: np.concatenate([_step_s(t, v) for t in terms]),
+                          measured, prior, fit, max_efficiency=cap)
+
+
 def calibrate(d: rl.Deployment, points: Sequence[Point],
               fit: Sequence[str] | None = None, *, engine: str = "", engine_version: str = "",
               source: str = "") -> Calibration:

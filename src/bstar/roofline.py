@@ -49,15 +49,17 @@ class Efficiency:
     (data/h200/, `python bench/accuracy.py`); the engine-side ones (overheads, per-layer
     costs) are the vLLM profile's.
 
-    - bandwidth 0.80: weight streaming by the GEMMs (H200 fit 0.806; big matrices reach
+    - bandwidth 0.82: weight streaming by the GEMMs (H200 fit 0.825; big matrices reach
       0.92 of the datasheet in data/h200/gemv.jsonl, small ones far less; the per-layer
       costs below carry the small-matrix latency).
-    - kv_bandwidth 0.93: KV-cache streaming by decode attention (H200 fit 0.933).
-    - compute 0.68: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.681).
-    - attention_compute 0.21: prefill/chunk attention FLOPs, before occupancy (H200 fit).
+    - kv_bandwidth 0.94: KV-cache streaming by decode attention (H200 fit 0.936).
+    - compute 0.72: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.725).
+    - attention_compute 0.22: prefill/chunk attention FLOPs, before occupancy (H200 fit
+      0.218, PyTorch's attention kernels; the torch-graph profile).
     - layer_s, decode_layer_s, chunk_layer_s: fixed time per layer per step of the kernels
       every step runs, of decode attention (when sequences decode), of chunk attention
-      (when a prompt chunk runs): launch and tail latency of small kernels.
+      (when a prompt chunk runs): launch and tail latency of small kernels. The engine-side
+      defaults are the `vllm` profile's (presets/engines.toml).
     - overhead_s + overhead_per_seq_s * B: the engine's CPU time per step (scheduling,
       input preparation, sampling) not hidden behind the GPU.
     - allreduce_latency_s 8 us per call (NCCL small-message latency over NVLink).
@@ -65,25 +67,25 @@ class Efficiency:
       writes and reads for its scores; 0 for fused kernels (FlashAttention, paged attention).
     - roof_sharpness k of the soft maximum; inf = a hard max.
     - fp8_weight_stream, int4_weight_stream: weight streaming with those weights runs at
-      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 measured 0.76 on an
-      H200, int4 a stated guess): 8-bit weights do not halve the step time.
+      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 fitted 0.752 on an
+      H200 with torch._scaled_mm, int4 a stated guess): 8-bit weights do not halve the step time.
     - grouped: price the step per kernel group (cost model 2); False = one max over the
       step's totals (cost model 1, the seeds' arithmetic).
     """
 
-    bandwidth: float = 0.80
-    compute: float = 0.68
-    overhead_s: float = 0.7e-3
-    overhead_per_seq_s: float = 8e-6
+    bandwidth: float = 0.82
+    compute: float = 0.72
+    overhead_s: float = 0.3e-3
+    overhead_per_seq_s: float = 5e-6
     allreduce_latency_s: float = 8e-6
-    kv_bandwidth: float = 0.93
-    attention_compute: float = 0.21
+    kv_bandwidth: float = 0.94
+    attention_compute: float = 0.22
     layer_s: float = 0.0
-    decode_layer_s: float = 8e-6
-    chunk_layer_s: float = 8e-6
+    decode_layer_s: float = 6e-6
+    chunk_layer_s: float = 6e-6
     score_bytes: float = 0.0
     roof_sharpness: float = 1.5
-    fp8_weight_stream: float = 0.76
+    fp8_weight_stream: float = 0.75
     int4_weight_stream: float = 0.70
     grouped: bool = True
 

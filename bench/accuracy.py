@@ -1,0 +1,373 @@
+"""How well does the cost model predict real measurements? Every median, in one run.
+
+    python bench/accuracy.py                 # the tables
+    python bench/accuracy.py --fit-profiles  # also the fitted engine priors (engines.toml)
+    python bench/accuracy.py --json          # machine-readable
+
+Data: data/h200/ (decode and mixed chunked-prefill steps of 7 models on a real H200, through
+bench/gpu_steps.py) and data/published/curves.csv (public curves, each with its source).
+Predictions are compared only with the quantity they model: a decode step with a measured
+step or inter-token latency, a static batch's output throughput (prefill included) with the
+prefill-then-decode aggregate (bstar.validate.predict).
+
+Each figure is |predicted / measured - 1|:
+- uncalibrated: the engine's bundled profile (`--engine`), nothing fitted to the points;
+- leave-one-model-out (LOMO): cost model 2's parameters fitted (bstar.calibrate.fit_steps)
+  to the OTHER models' points of the same GPU x engine, then predicting the held-out model;
+- cost model 1 beside it: one bandwidth efficiency, one max over the step (0.70 / 0.60 /
+  0.5 ms + 5 us/seq uncalibrated; calibrated on the same split).
+Knee distance: on each published curve with >= 4 batch sizes, the grid steps between the
+measured knee (seed 004's doubling rule on measured throughput) and the knee of bstar's
+predicted throughput over the same grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from bstar import roofline as rl  # noqa: E402
+from bstar.calibrate import Point, fit_steps, predict_step_s  # noqa: E402
+from bstar.engines import get_engine  # noqa: E402
+from bstar.knee import doubling_knee  # noqa: E402
+from bstar.specs.gpu import get_gpu  # noqa: E402
+from bstar.specs.model import ModelSpec, from_hf_config, load_config_file  # noqa: E402
+from bstar.specs.presets import get_model  # noqa: E402
+from bstar.validate import Row, predict  # noqa: E402
+
+H200 = ROOT / "data" / "h200"
+PUBLISHED = ROOT / "data" / "published" / "curves.csv"
+PRESETS = ROOT / "src" / "bstar" / "presets" / "models"
+
+# Cost model 2 parameters fitted across models (one model cannot separate them).
+MULTI_FIT = ("bandwidth", "kv_bandwidth", "compute", "overhead_s", "decode_layer_s",
+             "score_bytes")
+MIXED_FIT = ("attention_compute", "chunk_layer_s")
+# Cost model 1: one bandwidth efficiency, one max, the first wave's defaults.
+MODEL1 = rl.Efficiency(bandwidth=0.70, compute=0.60, overhead_s=0.5e-3, overhead_per_seq_s=5e-6,
+                       kv_bandwidth=0.70, attention_compute=0.60, layer_s=0.0,
+                       decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=0.0,
+                       roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
+                       grouped=False)
+MODEL1_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
+# Published model ids that are a bundled preset's architecture under another name.
+SAME_ARCH = {"meta-llama/Llama-3.3-70B-Instruct": "llama-3.1-70b"}
+
+
+@dataclass
+class Group:
+    """One model's measured steps on one GPU x engine."""
+
+    label: str
+    deployment: rl.Deployment
+    points: list[Point]
+
+
+def med(x: list[float]) -> float:
+    return float(np.median(np.abs(x))) if x else math.nan
+
+
+def pct(x: float) -> str:
+    return "   n/a" if math.isnan(x) else f"{x * 100:5.1f}%"
+
+
+# ---- the H200 steps -----------------------------------------------------------------------
+def h200_model(label: str) -> tuple[ModelSpec, str]:
+    name, *tags = label.split("@")
+    dtype = "fp8" if "fp8" in tags else ""
+    layers = [t for t in tags if t.endswith("l")]
+    if layers:
+        cfg = load_config_file(PRESETS / f"{name}.json")
+        cfg["num_hidden_layers"] = int(layers[0][:-1])
+        return from_hf_config(cfg, name=label), dtype
+    return get_model(name), dtype
+
+
+def h200_groups(eff: rl.Efficiency) -> list[Group]:
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for f in ("steps.jsonl", "mixed-other-models.jsonl", "llama-3-8b-decode.jsonl"):
+        for line in (H200 / f).read_text().splitlines():
+            r = json.loads(line)
+            if r["kind"] in ("decode", "mixed"):
+                by[r["model"]].append(r)
+    gpu = get_gpu("h200")
+    out = []
+    for label, rows in by.items():
+        model, dtype = h200_model(label)
+        d = rl.Deployment(model, gpu, weight_dtype=dtype, kv_dtype="bf16", eff=eff)
+        pts = [Point(r["batch"], r["context"], r["step_ms"] / 1e3, label,
+                     r.get("chunk_tokens", 0), r.get("chunk_start", 0)) for r in rows]
+        out.append(Group(label, d, pts))
+    return out
+
+
+def errors(g: Group, eff: rl.Efficiency) -> tuple[list[float], list[float]]:
+    pred = predict_step_s(g.deployment.with_eff(eff), g.points)
+    dec, mix = [], []
+    for p, y in zip(g.points, pred, strict=True):
+        (mix if p.mixed else dec).append(float(y) / p.step_s - 1.0)
+    return dec, mix
+
+
+def lomo(groups: list[Group], prior: rl.Efficiency, fit: tuple[str, ...],
+         mixed_fit: tuple[str, ...] = ()) -> dict[str, rl.Efficiency]:
+    """Per model, the parameters fitted to the other models' points (same base model
+    family counted as one: the fp8 and 8-layer variants leave with their parent)."""
+    out = {}
+    for g in groups:
+        parent = g.label.split("@")[0]
+        others = [(o.deployment.with_eff(prior), o.points) for o in groups
+                  if o.label.split("@")[0] != parent]
+        has_mixed = any(p.mixed for _, pts in others for p in pts)
+        out[g.label] = fit_steps(others, fit + (mixed_fit if has_mixed else ()), prior).eff
+    return out
+
+
+def h200_report(fit_profiles: bool) -> dict[str, Any]:
+    prof = get_engine("torch-graph").efficiency()
+    groups = h200_groups(prof)
+    cal2 = lomo(groups, prof, MULTI_FIT, MIXED_FIT)
+    cal1 = lomo(groups, MODEL1, MODEL1_FIT)
+    rows = []
+    print("H200 steps (data/h200/, engine profile torch-graph): median |pred/meas - 1|")
+    print(f"  {'model':18} {'n':>4} {'m1 uncal':>9} {'m1 LOMO':>8} {'uncal':>7} {'LOMO':>7}"
+          f" {'mixed n':>8} {'m1 uncal':>9} {'uncal':>7} {'LOMO':>7}")
+    for g in groups:
+        d1, m1 = errors(g, MODEL1)
+        d1c, _ = errors(g, cal1[g.label])
+        d2, m2 = errors(g, prof)
+        d2c, m2c = errors(g, cal2[g.label])
+        r = {"model": g.label, "decode_points": len(d2), "mixed_points": len(m2),
+             "model1_uncalibrated": med(d1), "model1_lomo": med(d1c),
+             "uncalibrated": med(d2), "lomo": med(d2c), "lomo_max": max(map(abs, d2c)),
+             "mixed_model1_uncalibrated": med(m1), "mixed_uncalibrated": med(m2),
+             "mixed_uncalibrated_max": max(map(abs, m2), default=math.nan),
+             "mixed_lomo": med(m2c)}
+        rows.append(r)
+        print(f"  {g.label:18} {len(d2):4d} {pct(r['model1_uncalibrated']):>9} "
+              f"{pct(r['model1_lomo']):>8} {pct(r['uncalibrated']):>7} {pct(r['lomo']):>7} "
+              f"{len(m2):8d} {pct(r['mixed_model1_uncalibrated']):>9} "
+              f"{pct(r['mixed_uncalibrated']):>7} {pct(r['mixed_lomo']):>7}")
+    all_dec = {k: [] for k in ("m1", "m1c", "u", "c")}
+    all_mix = {k: [] for k in ("m1", "u", "c")}
+    for g in groups:
+        all_dec["m1"] += errors(g, MODEL1)[0]
+        all_dec["m1c"] += errors(g, cal1[g.label])[0]
+        d2, m2 = errors(g, prof)
+        all_dec["u"] += d2
+        all_mix["u"] += m2
+        all_mix["m1"] += errors(g, MODEL1)[1]
+        d2c, m2c = errors(g, cal2[g.label])
+        all_dec["c"] += d2c
+        all_mix["c"] += m2c
+    summary = {"decode_model1_uncalibrated": med(all_dec["m1"]),
+               "decode_model1_lomo": med(all_dec["m1c"]),
+               "decode_uncalibrated": med(all_dec["u"]), "decode_lomo": med(all_dec["c"]),
+               "mixed_model1_uncalibrated": med(all_mix["m1"]),
+               "mixed_uncalibrated": med(all_mix["u"]),
+               "mixed_uncalibrated_max": max(map(abs, all_mix["u"])),
+               "mixed_lomo": med(all_mix["c"]),
+               # The 8-layer cut is no model anyone serves: it is there to separate the
+               # per-layer cost from the per-step one, and is left out of the worst model.
+               "worst_model_lomo": max(r["lomo"] for r in rows if "@8l" not in r["model"])}
+    print(f"  all decode: cost model 1 {pct(summary['decode_model1_uncalibrated'])} uncal, "
+          f"{pct(summary['decode_model1_lomo'])} LOMO; cost model 2 "
+          f"{pct(summary['decode_uncalibrated'])} uncal, {pct(summary['decode_lomo'])} LOMO "
+          f"(worst served model {pct(summary['worst_model_lomo'])})")
+    print(f"  all mixed:  cost model 1 {pct(summary['mixed_model1_uncalibrated'])} uncal; "
+          f"cost model 2 {pct(summary['mixed_uncalibrated'])} uncal (worst "
+          f"{pct(summary['mixed_uncalibrated_max'])}), {pct(summary['mixed_lomo'])} LOMO")
+    out: dict[str, Any] = {"models": rows, "summary": summary}
+    if fit_profiles:
+        every = [(g.deployment.with_eff(prof), g.points) for g in groups]
+        f = fit_steps(every, MULTI_FIT + MIXED_FIT, prof)
+        fp8 = [(g.deployment.with_eff(f.eff), g.points) for g in groups if "fp8" in g.label]
+        f8 = fit_steps(fp8, ("fp8_weight_stream",), f.eff)
+        fitted = {k: v.value for k, v in f.params.items() if v.fitted}
+        fitted["fp8_weight_stream"] = f8.eff.fp8_weight_stream
+        print("  fitted on every H200 step (the torch-graph profile and the GPU-side defaults):")
+        print("   ", ", ".join(f"{k} = {v:.4g}" for k, v in fitted.items()))
+        out["fitted"] = fitted
+    return out
+
+
+# ---- published curves ---------------------------------------------------------------------
+def published_rows() -> tuple[list[dict[str, str]], list[str]]:
+    lines = [ln for ln in PUBLISHED.read_text().splitlines() if ln and not ln.startswith("#")]
+    rows, skipped = [], []
+    for r in csv.DictReader(lines):
+        name = SAME_ARCH.get(r["model"], r["model"])
+        try:
+            get_model(name)
+        except Exception:  # a model with no bundled config: nothing to predict it with
+            skipped.append(r["model"])
+            continue
+        r["preset"] = name
+        rows.append(r)
+    return rows, sorted(set(skipped))
+
+
+def published_deployment(r: dict[str, str], eff: rl.Efficiency) -> rl.Deployment:
+    dtype = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}.get(r["dtype"], "")
+    kv = {"fp16": "fp16", "fp8": "fp8"}.get(r["kv_dtype"], "bf16")
+    return rl.Deployment(get_model(r["preset"]), get_gpu(r["gpu"]),
+                         num_gpus=int(r["num_gpus"]), weight_dtype=dtype, kv_dtype=kv, eff=eff)
+
+
+def published_metrics(r: dict[str, str], d: rl.Deployment) -> list[tuple[str, float, float]]:
+    """(metric, predicted, measured) for the like-for-like quantities of a static row."""
+    out = []
+    if r["batch_kind"] != "static" or not r["input_len"]:
+        return out
+    i, o, b = int(r["input_len"]), int(r["output_len"]), int(r["batch"])
+    base = Row(r["preset"], r["gpu"], int(r["num_gpus"]), r["engine"], i, o, b, "tpot_ms", 1.0,
+               r["source"])
+    step = r["step_ms"] or r["itl_ms"] or r["tpot_ms"]
+    if step:
+        out.append(("step_ms", predict(d, base), float(step)))
+    if r["throughput_tok_s"]:
+        pred = predict(d, replace(base, metric="throughput_tok_s"))
+        out.append(("throughput_tok_s", pred, float(r["throughput_tok_s"])))
+    return out
+
+
+# What a GPU x engine's published rows calibrate: the weight stream, the engine's CPU time
+# per step and the all-reduce latency (tensor-parallel rows).
+PUBLISHED_FIT = ("bandwidth", "overhead_s", "allreduce_latency_s")
+
+
+def fit_published(rows: list[dict[str, str]], prior: rl.Efficiency,
+                  fit: tuple[str, ...]) -> rl.Efficiency | None:
+    """Parameters fitted to published static rows (each metric like for like)."""
+    from bstar.calibrate import fit_efficiency
+
+    pairs = [(r, mt, m) for r in rows
+             for mt, _, m in published_metrics(r, published_deployment(r, prior))]
+    if not any(int(r["num_gpus"]) > 1 for r, _, _ in pairs):
+        fit = tuple(k for k in fit if k != "allreduce_latency_s")
+    if len(pairs) < len(fit) + 1:
+        return None
+
+    def pred_all(v: dict[str, float]) -> np.ndarray:
+        e = replace(prior, **v)
+        return np.array([next(p for k, p, _ in published_metrics(r, published_deployment(r, e))
+                              if k == mt) for r, mt, _ in pairs])
+
+    return fit_efficiency(pred_all, [m for _, _, m in pairs], prior, fit).eff
+
+
+def published_report(fit_profiles: bool = False) -> dict[str, Any]:
+    rows, skipped = published_rows()
+    by_group: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        by_group[(r["gpu"], r["engine"])].append(r)
+    out: dict[str, Any] = {"groups": [], "skipped_models": skipped, "knees": []}
+    print("\nPublished curves (data/published/curves.csv): median |pred/meas - 1|, static rows")
+    for (gpu, engine), rs in sorted(by_group.items()):
+        prof = get_engine(engine).efficiency()
+        errs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rs:
+            for metric, p, m in published_metrics(r, published_deployment(r, prof)):
+                errs[metric]["uncal"].append(p / m - 1)
+                tp = "tp" if int(r["num_gpus"]) > 1 else "tp1"
+                errs[f"{metric} {tp}"]["uncal"].append(p / m - 1)
+        # Leave one model out: fit to the other models' static rows.
+        models = sorted({r["preset"] for r in rs})
+        for mdl in models if len(models) > 1 else ():
+            train = [r for r in rs if r["preset"] != mdl]
+            f = fit_published(train, prof, PUBLISHED_FIT)
+            if f is None:
+                continue
+            for r in (r for r in rs if r["preset"] == mdl):
+                tp = "tp" if int(r["num_gpus"]) > 1 else "tp1"
+                for metric, p, m in published_metrics(r, published_deployment(r, f)):
+                    errs[metric]["lomo"].append(p / m - 1)
+                    errs[f"{metric} {tp}"]["lomo"].append(p / m - 1)
+        g = {"gpu": gpu, "engine": engine, "profile": get_engine(engine).name,
+             "metrics": {k: {"rows": len(v["uncal"]), "uncalibrated": med(v["uncal"]),
+                             "lomo": med(v["lomo"])} for k, v in errs.items()}}
+        out["groups"].append(g)
+        for k, v in sorted(errs.items()):
+            print(f"  {gpu:14} {engine:9} {k:24} n={len(v['uncal']):3d} uncal "
+                  f"{pct(med(v['uncal']))}  LOMO {pct(med(v['lomo']))}")
+        if fit_profiles:
+            f = fit_published(rs, prof, ("overhead_s", "overhead_per_seq_s",
+                                         "allreduce_latency_s"))
+            if f is not None:
+                vals = {k: getattr(f, k) for k in ("overhead_s", "overhead_per_seq_s",
+                                                   "allreduce_latency_s")}
+                g["fitted"] = vals
+                print(f"    fitted {engine} profile on every row: "
+                      + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
+    if skipped:
+        print(f"  (no bundled config, not predicted: {', '.join(skipped)})")
+    out["knees"] = knee_report(rows)
+    return out
+
+
+def knee_report(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    curves: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        if r["throughput_tok_s"]:
+            curves[(r["preset"], r["gpu"], r["num_gpus"], r["engine"], r["input_len"],
+                    r["output_len"], r["batch_kind"])].append(r)
+    out = []
+    print("\nKnees (seed 004's doubling rule): measured vs predicted throughput, same grid")
+    for key, rs in sorted(curves.items()):
+        rs.sort(key=lambda r: int(r["batch"]))
+        if len(rs) < 4 or not key[4]:
+            continue
+        grid = [int(r["batch"]) for r in rs]
+        measured = [float(r["throughput_tok_s"]) for r in rs]
+        prof = get_engine(key[3]).efficiency()
+        predicted = []
+        for r in rs:
+            d = published_deployment(r, prof)
+            i, o, b = int(r["input_len"]), int(r["output_len"]), int(r["batch"])
+            predicted.append(predict(d, Row(r["preset"], r["gpu"], int(r["num_gpus"]),
+                                            r["engine"], i, o, b, "throughput_tok_s", 1.0, "")))
+        km = doubling_knee(grid, measured).batch
+        kp = doubling_knee(grid, predicted).batch
+
+        def idx(k: int | None, grid: list[int] = grid) -> int:
+            return len(grid) - 1 if k is None else int(np.argmin([abs(g - k) for g in grid]))
+
+        dist = abs(idx(km) - idx(kp))
+        out.append({"curve": "/".join(key), "grid": grid, "measured_knee": km,
+                    "predicted_knee": kp, "grid_steps_apart": dist})
+        print(f"  {'/'.join(key):58} measured {km!s:>5}  predicted {kp!s:>5}  "
+              f"{dist} step(s) apart")
+    with_knee = [k for k in out if k["measured_knee"] is not None]
+    if with_knee:
+        within = sum(1 for k in with_knee if k["grid_steps_apart"] <= 1)
+        print(f"  curves whose measured throughput has a knee: {len(with_knee)}; bstar's "
+              f"predicted knee within one grid step on {within} of them")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit-profiles", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    report = {"h200": h200_report(args.fit_profiles),
+              "published": published_report(args.fit_profiles)}
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
