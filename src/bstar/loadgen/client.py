@@ -85,6 +85,16 @@ def _status_kind(status: int) -> str:
     return "http_5xx" if status >= 500 else "http_4xx"
 
 
+def server_root(url: str) -> str:
+    """The server's root URL: `http://host:8000/v1` (the base URL OpenAI clients take) and
+    `http://host:8000` both give `http://host:8000`; bstar appends `/v1/...` itself, and
+    `/metrics`, `/health` and `/tokenize` live at the root."""
+    root = url.strip().rstrip("/")
+    while root.endswith("/v1"):
+        root = root[: -len("/v1")].rstrip("/")
+    return root
+
+
 def _short(text: str, n: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -108,7 +118,7 @@ class OpenAIClient:
         extra_body: dict[str, Any] | None = None,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = server_root(base_url)
         self.model = model
         self.endpoint: Endpoint = endpoint
         self.request_timeout_s = request_timeout_s

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
-from bstar.loadgen.client import OpenAIClient, RequestRecord
+from bstar.loadgen.client import OpenAIClient, RequestRecord, server_root
 from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import LevelRow, Store, utc_now
@@ -459,7 +459,8 @@ class _Runner:
                 return (f"model {self.served_model!r} is not served here; /v1/models "
                         f"lists {ids}")
         elif self.served_model is None:
-            return f"/v1/models answered HTTP {status}; give --served-model"
+            return (f"{client.base_url}/v1/models answered HTTP {status}; give "
+                    f"--served-model")
         run = self.store.get_run(self.run_id) or {}
         if not run.get("server_version"):
             version = None
@@ -554,6 +555,11 @@ class _Runner:
                     self.fatal = detail
         if status == "completed" and bad:
             detail = f"{len(bad)} failed requests: {_kinds(recs)}"
+        if recs and len(bad) == len(recs) and all(r.http_status == 404 for r in recs):
+            # Every request got the same 404: the URL is wrong, not the load. Say which.
+            detail = (f"{detail or _kinds(recs)}; every request answered HTTP 404 from "
+                      f"{client.base_url}{client.path}: check --url (the server's root or "
+                      f"its /v1 base) and --served-model")
         stats = summarize(recs, duration, cfg.slo).to_dict()
         # The client's own CPU while it measured (bench/client_bench.py says how much load
         # it sustains on how much CPU); a client near a full core distorts what it measures.
@@ -588,7 +594,7 @@ async def _reachable(url: str) -> bool:
 
     try:
         async with aiohttp.ClientSession(trust_env=False) as s, s.get(
-                url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                server_root(url) + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
             return r.status < 500
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False
