@@ -67,6 +67,9 @@ class RequestRecord:
     warmup: bool = False
     expected_prompt_tokens: int | None = None
     expected_output_tokens: int | None = None
+    # Prompt tokens the server served from its prefix cache (usage.prompt_tokens_details.
+    # cached_tokens: vLLM with --enable-prompt-tokens-details, llama.cpp); None: not said.
+    cached_prompt_tokens: int | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -287,6 +290,10 @@ class OpenAIClient:
                         if usage:
                             usage_tokens = usage.get("completion_tokens")
                             rec.prompt_tokens = usage.get("prompt_tokens")
+                            details = usage.get("prompt_tokens_details")
+                            if isinstance(details, dict) and isinstance(
+                                    details.get("cached_tokens"), int):
+                                rec.cached_prompt_tokens = details["cached_tokens"]
         except TimeoutError:
             rec.error_kind = "time_limit" if by_level else "timeout"
             rec.error = ("level time limit reached mid-request" if by_level
