@@ -9,6 +9,7 @@ usage and in vLLM-style /metrics counters), so a replay shows up as cache hits.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from bstar.cli import main
 from bstar.loadgen.scrape import parse_prometheus, snapshot
 from bstar.loadgen.store import Store
 from conftest import TokenServerFactory
+from ptyterm import run_in_pty
 
 INPUT_LEN = 24
 
@@ -82,18 +84,21 @@ def test_same_seed_replays_the_prompts_and_shows_the_cache(
     assert sent(db, c["run_id"]) == sent(db, b["run_id"])
 
 
-def test_replay_shows_in_the_human_output(token_server: TokenServerFactory, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_shows_in_the_terminal(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(interval_ms=1)
     db = tmp_path / "r.db"
     args = ["sweep", "--url", srv.url, "--concurrency", "1", "--input-len", "16",
             "--output-len", "4", "--num-requests", "3", "--warmup-requests", "0",
-            "--db", str(db), "--quiet", "--seed", "3"]
-    assert main(args) == 0
-    capsys.readouterr()
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "prefix cache" in out and "100%" in out
+            "--db", str(db), "--quiet"]
+    rc, first = run_in_pty(args, columns=80)
+    assert rc == 0, first
+    assert "prefix cache" not in first
+    seed = re.search(r"--seed (\d+) replays", first)
+    assert seed, first
+    rc, again = run_in_pty([*args, "--seed", seed.group(1)], columns=80)
+    assert rc == 0, again
+    line = next(ln for ln in again.splitlines() if "prefix cache" in ln)
+    assert "48 of 48 prompt tokens (100%)" in line and len(line) <= 80
 
 
 def test_prefix_cache_counters_vllm_and_llamacpp() -> None:

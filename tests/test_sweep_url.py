@@ -15,6 +15,7 @@ from bstar.cli import main
 from bstar.loadgen.client import server_root
 from bstar.loadgen.sweep import SweepConfig, run_sweep
 from conftest import TokenServerFactory
+from ptyterm import run_in_pty
 
 
 def cfg(url: str, **kw: Any) -> SweepConfig:
@@ -68,3 +69,16 @@ def test_all_404_names_the_url_tried(token_server: TokenServerFactory,
     assert lv["error_kinds"] == {"http_404": 6}
     assert f"{srv.url}/openai/v1/completions" in lv["status_detail"]
     assert "--url" in lv["status_detail"]
+
+
+def test_all_404_url_in_the_terminal_at_80_columns(token_server: TokenServerFactory,
+                                                   tmp_path: Path) -> None:
+    srv = token_server(interval_ms=2)
+    rc, out = run_in_pty(["sweep", "--url", srv.url + "/openai", "--served-model", "tiny",
+                          "--concurrency", "1", "--input-len", "8", "--output-len", "4",
+                          "--num-requests", "3", "--db", str(tmp_path / "r.db"), "--quiet"],
+                         columns=80)
+    assert rc == 1, out
+    assert "Traceback" not in out
+    # The URL tried is shown whole (not wrapped mid-URL), so it can be checked and copied.
+    assert f"{srv.url}/openai/v1/completions" in out
