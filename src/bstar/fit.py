@@ -1,6 +1,6 @@
 """Fit measured (batch, throughput, TPOT) points with the cost model's shape, extrapolate with
 stated confidence, find the knee. Pure computation except `load_points` (reads one file);
-scipy (extra `bstar[fit]`) is imported inside the functions that need it.
+scipy (a base dependency) is imported inside the functions that need it.
 
 The model is the roofline of a decode step (DESIGN.md, bstar.roofline) reduced to three
 numbers, in milliseconds:
