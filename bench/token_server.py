@@ -43,6 +43,11 @@ class State:
         self.waiting = 0
         self.generated = 0
         self.preemptions = 0
+        # A whole-prompt cache, like llama.cpp's reuse of an identical prompt: a prompt seen
+        # before counts all its tokens as cached (usage and vLLM-style /metrics counters).
+        self.seen_prompts: set[str] = set()
+        self.cache_queries = 0
+        self.cache_hits = 0
         self.sem = asyncio.Semaphore(args.max_seqs) if args.max_seqs else None
 
 
@@ -70,6 +75,10 @@ def _metrics(st: State) -> bytes:
         f'vllm:num_requests_waiting{{model_name="{MODEL}"}} {st.waiting}',
         f'vllm:num_preemptions_total{{model_name="{MODEL}"}} {st.preemptions}',
         f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {st.generated}',
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f'vllm:prefix_cache_queries_total{{model_name="{MODEL}"}} {st.cache_queries}',
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f'vllm:prefix_cache_hits_total{{model_name="{MODEL}"}} {st.cache_hits}',
     ]
     if a.max_seqs:
         usage = st.running / a.max_seqs
@@ -103,6 +112,11 @@ async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWrite
     """Stream one completion; returns False when the connection must be dropped."""
     a = st.args
     prompt_tokens = _prompt_tokens(body, chat)
+    key = json.dumps(body.get("messages") if chat else body.get("prompt"))
+    cached = prompt_tokens if key in st.seen_prompts else 0
+    st.seen_prompts.add(key)
+    st.cache_queries += prompt_tokens
+    st.cache_hits += cached
     out = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
     faulty = a.fault_every > 0 and nth % a.fault_every == 0
@@ -141,7 +155,8 @@ async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWrite
             await writer.drain()
         if usage_wanted:
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": out,
-                     "total_tokens": prompt_tokens + out}
+                     "total_tokens": prompt_tokens + out,
+                     "prompt_tokens_details": {"cached_tokens": cached}}
             event = {"id": "x", "object": obj, "model": MODEL, "choices": [], "usage": usage}
             writer.write(_chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
         writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")

@@ -2,8 +2,9 @@
 
 - `tiny_model` (session): the default tiny Llama (~95M, HF folder + GGUF), built once and
   cached under ${BSTAR_CACHE_DIR:-~/.cache/bstar} across sessions.
-- `llamacpp_server` (session): llama.cpp (xllamacpp) on the tiny model, 127.0.0.1 only,
-  with LLAMACPP_SLOTS slots (its batch cap: the "max_num_seqs" of llama.cpp).
+- `llamacpp_server` (module): llama.cpp (xllamacpp) on the tiny model, 127.0.0.1 only,
+  with LLAMACPP_SLOTS slots (its batch cap: the "max_num_seqs" of llama.cpp). Stopped when
+  the module using it ends, so it never runs next to later tests (it starts in ~2 s).
 - `token_server` (function): a factory that starts bench/token_server.py (a fixed-rate,
   optionally faulty OpenAI-compatible server) with the given options.
 """
@@ -35,7 +36,7 @@ def tiny_model() -> Any:
     return default_tiny_dir()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def llamacpp_server(tiny_model: Any,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
     pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")

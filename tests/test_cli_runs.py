@@ -11,7 +11,7 @@ import pytest
 
 from bstar.cli import main
 
-pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
 from conftest import TokenServerFactory
 

@@ -83,3 +83,53 @@ def test_probe_refuses_cuda_without_torch(tmp_path: Path,
 
 def test_probe_refuses_non_toml_output(tmp_path: Path) -> None:
     assert main(["probe", "-o", str(tmp_path / "x.json")]) == 2
+
+
+class _FakeTensor:
+    def copy_(self, other: object) -> _FakeTensor:
+        return self
+
+    def __matmul__(self, other: object) -> _FakeTensor:
+        return self
+
+
+def _fake_torch(hip: str | None, name: str) -> object:
+    """Just enough of torch for probe_cuda: a device, tensors that copy and multiply."""
+    import types
+
+    t = types.ModuleType("torch")
+    t.__version__ = "9.9.9"
+    t.bfloat16, t.float16 = "bf16", "fp16"
+    t.version = types.SimpleNamespace(cuda=None if hip else "12.8", hip=hip)
+    t.device = lambda kind, idx: (kind, idx)
+    t.ones = lambda n, dtype, device: _FakeTensor()
+    t.randn = lambda *shape, dtype, device: _FakeTensor()
+    t.empty_like = lambda x: _FakeTensor()
+    t.cuda = types.SimpleNamespace(
+        is_available=lambda: True, synchronize=lambda dev: None, empty_cache=lambda: None,
+        get_device_properties=lambda dev: types.SimpleNamespace(
+            name=name, total_memory=141 * 2**30))
+    return t
+
+
+@pytest.mark.parametrize(("hip", "name", "vendor", "runtime"), [
+    (None, "NVIDIA H200", "nvidia", {"cuda": "12.8"}),
+    ("6.4.43482", "AMD Instinct MI300X", "amd", {"hip": "6.4.43482"}),
+])
+def test_cuda_probe_writes_the_real_vendor(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str], hip: str | None,
+                                           name: str, vendor: str,
+                                           runtime: dict[str, str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(hip, name))
+    out = tmp_path / "gpu.toml"
+    assert main(["probe", "--device", "cuda", "-o", str(out), "--repeats", "2",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    written = tomllib.loads(out.read_text())
+    assert written["vendor"] == d["vendor"] == vendor
+    assert written["name"] == name
+    for k, v in runtime.items():
+        assert f"{k} {v}" in written["source"]
+    assert get_gpu(str(out)).vendor == vendor

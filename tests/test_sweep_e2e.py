@@ -24,7 +24,7 @@ import pytest
 from bstar.cli import main
 from bstar.servers import LlamaCppServer, vllm_cpu_command, vllm_cpu_env
 
-pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
 # Rise: throughput grows by more than RISE over the rising part. Flattening: past the knee a
 # doubling of the batch buys less than BEND of what linear scaling would (2x): the curve

@@ -22,7 +22,7 @@ from bstar.cli import main
 from bstar.loadgen.sweep import SweepConfig, load_result, run_sweep
 from bstar.servers import free_port
 
-pytest.importorskip("aiohttp", reason="needs the extra bstar[sweep]")
+pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
 from conftest import TOKEN_SERVER, TokenServerFactory
 

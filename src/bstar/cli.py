@@ -65,6 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BstarError as e:
         print(f"bstar: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:
+        # A missing optional part: one line naming the extra and the pip command.
+        from bstar.errors import missing_module_message
+
+        msg = missing_module_message(e.name, f"bstar {args.command}")
+        if msg is None and "pip install 'bstar[" in str(e):
+            msg = str(e)  # a message that already names the extra (bstar.tinymodel)
+        if msg is None:
+            raise
+        print(f"bstar: error: {msg}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("bstar: interrupted", file=sys.stderr)
         return 130

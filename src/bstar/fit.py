@@ -1,6 +1,6 @@
 """Fit measured (batch, throughput, TPOT) points with the cost model's shape, extrapolate with
 stated confidence, find the knee. Pure computation except `load_points` (reads one file);
-scipy (extra `bstar[fit]`) is imported inside the functions that need it.
+scipy (a base dependency) is imported inside the functions that need it.
 
 The model is the roofline of a decode step (DESIGN.md, bstar.roofline) reduced to three
 numbers, in milliseconds:
@@ -109,9 +109,11 @@ def _number(raw: object, column: str, where: str) -> float | None:
 
 
 def points_from_rows(rows: Sequence[Mapping[str, object]], labels: Sequence[str] | None = None,
-                     source: str = "") -> Points:
+                     source: str = "", *, repeats: bool = False) -> Points:
     """Validate rows of {column: value} (strings or numbers) into Points. `labels[i]` names
-    row i in messages ("line 3", "point 2"). Every error is one line naming the row."""
+    row i in messages ("line 3", "point 2"). Every error is one line naming the row.
+    `repeats=True` keeps repeated measurements of a batch as points of their own (for
+    calibration, which fits them all); the fit's curve needs one value per batch."""
     labels = list(labels) if labels is not None else [f"row {i + 1}" for i in range(len(rows))]
     seen_cols: set[str] = set()
     for row, where in zip(rows, labels, strict=True):
@@ -137,7 +139,7 @@ def points_from_rows(rows: Sequence[Mapping[str, object]], labels: Sequence[str]
         if t is None and p is None:
             raise BstarError(f"{where}: batch {int(b)} has neither throughput_tok_s nor tpot_ms")
         parsed.append((int(b), t, p, where))
-    return _points(parsed, source)
+    return _points(parsed, source, repeats)
 
 
 def make_points(batch: Sequence[float], throughput_tok_s: Sequence[float | None] | None = None,
@@ -161,10 +163,15 @@ def make_points(batch: Sequence[float], throughput_tok_s: Sequence[float | None]
     return points_from_rows(rows, [f"point {i + 1}" for i in range(n)], source)
 
 
-def _points(parsed: list[tuple[int, float | None, float | None, str]], source: str) -> Points:
+def _points(parsed: list[tuple[int, float | None, float | None, str]], source: str,
+            repeats: bool = False) -> Points:
     warnings: list[str] = []
     by_batch: dict[int, tuple[float | None, float | None, str]] = {}
+    extra: list[tuple[int, float | None, float | None, str]] = []  # repeats, when kept
     for b, t, p, where in parsed:
+        if b in by_batch and repeats:
+            extra.append((b, t, p, where))
+            continue
         if b in by_batch:
             t0, p0, where0 = by_batch[b]
             if t0 == t and p0 == p:
@@ -177,12 +184,12 @@ def _points(parsed: list[tuple[int, float | None, float | None, str]], source: s
     if len(by_batch) < MIN_POINTS:
         raise BstarError(f"{source or 'points'}: need at least {MIN_POINTS} distinct batch sizes "
                          f"to fit a, b (and c), got {len(by_batch)}")
-    batches = sorted(by_batch)
+    rows = sorted([(b, *v) for b, v in by_batch.items()] + extra, key=lambda r: r[0])
+    batches = [r[0] for r in rows]
     tpot: list[float] = []
     tput: list[float] = []
     derived: list[str] = []
-    for b in batches:
-        t, p, where = by_batch[b]
+    for b, t, p, where in rows:
         if p is None:
             assert t is not None
             tpot.append(1e3 * b / t)
@@ -207,7 +214,7 @@ def _points(parsed: list[tuple[int, float | None, float | None, str]], source: s
                   source)
 
 
-def load_points(path: str | Path) -> Points:
+def load_points(path: str | Path, *, repeats: bool = False) -> Points:
     """Read POINTS: CSV with a header (`batch` and at least one of `throughput_tok_s`,
     `tpot_ms`; lines starting with # are comments), or JSON: a list of such objects,
     {"points": [...]}, or a sweep result {"levels": [{"concurrency" or "max_num_seqs",
@@ -220,11 +227,11 @@ def load_points(path: str | Path) -> Points:
     except (OSError, UnicodeDecodeError) as e:
         raise BstarError(f"{p}: cannot read: {e}") from None
     if p.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{")):
-        return _points_from_json(text, str(p))
-    return _points_from_csv(text, str(p))
+        return _points_from_json(text, str(p), repeats)
+    return _points_from_csv(text, str(p), repeats)
 
 
-def _points_from_csv(text: str, source: str) -> Points:
+def _points_from_csv(text: str, source: str, repeats: bool = False) -> Points:
     lines = text.splitlines()
     numbered = [(i + 1, ln) for i, ln in enumerate(lines)
                 if ln.strip() and not ln.lstrip().startswith("#")]
@@ -251,16 +258,16 @@ def _points_from_csv(text: str, source: str) -> Points:
         labels.append(f"{source}: line {lineno}")
     if "batch" not in header:
         raise BstarError(f"{source}: line {header_line}: no 'batch' column")
-    return points_from_rows(rows, labels, source)
+    return points_from_rows(rows, labels, source, repeats=repeats)
 
 
-def _points_from_json(text: str, source: str) -> Points:
+def _points_from_json(text: str, source: str, repeats: bool = False) -> Points:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise BstarError(f"{source}: not valid JSON: {e.msg} at line {e.lineno}") from None
     if isinstance(data, dict) and "levels" in data:
-        return _points_from_sweep(data["levels"], source)
+        return _points_from_sweep(data["levels"], source, repeats)
     if isinstance(data, dict) and "points" in data:
         data = data["points"]
     if not isinstance(data, list):
@@ -271,10 +278,10 @@ def _points_from_json(text: str, source: str) -> Points:
         if not isinstance(item, dict):
             raise BstarError(f"{where}: expected an object with batch and throughput_tok_s "
                              "and/or tpot_ms")
-    return points_from_rows(data, labels, source)
+    return points_from_rows(data, labels, source, repeats=repeats)
 
 
-def _points_from_sweep(levels: object, source: str) -> Points:
+def _points_from_sweep(levels: object, source: str, repeats: bool = False) -> Points:
     if not isinstance(levels, list):
         raise BstarError(f"{source}: \"levels\" must be a list")
     rows: list[dict[str, object]] = []
@@ -289,7 +296,7 @@ def _points_from_sweep(levels: object, source: str) -> Points:
             tp = tp.get("mean")  # vLLM's mean_tpot_ms
         rows.append({"batch": b, "throughput_tok_s": lv.get("throughput_tok_s"), "tpot_ms": tp})
         labels.append(where)
-    return points_from_rows(rows, labels, source)
+    return points_from_rows(rows, labels, source, repeats=repeats)
 
 
 # ---- the model ------------------------------------------------------------------------------

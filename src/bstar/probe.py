@@ -76,6 +76,7 @@ class ProbeResult:
     versions: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
     read_bandwidth: Measurement | None = None  # read-only stream (GEMV), where measured
+    vendor: str = ""  # the GPU file's vendor: "nvidia", "amd" (ROCm); "" -> the device
 
     @property
     def bandwidth_bytes_s(self) -> float:
@@ -114,7 +115,7 @@ class ProbeResult:
         d: dict[str, Any] = {
             "id": self.gpu_id,
             "name": self.name,
-            "vendor": self.device,
+            "vendor": self.vendor or self.device,
             "memory_bytes": int(self.memory_bytes),
             "memory_source": self.memory_how,
             "hbm_bandwidth_bytes_s": float(self.bandwidth_bytes_s),
@@ -306,10 +307,20 @@ def probe_cuda(copy_bytes: int = 2 << 30, gemm_n: int = 8192,
     matmul = {"bf16": gemm_rate("bf16", torch.bfloat16),
               "fp16": gemm_rate("fp16", torch.float16)}
     torch.cuda.empty_cache()
+    vendor, versions = cuda_vendor(torch)
     return ProbeResult("cuda", props.name, int(props.total_memory),
                        "torch.cuda.get_device_properties total_memory", bw, matmul, 1,
-                       {"torch": torch.__version__, "cuda": str(torch.version.cuda)},
-                       time.perf_counter() - t0)
+                       {"torch": torch.__version__, **versions},
+                       time.perf_counter() - t0, vendor=vendor)
+
+
+def cuda_vendor(torch: Any) -> tuple[str, dict[str, str]]:
+    """Who made torch's "cuda" device, and the runtime's version: ROCm builds of torch
+    expose AMD GPUs through the same torch.cuda API and set torch.version.hip."""
+    hip = getattr(torch.version, "hip", None)
+    if hip:
+        return "amd", {"hip": str(hip)}
+    return "nvidia", {"cuda": str(torch.version.cuda)}
 
 
 def probe(device: str = "auto", **sizes: int) -> ProbeResult:

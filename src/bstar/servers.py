@@ -261,6 +261,7 @@ class LlamaCppServer(ManagedServer):
         timeout_s: float = 60.0,
         log_path: str | os.PathLike[str] | None = None,
         python: str | None = None,
+        poll: int = 0,
     ) -> None:
         self.gguf_path = Path(gguf_path)
         if not self.gguf_path.is_file():
@@ -287,6 +288,8 @@ class LlamaCppServer(ManagedServer):
             str(threads),
             "--alias",
             alias,
+            "--poll",
+            str(poll),
         ]
         super().__init__(
             cmd,
@@ -322,6 +325,11 @@ def _run_llamacpp(args: argparse.Namespace) -> int:
     p.use_jinja = True
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads
+    # llama.cpp's worker threads spin ("poll", 0-100, default 50) waiting for the next
+    # graph instead of sleeping. On a few shared cores that spinning takes CPU from
+    # everything else (the client measuring it, other servers, other tests); 0 sleeps.
+    p.cpuparams.poll = args.poll
+    p.cpuparams_batch.poll = args.poll
     # Do not let llama.cpp shrink the context to "fit" memory: the slot sizes are
     # part of the experiment. No web UI, no network look-ups.
     p.fit_params = False
@@ -462,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lc.add_argument("--ctx-per-slot", type=int, default=2048)
     lc.add_argument("--threads", type=int, default=2)
     lc.add_argument("--alias", default="tiny")
+    lc.add_argument("--poll", type=int, default=0,
+                    help="llama.cpp thread polling level 0-100 (default 0: sleep, not spin)")
     args = ap.parse_args(argv)
     if args.kind == "llamacpp":
         return _run_llamacpp(args)

@@ -59,7 +59,7 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
             raise BstarError(f"{path}: no context_tokens column; give --context N (the "
                              "tokens each sequence holds while decoding, e.g. input + "
                              "output/2)")
-        pts = fit.load_points(path)
+        pts = fit.load_points(path, repeats=True)
         return cal.points_from_fit(pts, context), list(pts.warnings)
     groups: dict[int, list[tuple[dict[str, object], str]]] = {}
     for row, where in rows:
@@ -80,7 +80,7 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
     warnings: list[str] = []
     for ctx, items in sorted(groups.items()):
         pts = fit.points_from_rows([r for r, _ in items], [w for _, w in items],
-                                   f"{path} (context {ctx})")
+                                   f"{path} (context {ctx})", repeats=True)
         out += cal.points_from_fit(pts, ctx)
         warnings += pts.warnings
     return out, warnings
@@ -158,20 +158,42 @@ def run_calibrate(args: argparse.Namespace) -> int:
         from dataclasses import replace
         c = replace(c, notes=(*warnings, *c.notes))
     checks = [_check(args, spec, c) for spec in args.check]
+    spread = repeat_spread(list(c.points))
     if args.json:
         print(json.dumps({**c.to_dict(), "profile": str(args.output or ""),
+                          "repeat_spread": spread,
                           "checks": [{"run": run, "model": model,
                                       "median_abs_error": _median_abs(pts),
                                       "points": [_point_dict(p) for p in pts]}
                                      for run, model, pts in checks]}, indent=2))
         return 0
-    _print(c, args.output)
+    _print(c, args.output, spread)
     for run, model, pts in checks:
         print(f"check: run {run}, model {model}, predicted with the calibration")
         _print_points(pts)
         print(f"  median |error| {_median_abs(pts):.1%} calibrated, "
               f"{_median_abs(pts, uncal=True):.1%} uncalibrated")
     return 0
+
+
+def repeat_spread(points: list[Any]) -> list[dict[str, Any]]:
+    """Per (batch, context) measured more than once: the repeats' step times and their
+    spread. Every repeat is a point of the fit; this says how far apart they were."""
+    import statistics
+
+    groups: dict[tuple[int, int], list[float]] = {}
+    for p in points:
+        groups.setdefault((p.batch, p.context_tokens), []).append(p.measured_ms)
+    out = []
+    for (b, ctx), ms in sorted(groups.items()):
+        if len(ms) < 2:
+            continue
+        mean = statistics.fmean(ms)
+        out.append({"batch": b, "context_tokens": ctx, "n": len(ms), "measured_ms": ms,
+                    "mean_ms": mean, "min_ms": min(ms), "max_ms": max(ms),
+                    "std_ms": statistics.stdev(ms),
+                    "rel_spread": (max(ms) - min(ms)) / mean})
+    return out
 
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
@@ -220,7 +242,7 @@ def _print_points(points: list[Any]) -> None:
               f"{p.uncalibrated_rel_error:>+8.1%}  {p.bound}")
 
 
-def _print(c: Any, out: Path | None) -> None:
+def _print(c: Any, out: Path | None, spread: list[dict[str, Any]] | None = None) -> None:
     units = {"bandwidth": (1.0, ""), "compute": (1.0, ""), "overhead_s": (1e3, " ms"),
              "overhead_per_seq_s": (1e6, " us")}
     print(f"calibration of {c.model} on {c.gpu} (weights {c.weight_dtype}, KV {c.kv_dtype})"
@@ -233,6 +255,12 @@ def _print(c: Any, out: Path | None) -> None:
     _print_points(list(c.points))
     print(f"  median |error| {c.median_abs_error:.1%} calibrated (max {c.max_abs_error:.1%}), "
           f"{c.uncalibrated_median_abs_error:.1%} uncalibrated")
+    if spread:
+        print("  repeated batches (every repeat is fitted; spread = (max - min) / mean):")
+    for r in spread or []:
+        print(f"    batch {r['batch']} context {r['context_tokens']}: {r['n']} repeats, "
+              f"{r['min_ms']:.4g}..{r['max_ms']:.4g} ms, spread {r['rel_spread']:.1%}, "
+              f"sd {r['std_ms']:.3g} ms")
     if c.reserve_bytes is not None:
         print(f"  KV pool {c.kv_pool_bytes / 2**30:.2f} GiB from the log -> reserve "
               f"{c.reserve_bytes / 2**30:.2f} GiB")

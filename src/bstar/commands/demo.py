@@ -64,7 +64,7 @@ def run_demo(args: argparse.Namespace) -> int:
         from bstar.tinymodel import default_tiny_dir
     except ImportError as e:
         raise BstarError(f"bstar demo needs the extras: pip install 'bstar[tiny,llamacpp,"
-                         f"sweep,fit,plot]' ({e})") from None
+                         f"plot]' ({e})") from None
 
     say("building the tiny random-weight model (cached after the first run)")
     tiny = default_tiny_dir()

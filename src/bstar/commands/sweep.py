@@ -47,7 +47,10 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-requests", type=int, default=None,
                    help="unmeasured requests before each level (default: one per stream)")
     g.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or {\"messages\": [...]}")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None,
+                   help="prompt seed, to replay a run's exact prompts (default: a fresh "
+                        "random seed per run, stored with the run, so a repeated sweep "
+                        "does not hit the server's prefix cache)")
     g.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos/min_tokens (for servers that reject them)")
     g.add_argument("--level-time-limit", type=positive_float, default=300.0, metavar="S",

@@ -1,6 +1,6 @@
 """Measure a live OpenAI-compatible server: client, workload, metrics, scrape, store, sweep.
 
-Needs the extra `bstar[sweep]` (aiohttp). The entry point is `run_sweep` in
+Uses aiohttp (a base dependency). The entry point is `run_sweep` in
 `bstar.loadgen.sweep`; submodules import lazily so `import bstar.loadgen` stays light.
 """
 

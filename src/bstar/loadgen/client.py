@@ -67,6 +67,9 @@ class RequestRecord:
     warmup: bool = False
     expected_prompt_tokens: int | None = None
     expected_output_tokens: int | None = None
+    # Prompt tokens the server served from its prefix cache (usage.prompt_tokens_details.
+    # cached_tokens: vLLM with --enable-prompt-tokens-details, llama.cpp); None: not said.
+    cached_prompt_tokens: int | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -83,6 +86,16 @@ def _status_kind(status: int) -> str:
     if status in (401, 403, 404, 429):
         return f"http_{status}"
     return "http_5xx" if status >= 500 else "http_4xx"
+
+
+def server_root(url: str) -> str:
+    """The server's root URL: `http://host:8000/v1` (the base URL OpenAI clients take) and
+    `http://host:8000` both give `http://host:8000`; bstar appends `/v1/...` itself, and
+    `/metrics`, `/health` and `/tokenize` live at the root."""
+    root = url.strip().rstrip("/")
+    while root.endswith("/v1"):
+        root = root[: -len("/v1")].rstrip("/")
+    return root
 
 
 def _short(text: str, n: int = 300) -> str:
@@ -108,7 +121,7 @@ class OpenAIClient:
         extra_body: dict[str, Any] | None = None,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = server_root(base_url)
         self.model = model
         self.endpoint: Endpoint = endpoint
         self.request_timeout_s = request_timeout_s
@@ -277,6 +290,10 @@ class OpenAIClient:
                         if usage:
                             usage_tokens = usage.get("completion_tokens")
                             rec.prompt_tokens = usage.get("prompt_tokens")
+                            details = usage.get("prompt_tokens_details")
+                            if isinstance(details, dict) and isinstance(
+                                    details.get("cached_tokens"), int):
+                                rec.cached_prompt_tokens = details["cached_tokens"]
         except TimeoutError:
             rec.error_kind = "time_limit" if by_level else "timeout"
             rec.error = ("level time limit reached mid-request" if by_level

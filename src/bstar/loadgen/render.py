@@ -118,6 +118,20 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
             extra = f" (cost model B_mem: {pred['b_mem']})" if pred.get("b_mem") else ""
             console.print(f"  {_level_name(lv)}: server KV pool holds {cap} sequences of "
                           f"this length{extra}")
+    hits = [lv for lv in d["levels"] if (lv.get("server") or {}).get("prefix_cache_hit_tokens")]
+    for lv in hits:
+        # A cache hit means the level measured less prefill than a fresh prompt needs.
+        srv = lv["server"]
+        rate = lv.get("prefix_cache_hit_rate")
+        share = f" ({rate:.0%})" if rate is not None else ""
+        console.print(f"  [yellow]{_level_name(lv)}[/]: prefix cache served "
+                      f"{srv['prefix_cache_hit_tokens']:,} of "
+                      f"{srv.get('prefix_cache_query_tokens') or '?'} prompt tokens{share}")
+    if hits:
+        console.print("  (repeated prompts: a replayed --seed measures a warm cache)")
+    opts = d.get("options") or {}
+    if opts.get("seed") is not None and not opts.get("prompts_file"):
+        console.print(f"prompts: seed {opts['seed']} (--seed {opts['seed']} replays them)")
     knee = d["knee"]
     if knee.get("note"):
         console.print(f"knee: {knee['note']}")

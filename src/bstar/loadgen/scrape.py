@@ -69,6 +69,11 @@ class Snapshot:
     num_gpu_blocks: int | None
     block_size: int | None
     generation_tokens_total: float | None
+    # Prompt tokens served from the server's prefix cache, and prompt tokens looked up in it
+    # (vLLM: vllm:prefix_cache_hits / _queries; llama.cpp: prompt_tokens_cached_total, and
+    # its prompt_tokens_total counts only the tokens it processed).
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_queries_total: float | None = None
 
 
 def snapshot(samples: list[Sample]) -> Snapshot:
@@ -91,6 +96,12 @@ def snapshot(samples: list[Sample]) -> Snapshot:
               "sglang:token_usage")
     if kv is not None and kv > 1.0 + 1e-9:
         kv = kv / 100.0  # some versions export percent, not a fraction
+    hits = _sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
+                "llamacpp:prompt_tokens_cached_total")
+    queries = _sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+    if queries is None and engine == "llamacpp" and hits is not None:
+        processed = _sum(samples, "llamacpp:prompt_tokens_total")
+        queries = None if processed is None else processed + hits
     return Snapshot(
         engine=engine,
         preemptions_total=_sum(samples, "vllm:num_preemptions_total", "vllm:num_preemptions",
@@ -105,6 +116,8 @@ def snapshot(samples: list[Sample]) -> Snapshot:
         generation_tokens_total=_sum(samples, "vllm:generation_tokens_total",
                                      "sglang:generation_tokens_total",
                                      "llamacpp:tokens_predicted_total"),
+        prefix_cache_hits_total=hits,
+        prefix_cache_queries_total=queries,
     )
 
 
@@ -130,6 +143,11 @@ class LevelServerStats:
     block_size: int | None = None
     kv_capacity_seqs: int | None = None
     slots: int | None = None  # llama.cpp /slots: number of parallel slots
+    # The level's prompt tokens served from the prefix cache, of those looked up (None: the
+    # server's /metrics does not say). Repeated prompts show here as a high hit rate.
+    prefix_cache_hit_tokens: int | None = None
+    prefix_cache_query_tokens: int | None = None
+    prefix_cache_hit_rate: float | None = None
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -213,6 +231,16 @@ class Scraper:
             a, b = self._first.preemptions_total, self._last.preemptions_total
             if a is not None and b is not None:
                 st.preemptions = round(b - a)
+            h0, h1 = self._first.prefix_cache_hits_total, self._last.prefix_cache_hits_total
+            q0, q1 = (self._first.prefix_cache_queries_total,
+                      self._last.prefix_cache_queries_total)
+            if h0 is not None and h1 is not None:
+                st.prefix_cache_hit_tokens = round(h1 - h0)
+            if q0 is not None and q1 is not None:
+                st.prefix_cache_query_tokens = round(q1 - q0)
+                if st.prefix_cache_query_tokens > 0 and st.prefix_cache_hit_tokens is not None:
+                    st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
+                                                / st.prefix_cache_query_tokens)
         st.kv_capacity_seqs = kv_capacity_seqs(st.num_gpu_blocks, st.block_size,
                                                self.tokens_per_seq)
         if self._gpu is not None:

@@ -10,6 +10,7 @@ Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/runs.db`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bstar.loadgen.client import RequestRecord
+from bstar.loadgen.client import RequestRecord, RequestSpec
 
 SCHEMA_VERSION = 1
 
@@ -85,6 +86,15 @@ CREATE TABLE IF NOT EXISTS requests (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_level ON requests(level_id);
+CREATE TABLE IF NOT EXISTS prompts (  -- what was sent: each request's prompt, per level
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    level_id INTEGER NOT NULL REFERENCES levels(id),
+    idx INTEGER NOT NULL,              -- the request's index (warm-up ones are negative)
+    warmup INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,              -- of the prompt text (chat: the messages' JSON)
+    prompt TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS prompts_level ON prompts(level_id);
 """
 
 _SECRET_KEYS = ("api_key", "apikey", "authorization", "token", "password")
@@ -284,6 +294,24 @@ class Store:
              r.expected_prompt_tokens, r.output_tokens, r.expected_output_tokens,
              r.token_source, r.chunks, r.http_status, r.error_kind, r.error))
         self.conn.commit()
+
+    def add_prompts(self, level_id: int, specs: list[RequestSpec]) -> None:
+        """Store what each request of a level sends (before the level runs)."""
+        rows = []
+        for sp in specs:
+            text = sp.prompt if sp.messages is None else json.dumps(sp.messages)
+            text = text or ""
+            rows.append((level_id, sp.index, int(sp.warmup),
+                         hashlib.sha256(text.encode()).hexdigest(), text))
+        self.conn.executemany("INSERT INTO prompts (level_id, idx, warmup, sha256, prompt)"
+                              " VALUES (?, ?, ?, ?, ?)", rows)
+        self.conn.commit()
+
+    def prompts(self, level_id: int) -> list[dict[str, Any]]:
+        """The prompts a level sent, warm-up first, in index order."""
+        rows = self.conn.execute("SELECT idx, warmup, sha256, prompt FROM prompts WHERE"
+                                 " level_id = ? ORDER BY idx", (level_id,)).fetchall()
+        return [dict(r) for r in rows]
 
     def requests(self, level_id: int) -> list[RequestRecord]:
         rows = self.conn.execute("SELECT * FROM requests WHERE level_id = ? ORDER BY id",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
-from bstar.loadgen.client import OpenAIClient, RequestRecord
+from bstar.loadgen.client import OpenAIClient, RequestRecord, server_root
 from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import LevelRow, Store, utc_now
@@ -61,7 +61,10 @@ class SweepConfig:
     level_time_limit_s: float = 300.0
     request_timeout_s: float = 600.0
     health_timeout_s: float = 600.0
-    seed: int = 0
+    # Prompt seed. None: a fresh random one per run (recorded here before the run starts),
+    # so a repeated sweep never finds its prompts in the server's prefix cache; give the
+    # recorded value to replay a run's exact prompts.
+    seed: int | None = None
     prompts_file: str | None = None
     slo: dict[str, float] = field(default_factory=dict)
     max_error_rate: float = 0.5
@@ -212,6 +215,7 @@ class LevelResult:
             "e2e_ms": s.get("e2e_ms", empty),
             "token_source": s.get("token_source"),
             "preemptions": srv.get("preemptions"),
+            "prefix_cache_hit_rate": srv.get("prefix_cache_hit_rate"),
             "kv_cache_usage_max": srv.get("kv_cache_usage_max"),
             "running_max": srv.get("running_max"),
             "waiting_max": srv.get("waiting_max"),
@@ -459,7 +463,8 @@ class _Runner:
                 return (f"model {self.served_model!r} is not served here; /v1/models "
                         f"lists {ids}")
         elif self.served_model is None:
-            return f"/v1/models answered HTTP {status}; give --served-model"
+            return (f"{client.base_url}/v1/models answered HTTP {status}; give "
+                    f"--served-model")
         run = self.store.get_run(self.run_id) or {}
         if not run.get("server_version"):
             version = None
@@ -476,7 +481,7 @@ class _Runner:
 
     async def _level(self, lv: LevelPlan, level_id: int, attempt: int, url: str) -> None:
         cfg = self.cfg
-        wl = Workload(cfg.input_len, cfg.output_len, cfg.seed, cfg.endpoint,
+        wl = Workload(cfg.input_len, cfg.output_len, cfg.seed or 0, cfg.endpoint,
                       cfg.prompts_file, cfg.ignore_eos)
         async with OpenAIClient(url, cfg.served_model or "", endpoint=wl.endpoint,  # type: ignore[arg-type]
                                 api_key=self.api_key, request_timeout_s=cfg.request_timeout_s,
@@ -494,11 +499,12 @@ class _Runner:
             n_warm = cfg.warmup_requests if cfg.warmup_requests is not None else streams
             # Seeds differ per level and attempt: no prompt repeats across levels, so a
             # prefix cache cannot serve a level from an earlier one.
-            seed = cfg.seed * 1_000_003 + lv.idx * 1009 + attempt
+            seed = (cfg.seed or 0) * 1_000_003 + lv.idx * 1009 + attempt
             warm = await build_requests(client, wl, num=n_warm, first_index=-n_warm,
                                         seed=seed, counter=counter, warmup=True)
             reqs = await build_requests(client, wl, num=cfg.num_requests, first_index=0,
                                         seed=seed, counter=counter)
+            self.store.add_prompts(level_id, warm + reqs)
             self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
                       warmup=n_warm, token_count=counter.method)
             if warm:
@@ -554,12 +560,23 @@ class _Runner:
                     self.fatal = detail
         if status == "completed" and bad:
             detail = f"{len(bad)} failed requests: {_kinds(recs)}"
+        if recs and len(bad) == len(recs) and all(r.http_status == 404 for r in recs):
+            # Every request got the same 404: the URL is wrong, not the load. Say which.
+            detail = (f"{detail or _kinds(recs)}; every request answered HTTP 404 from "
+                      f"{client.base_url}{client.path}: check --url (the server's root or "
+                      f"its /v1 base) and --served-model")
         stats = summarize(recs, duration, cfg.slo).to_dict()
         # The client's own CPU while it measured (bench/client_bench.py says how much load
         # it sustains on how much CPU); a client near a full core distorts what it measures.
         stats["client_cpu_s"] = client_cpu_s
         # How prompt lengths were fitted: "tokenize", "usage" or "estimate" (see workload).
         stats["prompt_token_count_method"] = counter.method
+        # What was sent: the level's prompt seed and a digest of its measured prompts (the
+        # prompts themselves are in the store's `prompts` table).
+        stats["prompt_seed"] = seed
+        stats["prompts_sha256"] = _digest(reqs)
+        cached = [r.cached_prompt_tokens for r in recs if r.cached_prompt_tokens is not None]
+        stats["cached_prompt_tokens"] = sum(cached) if cached else None
         stats["client_cpu_pct"] = 100 * client_cpu_s / duration if duration > 0 else None
         predicted = None
         if self.deployment is not None:
@@ -576,6 +593,16 @@ class _Runner:
                   server=server_stats.to_dict())
 
 
+def _digest(specs: list[Any]) -> str:
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for sp in specs:
+        h.update(json.dumps([sp.index, sp.prompt, sp.messages]).encode())
+    return h.hexdigest()
+
+
 def _kinds(recs: list[RequestRecord]) -> str:
     from collections import Counter
 
@@ -588,7 +615,7 @@ async def _reachable(url: str) -> bool:
 
     try:
         async with aiohttp.ClientSession(trust_env=False) as s, s.get(
-                url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                server_root(url) + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
             return r.status < 500
     except (TimeoutError, aiohttp.ClientError, OSError):
         return False
@@ -618,6 +645,12 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
             if cfg is None:
                 raise BstarError("run_sweep needs a SweepConfig or resume=RUN_ID")
             cfg.validate()
+            if cfg.seed is None:
+                import dataclasses
+                import secrets
+
+                # A copy: a caller's config stays seedless, so its next run is fresh too.
+                cfg = dataclasses.replace(cfg, seed=secrets.randbits(48))
             run_id = store.create_run(
                 url=cfg.url or "(started by bstar)", served_model=cfg.served_model,
                 model=cfg.model, gpu=cfg.gpu, options=cfg.to_options(),
