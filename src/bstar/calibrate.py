@@ -240,14 +240,15 @@ class ParamFit:
     name: str
     value: float
     std: float | None  # 1 sigma; None unless status is "fitted"
-    # "fitted"; "fixed" (not asked for); "unset" (its term sets no step time), "tied" (in an
+    # "fitted"; "fixed" (not asked for); "follows X" (moves with X at the prior's ratio);
+    # "unset" (its term sets no step time), "tied" (in an
     # exact trade-off with other parameters), "at-bound": not identified by the points.
     status: str
     prior: float
 
     @property
     def fitted(self) -> bool:
-        return self.status != "fixed"
+        return self.status != "fixed" and not self.status.startswith("follows")
 
     @property
     def identified(self) -> bool:
@@ -444,6 +445,8 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     v = values(x)
     params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, base,
                                       lo, hi)
+    for k, lead in follow.items():
+        params[k] = ParamFit(k, v[k], None, f"follows {lead}", base[k])
     # Against a probed device an efficiency may pass 1: the excess becomes a scale on the
     # GPU's figure, shared by the efficiencies of that resource.
     bw_scale = max(1.0, *(v[k] for k in _BANDWIDTHS))

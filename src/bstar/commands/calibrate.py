@@ -243,15 +243,20 @@ def _print_points(points: list[Any]) -> None:
 
 
 def _print(c: Any, out: Path | None, spread: list[dict[str, Any]] | None = None) -> None:
-    units = {"bandwidth": (1.0, ""), "compute": (1.0, ""), "overhead_s": (1e3, " ms"),
-             "overhead_per_seq_s": (1e6, " us")}
+    def unit(k: str) -> tuple[float, str]:
+        if k == "overhead_s":
+            return 1e3, " ms"
+        if k.endswith("_s"):
+            return 1e6, " us"
+        return (1.0, " B") if k == "score_bytes" else (1.0, "")
+
     print(f"calibration of {c.model} on {c.gpu} (weights {c.weight_dtype}, KV {c.kv_dtype})"
           f"{', ' + c.engine if c.engine else ''} {c.engine_version}".rstrip())
-    print(f"  {'parameter':<20}{'value':>12}{'1 sigma':>12}  prior")
+    print(f"  {'parameter':<20}{'value':>12}  {'1 sigma':<18}prior")
     for k, p in c.params.items():
-        scale, unit = units[k]
+        scale, u = unit(k)
         sd = f"{p.std * scale:.3g}" if p.std is not None else p.status
-        print(f"  {k:<20}{p.value * scale:>12.4g}{sd:>12}  {p.prior * scale:g}{unit}")
+        print(f"  {k:<20}{p.value * scale:>12.4g}  {sd:<18}{p.prior * scale:g}{u}")
     _print_points(list(c.points))
     print(f"  median |error| {c.median_abs_error:.1%} calibrated (max {c.max_abs_error:.1%}), "
           f"{c.uncalibrated_median_abs_error:.1%} uncalibrated")
