@@ -49,13 +49,13 @@ class Efficiency:
     (data/h200/, `python bench/accuracy.py`); the engine-side ones (overheads, per-layer
     costs) are the vLLM profile's.
 
-    - bandwidth 0.82: weight streaming by the GEMMs (H200 fit 0.825; big matrices reach
+    - bandwidth 0.80: weight streaming by the GEMMs (H200 fit 0.800; big matrices reach
       0.92 of the datasheet in data/h200/gemv.jsonl, small ones far less; the per-layer
       costs below carry the small-matrix latency).
-    - kv_bandwidth 0.94: KV-cache streaming by decode attention (H200 fit 0.936).
-    - compute 0.72: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.725).
-    - attention_compute 0.22: prefill/chunk attention FLOPs, before occupancy (H200 fit
-      0.218, PyTorch's attention kernels; the torch-graph profile).
+    - kv_bandwidth 0.93: KV-cache streaming by decode attention (H200 fit 0.930).
+    - compute 0.70: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.702).
+    - attention_compute 0.21: prefill/chunk attention FLOPs, before occupancy (H200 fit
+      0.214, PyTorch's attention kernels; the torch-graph profile).
     - layer_s, decode_layer_s, chunk_layer_s: fixed time per layer per step of the kernels
       every step runs, of decode attention (when sequences decode), of chunk attention
       (when a prompt chunk runs): launch and tail latency of small kernels. The engine-side
@@ -65,26 +65,27 @@ class Efficiency:
     - allreduce_latency_s 8 us per call (NCCL small-message latency over NVLink).
     - score_bytes: bytes per (query head, cached token, layer) that an unfused attention
       writes and reads for its scores; 0 for fused kernels (FlashAttention, paged attention).
-    - roof_sharpness k of the soft maximum; inf = a hard max.
+    - roof_sharpness k = 2 of the soft maximum (inf = a hard max): of 1, 1.5, 2, 3 and inf,
+      2 fits the H200 steps best (`bench/accuracy.py --fit-profiles`).
     - fp8_weight_stream, int4_weight_stream: weight streaming with those weights runs at
-      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 fitted 0.752 on an
+      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 fitted 0.753 on an
       H200 with torch._scaled_mm, int4 a stated guess): 8-bit weights do not halve the step time.
     - grouped: price the step per kernel group (cost model 2); False = one max over the
       step's totals (cost model 1, the seeds' arithmetic).
     """
 
-    bandwidth: float = 0.82
-    compute: float = 0.72
+    bandwidth: float = 0.80
+    compute: float = 0.70
     overhead_s: float = 0.3e-3
     overhead_per_seq_s: float = 5e-6
     allreduce_latency_s: float = 8e-6
-    kv_bandwidth: float = 0.94
-    attention_compute: float = 0.22
+    kv_bandwidth: float = 0.93
+    attention_compute: float = 0.21
     layer_s: float = 0.0
     decode_layer_s: float = 6e-6
     chunk_layer_s: float = 6e-6
     score_bytes: float = 0.0
-    roof_sharpness: float = 1.5
+    roof_sharpness: float = 2.0
     fp8_weight_stream: float = 0.75
     int4_weight_stream: float = 0.70
     grouped: bool = True
@@ -125,9 +126,9 @@ IDEAL = Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_
 
 def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) -> FloatArray:
     """Time of a kernel group bound by two resources: the soft maximum
-    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 1.5 a kernel exactly at its ridge
-    takes 2^(2/3) = 1.59x either roof: an H200 bf16 GEMM with 256 rows (at its ridge)
-    streamed its weights at 0.64x the rate of 1 row (data/h200/gemv.jsonl)."""
+    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 2 a kernel exactly at its ridge
+    takes sqrt(2) = 1.41x either roof: an H200 bf16 GEMM with 256 rows (near its ridge)
+    streamed its weights at 0.64-0.74x the rate of 1 row (data/h200/gemv.jsonl)."""
     m = np.asarray(memory_s, dtype=np.float64)
     c = np.asarray(compute_s, dtype=np.float64)
     if math.isinf(sharpness):
