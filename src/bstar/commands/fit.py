@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bstar.commands.common import int_list, positive_float, positive_int
+from bstar.commands.common import deployment_options, int_list, positive_float, positive_int
 
 
 def add_fit_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,47 +62,6 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                    help="also draw the points, the fit and its predictions (needs bstar[plot])")
 
 
-def spec_terms(args: argparse.Namespace) -> dict[str, Any]:
-    """From --model (and --gpu): the weight, KV and FLOP figures that give a, b and c a
-    physical reading, and with --gpu the cost model's compute term, ms per sequence."""
-    if args.model is None:
-        if args.gpu is not None:
-            from bstar.errors import BstarError
-
-            raise BstarError("--gpu needs --model: the compute term is the model's FLOPs at "
-                             "the GPU's peak")
-        return {}
-    from bstar.specs.precision import get_precision
-    from bstar.specs.presets import get_model
-
-    m = get_model(args.model)
-    ctx = args.context or 512
-    kv = get_precision(args.kv_dtype)
-    out: dict[str, Any] = {
-        "weight_bytes": m.weight_bytes(get_precision(args.dtype or m.default_dtype)),
-        "flops_per_token": float(2 * m.matmul_params_per_token
-                                 + m.attention_flops_per_token(ctx)),
-        "context": ctx, "model_name": m.name}
-    if args.context is not None:
-        out["kv_bytes_per_seq"] = m.kv_bytes_per_seq(ctx, kv)
-    if args.gpu is not None:
-        from dataclasses import replace
-
-        from bstar import roofline as rl
-        from bstar.specs.gpu import get_gpu
-
-        eff = rl.Efficiency()
-        if args.flops_eff is not None:
-            eff = replace(eff, compute=args.flops_eff)
-        d = rl.Deployment(model=m, gpu=get_gpu(args.gpu), num_gpus=args.num_gpus,
-                          weight_dtype=args.dtype, kv_dtype=args.kv_dtype, eff=eff)
-        one = rl.decode_step(d, [1], ctx)
-        out["compute_ms_per_seq"] = float(one.compute_s[0]) * 1e3
-        out["gpu_name"] = d.gpu.id
-        out["flops_eff"] = eff.compute
-    return out
-
-
 def run_fit(args: argparse.Namespace) -> int:
     result, spec = fit_from_args(args)
     if getattr(args, "plot", None):
@@ -125,12 +84,12 @@ def run_fit(args: argparse.Namespace) -> int:
 def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The FitResult and the spec terms for these flags (shared with `bstar report fit`)."""
     from bstar.errors import BstarError
-    from bstar.fit import fit_points, load_points
+    from bstar.fit import fit_points, load_points, spec_terms
 
     if args.bootstrap < 0:
         raise BstarError("--bootstrap must not be negative")
     points = load_points(args.points)
-    spec = spec_terms(args)
+    spec = spec_terms(deployment_options(args), args.context)
     result = fit_points(
         points, predict=args.predict or (), critical_batch=args.critical_batch,
         compute_ms_per_seq=spec.get("compute_ms_per_seq"), fit_overhead=args.fit_overhead,

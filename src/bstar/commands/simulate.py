@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from bstar.commands.common import add_deployment_arguments, int_list
+from bstar.commands.common import add_deployment_arguments, build_deployment, int_list
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,89 +59,42 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    d, rows, advice, arrivals, tokens = simulate_from_args(args)
+    study = simulate_from_args(args)
     if getattr(args, "plot", None):
         import sys
 
         from bstar.report import save_simulate_plot
 
         # stderr: --json keeps stdout to the simulate object(s).
-        print(f"plot written to "
-              f"{save_simulate_plot(simulate_objects(rows, advice, tokens, args), args.plot)}",
+        print(f"plot written to {save_simulate_plot(study.to_objects(), args.plot)}",
               file=sys.stderr)
     if args.json:
-        objs = simulate_objects(rows, advice, tokens, args)
+        objs = study.to_objects()
         print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2))
         return 0
-    print_simulation(d, rows, advice, arrivals, args, tokens)
+    print_simulation(study.deployment, study.rows, study.advice, study.arrivals, args,
+                     study.max_num_batched_tokens)
     return 0
 
 
-def simulate_objects(rows: list[Any], advice: Any, tokens: int,
-                     args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The simulate JSON contract, one object per level (shared with `bstar report`)."""
-    objs = [r.to_dict() for r in rows]
-    for o in objs:
-        o["max_num_batched_tokens"] = tokens
-        o["preemption_mode"] = args.preemption
-        if advice is not None:
-            o["recommended"] = o["max_num_seqs"] == advice.max_num_seqs
-            o["sweep"] = advice.to_dict()
-    return objs
+def study_options(args: argparse.Namespace) -> Any:
+    """The simulate flags as `bstar.sim.study.StudyOptions`."""
+    from bstar.sim.study import StudyOptions
+
+    return StudyOptions(
+        max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
+        max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
+        swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
+        trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
+        output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
+        slo=args.slo, max_sim_time_s=args.max_sim_time_s)
 
 
-def simulate_from_args(args: argparse.Namespace) -> tuple[Any, list[Any], Any, Any, int]:
-    """Deployment, per-level summaries, advice (None for one level), arrivals, token budget."""
-    from pathlib import Path
+def simulate_from_args(args: argparse.Namespace) -> Any:
+    """The `bstar.sim.study.Study` these flags ask for (shared with `bstar report`)."""
+    from bstar.sim.study import run_study
 
-    from bstar.commands.plan import deployment_from_args
-    from bstar.errors import BstarError
-    from bstar.sim import (
-        ClosedLoop,
-        Poisson,
-        SchedulerConfig,
-        SimConfig,
-        parse_lengths,
-        parse_slo,
-        parse_trace,
-        simulate_levels,
-        vllm_server_defaults,
-    )
-    from bstar.sim.advice import advise
-
-    d = deployment_from_args(args)
-    if args.rate is None and args.concurrency is None and args.trace is None:
-        raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
-                         "or --trace FILE")
-    arrivals: Any
-    if args.trace is not None:
-        try:
-            text = Path(args.trace).read_text()
-        except OSError as e:
-            raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
-        arrivals = parse_trace(text)
-    elif args.rate is not None:
-        arrivals = Poisson(args.rate)
-    else:
-        arrivals = ClosedLoop(args.concurrency, args.think_time_s, random_think=True)
-    default_seqs, default_tokens = vllm_server_defaults(d.gpu.memory_bytes,
-                                                        f"{d.gpu.id} {d.gpu.name}")
-    levels = sorted(set(args.max_num_seqs or [default_seqs]))
-    tokens = args.max_num_batched_tokens or default_tokens
-    if args.swap_space_gib < 0:
-        raise BstarError("--swap-space-gib must not be negative")
-    cfg = SimConfig(SchedulerConfig(levels[0], tokens, args.preemption),
-                    swap_space_bytes=round(args.swap_space_gib * 2**30),
-                    max_sim_time_s=args.max_sim_time_s)
-    slo = parse_slo(args.slo) if args.slo else None
-    num_requests = args.num_requests
-    if num_requests is None:
-        num_requests = len(arrivals.arrival_s) if args.trace is not None else 1000
-    rows = simulate_levels(d, levels, arrivals, parse_lengths(args.input_len),
-                           parse_lengths(args.output_len), num_requests, args.seed,
-                           cfg, slo)
-    advice = advise(rows, slo) if len(rows) > 1 else None
-    return d, rows, advice, arrivals, tokens
+    return run_study(build_deployment(args), study_options(args))
 
 
 def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,

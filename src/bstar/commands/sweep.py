@@ -12,10 +12,12 @@ import sys
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    deployment_options,
     float_list,
     int_list,
     positive_float,
     positive_int,
+    warn,
 )
 
 
@@ -68,25 +70,14 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
 
 
-_DEPLOYMENT_KEYS = ("num_gpus", "dtype", "kv_dtype", "gpu_util", "reserve_gib", "block_size",
-                    "bw_eff", "flops_eff", "overhead_ms", "overhead_per_seq_us", "ideal")
-
-
-def _deployment(args: argparse.Namespace, model: str | None, gpu: str | None) -> object:
-    if not (model or gpu):
-        return None
-    from bstar.commands.plan import deployment_from_args
-
-    return deployment_from_args(args, model, gpu)
-
-
 def run_sweep(args: argparse.Namespace) -> int:
+    from bstar.deployment import DeploymentOptions
     from bstar.errors import BstarError
     from bstar.loadgen import sweep as sw
     from bstar.loadgen.metrics import parse_slo
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
-    model, gpu = args.model, args.gpu
+    options = deployment_options(args)
     if args.resume:
         from bstar.loadgen.store import Store
 
@@ -94,11 +85,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             run = st.get_run(args.resume)
         if run is None:
             raise BstarError(f"no run {args.resume!r} in {args.db or 'the default DB'}")
-        opts = run["options"] or {}
-        model = model or opts.get("model")
-        gpu = gpu or opts.get("gpu")
-        for k, v in (opts.get("deployment_args") or {}).items():
-            setattr(args, k, v)
+        # The stored deployment (--profile included); --model/--gpu given now override.
+        options = DeploymentOptions.from_sweep_options(run["options"] or {}).with_target(
+            args.model, args.gpu)
         cfg = None
     else:
         cfg = sw.SweepConfig(
@@ -109,10 +98,11 @@ def run_sweep(args: argparse.Namespace) -> int:
             level_time_limit_s=args.level_time_limit, request_timeout_s=args.request_timeout,
             health_timeout_s=args.health_timeout, seed=args.seed, prompts_file=args.prompts,
             slo=parse_slo(args.slo), max_error_rate=args.max_error_rate,
-            ignore_eos=not args.no_ignore_eos, model=model, gpu=gpu,
-            deployment_args={k: getattr(args, k, None) for k in _DEPLOYMENT_KEYS})
+            ignore_eos=not args.no_ignore_eos, model=options.model, gpu=options.gpu,
+            deployment=options.to_dict())
         cfg.validate()
-    deployment = _deployment(args, model, gpu)
+    # A cost model to predict each level with, when the run names a model or a GPU.
+    deployment = options.build(warn=warn) if (options.model or options.gpu) else None
 
     from rich.console import Console
 

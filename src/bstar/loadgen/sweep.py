@@ -70,7 +70,8 @@ class SweepConfig:
     scrape_interval_s: float = 0.5
     model: str | None = None  # cost-model preset/config (for predictions)
     gpu: str | None = None
-    deployment_args: dict[str, Any] = field(default_factory=dict)
+    # `DeploymentOptions.to_dict()` of the cost model's deployment (with model and gpu).
+    deployment: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.endpoint not in ("completions", "chat"):
@@ -117,7 +118,13 @@ class SweepConfig:
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> SweepConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in known})
+        out = {k: v for k, v in options.items() if k in known}
+        if "deployment_args" in options and "deployment" not in options:
+            from bstar.deployment import DeploymentOptions
+
+            # A run stored before `deployment`: its flags by their argparse names.
+            out["deployment"] = DeploymentOptions.from_sweep_options(options).to_dict()
+        return cls(**out)
 
 
 @dataclass(frozen=True)

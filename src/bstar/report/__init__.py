@@ -70,14 +70,14 @@ def save_fit_plot(result: Any, path: str | Path) -> Path:
 
 
 def write_fit_report(result: Any, path: str | Path, command: str = "",
-                     args: Any = None) -> Path:
-    """`args`: bstar fit's flags; with --model and --gpu the report also draws the fit
-    beside the cost model's prediction."""
+                     deployment: Any = None, context_tokens: int | None = None) -> Path:
+    """`deployment`: `DeploymentOptions`; naming a model and a GPU, the report also draws
+    the fit beside the cost model's prediction at `context_tokens`."""
     from bstar.report.build import fit_report
     from bstar.report.html import write_html
     from bstar.report.views import fit_signature, fit_view
 
-    signature = fit_signature(result, args) if args is not None else None
+    signature = fit_signature(result, deployment, context_tokens)
     return write_html(fit_report(fit_view(result), command, signature), path)
 
 

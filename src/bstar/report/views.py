@@ -8,11 +8,14 @@ curve to draw smoothly, achieved FLOP/s); `plan_view` adds them from the cost mo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bstar import roofline as rl
+
+if TYPE_CHECKING:
+    from bstar.deployment import DeploymentOptions
 
 # Enough samples that a log2 axis shows a smooth curve; the plan's own points are markers.
 DENSE_SAMPLES = 240
@@ -118,16 +121,11 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
 
 
 def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
-    """The cost model's deployment a sweep ran with (its stored --model, --gpu and
-    deployment flags over `bstar plan`'s defaults)."""
-    from bstar.cli import build_parser
-    from bstar.commands.plan import deployment_from_args
+    """The cost model's deployment a sweep ran with (its stored model, GPU and
+    `DeploymentOptions`; runs stored before those keep their flags as `deployment_args`)."""
+    from bstar.deployment import DeploymentOptions
 
-    args = build_parser().parse_args(["plan"])
-    for k, v in (options.get("deployment_args") or {}).items():
-        if v is not None:
-            setattr(args, k, v)
-    return deployment_from_args(args, options["model"], options["gpu"])
+    return DeploymentOptions.from_sweep_options(options).build()
 
 
 def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
@@ -270,22 +268,23 @@ def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | 
             return None
 
 
-def fit_signature(result: Any, args: Any) -> dict[str, Any] | None:
+def fit_signature(result: Any, options: DeploymentOptions | None,
+                  context_tokens: int | None = None) -> dict[str, Any] | None:
     """For `bstar report fit` with --model and --gpu: the fit's points and curve beside the
-    cost model's prediction for that deployment at --context (default 512, as bstar fit)."""
-    if not (getattr(args, "model", None) and getattr(args, "gpu", None)):
+    cost model's prediction for that deployment at `context_tokens` (default 512, as
+    bstar fit)."""
+    if options is None or not (options.model and options.gpu):
         return None
     from bstar.plan import make_plan
 
-    d = sweep_deployment({"model": args.model, "gpu": args.gpu, "deployment_args": {
-        "num_gpus": args.num_gpus, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
-        "flops_eff": args.flops_eff}})
+    ctx = context_tokens or 512
+    d = options.build()
     fitted = fit_view(result)
     pts = fitted["points"]
     meas = {"batch": [p["batch"] for p in pts], "tpot_ms": [p["tpot_ms"] for p in pts],
             "throughput_tok_s": [p["throughput_tok_s"] for p in pts]}
     batches = sorted({*meas["batch"], *(p["batch"] for p in fitted["predictions"])})
-    pv = plan_view(make_plan(d, [args.context or 512], batches))
+    pv = plan_view(make_plan(d, [ctx], batches))
     return signature_view(meas, fitted, (pv, 0), None,
                           f"The fit beside the cost model: {pv['model']} on "
-                          f"{pv['gpu_name']}, context {args.context or 512:,}")
+                          f"{pv['gpu_name']}, context {ctx:,}")

@@ -1,0 +1,126 @@
+"""The layers of docs/architecture.md, checked on the source: the library never reaches into
+the command line, and the modules import each other without a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PKG = SRC / "bstar"
+
+# The command-line layer: the argparse table, the commands and `python -m bstar`.
+CLI_LAYER = ("bstar.cli", "bstar.__main__", "bstar.commands")
+FORBIDDEN = ("argparse", "bstar.cli", "bstar.commands")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def in_layer(name: str, layer: tuple[str, ...]) -> bool:
+    return any(name == x or name.startswith(x + ".") for x in layer)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imported(module: str, path: Path, top_level_only: bool) -> set[str]:
+    """Modules `module` imports: every import statement, or only those run when it is
+    imported (module level, `if TYPE_CHECKING:` blocks left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    nodes: list[ast.stmt] = []
+    if top_level_only:
+        todo = list(tree.body)
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.If) and not _is_type_checking(n):
+                todo += n.body + n.orelse
+            elif isinstance(n, ast.Try):
+                todo += n.body + n.orelse + n.finalbody
+                for h in n.handlers:
+                    todo += h.body
+            else:
+                nodes.append(n)
+    else:
+        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+    out: set[str] = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                pkg = module.split(".") if is_pkg else module.split(".")[:-1]
+                pkg = pkg[:len(pkg) - (n.level - 1)]
+                base = ".".join([*pkg, base] if base else pkg)
+            # `from bstar import roofline` imports the module bstar.roofline (its package
+            # is imported first in any case); `from bstar.plan import make_plan`, bstar.plan.
+            subs = {f"{base}.{a.name}" for a in n.names} & MODULES.keys()
+            out.update(subs if subs else {base})
+    return out
+
+
+def test_the_library_never_imports_the_command_line() -> None:
+    offenders = []
+    for name, path in MODULES.items():
+        if in_layer(name, CLI_LAYER):
+            continue
+        for dep in imported(name, path, top_level_only=False):
+            if in_layer(dep, FORBIDDEN):
+                offenders.append(f"{name} imports {dep}")
+    assert offenders == []
+
+
+def test_the_walk_sees_what_the_command_layer_imports() -> None:
+    # The check above must be able to fail: the commands do import argparse and the library.
+    deps = imported("bstar.commands.plan", MODULES["bstar.commands.plan"], False)
+    assert "argparse" in deps and "bstar.commands.common" in deps
+    assert "bstar.plan" in imported("bstar.commands.plan", MODULES["bstar.commands.plan"],
+                                    False)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(u: str) -> None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                found.append([*stack[stack.index(v):], v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u)
+    return found
+
+
+@pytest.mark.parametrize("top_level_only", [True, False], ids=["module-level", "all-imports"])
+def test_no_import_cycle_among_bstar_modules(top_level_only: bool) -> None:
+    # Module level: what runs on import. All imports: the lazy ones inside functions too
+    # (the cycle report.views -> commands.plan -> report -> report.views was one of those).
+    graph = {name: {d for d in imported(name, path, top_level_only)
+                    if d in MODULES and d != name}
+             for name, path in MODULES.items()}
+    assert _cycles(graph) == []
+    # The detector finds a planted cycle.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
