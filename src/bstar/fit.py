@@ -46,6 +46,7 @@ import numpy.typing as npt
 
 from bstar import knee as kn
 from bstar.errors import BstarError, closest
+from bstar.recommend import Recommendation, SlaBound
 
 if TYPE_CHECKING:
     from bstar.deployment import DeploymentOptions
@@ -738,12 +739,14 @@ def fit_points(points: Points, *, predict: Sequence[int] = (),
     if roof_source == "unknown":
         notes.append(f"knees on the fitted curve are searched up to the last point "
                      f"(B={b_last:g}); past it the curve is only a bound")
-    cands = [(k.batch, name) for name, k in knees_fitted.items()
-             if name in ("doubling", "sla") and k.batch is not None]
-    sla_unmet = max_tpot_ms is not None and knees_fitted["sla"].batch is None
-    knee_batch, knee_rule = (None, None) if sla_unmet or not cands else min(cands)
-    if sla_unmet:
-        knee_rule = "sla"
+    rec = Recommendation.from_curve(
+        "fitted", [int(x) for x in grid], knees_fitted,
+        [SlaBound(knees_fitted["sla"], f"TPOT <= {max_tpot_ms:g} ms")]
+        if max_tpot_ms is not None else [])
+    # The fit's knee is the recommendation's pick; none when no rule fired or no batch
+    # meets the SLA (then the rule is "sla").
+    knee_batch = None if rec.bound in ("none", "sla-unmet") else rec.max_num_seqs
+    knee_rule = rec.rule
 
     return FitResult(
         points=points, params=params, roof_source=roof_source, roof_note=roof_note,

@@ -74,7 +74,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from bstar.deployment import DeploymentOptions
     from bstar.errors import BstarError
     from bstar.loadgen import sweep as sw
-    from bstar.loadgen.metrics import parse_slo
+    from bstar.slo import parse_slo
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     options = deployment_options(args)
@@ -97,7 +97,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             num_requests=args.num_requests, warmup_requests=args.warmup_requests,
             level_time_limit_s=args.level_time_limit, request_timeout_s=args.request_timeout,
             health_timeout_s=args.health_timeout, seed=args.seed, prompts_file=args.prompts,
-            slo=parse_slo(args.slo), max_error_rate=args.max_error_rate,
+            slo=parse_slo(args.slo).by_metric(), max_error_rate=args.max_error_rate,
             ignore_eos=not args.no_ignore_eos, model=options.model, gpu=options.gpu,
             deployment=options.to_dict())
         cfg.validate()

@@ -34,6 +34,7 @@ from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import LevelRow, Store, utc_now
 from bstar.loadgen.worker import drive
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
+from bstar.recommend import Recommendation, SlaBound
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
 # rule or its time limit still measured what it measured; re-running would not change why.
@@ -293,40 +294,21 @@ def verdict(levels: list[LevelResult], slo: dict[str, float]) -> tuple[dict[str,
     knees = knee_mod.all_knees(batches, tput, tpot)
     out["rules"] = {k: v.to_dict() for k, v in knees.items()}
     # SLA: every SLO must hold at p99 (TPOT, TTFT, E2E); the bound is the tightest.
-    sla: list[Any] = []
+    sla: list[SlaBound] = []
     for key in ("tpot", "ttft", "e2e"):
         if key not in slo:
             continue
         vals = [(by_batch[b].stats[f"{key}_ms"] or {}).get("p99") for b in batches]
         if any(v is None or not v > 0 for v in vals):
             continue
-        sla.append(knee_mod.sla_knee(batches, vals, slo[key], what=f"p99 {key.upper()}"))
+        sla.append(SlaBound(knee_mod.sla_knee(batches, vals, slo[key],
+                                              what=f"p99 {key.upper()}")))
     if sla:
-        bound = min(sla, key=lambda k: -1 if k.batch is None else k.batch)
+        bound = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch).knee
         out["rules"]["sla"] = bound.to_dict()
         out["sla_batch"] = bound.batch
-    # The seeds' two rules (000: step under 5%, 004: doubling under 15%); the earlier
-    # knee wins, since past it throughput is flat within the rule and only latency grows.
-    fired = [k for k in (knees["step"], knees["doubling"]) if k.batch is not None]
-    if fired:
-        k = min(fired, key=lambda k: k.batch or 0)
-        rec = {"max_num_seqs": k.batch, "reason": f"measured knee ({k.rule} rule): {k.reason}",
-               "bound": "knee"}
-    else:
-        step = knees["step"]
-        rec = {"max_num_seqs": batches[-1],
-               "reason": f"no knee within the sweep ({step.reason}); the largest level "
-                         f"measured, B={batches[-1]}; sweep further to find the knee",
-               "bound": "sweep_end"}
-    if sla:
-        if out.get("sla_batch") is None:
-            rec = {"max_num_seqs": batches[0], "reason": f"no level meets the SLO: "
-                   f"{bound.reason}", "bound": "sla-unmet"}
-        elif out["sla_batch"] < rec["max_num_seqs"]:
-            rec = {"max_num_seqs": out["sla_batch"],
-                   "reason": f"SLO: {bound.reason} (unconstrained: {rec['max_num_seqs']})",
-                   "bound": "sla"}
-    return out, rec
+    rec = Recommendation.from_curve("measured", batches, knees, sla)
+    return out, rec.to_dict()
 
 
 def load_result(db: str | Path | Store, run_id: str) -> SweepResult:

@@ -53,7 +53,7 @@ class Study:
             o["preemption_mode"] = self.options.preemption
             if self.advice is not None:
                 o["recommended"] = o["max_num_seqs"] == self.advice.max_num_seqs
-                o["sweep"] = self.advice.to_dict()
+                o["sweep"] = self.advice.to_dict(knees=True)
         return objs
 
 
