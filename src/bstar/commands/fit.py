@@ -84,7 +84,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The FitResult and the spec terms for these flags (shared with `bstar report fit`)."""
     from bstar.errors import BstarError
-    from bstar.fit import fit_points, load_points, spec_terms
+    from bstar.fit import KneeRules, fit_points, load_points, spec_terms
 
     if args.bootstrap < 0:
         raise BstarError("--bootstrap must not be negative")
@@ -93,10 +93,12 @@ def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     result = fit_points(
         points, predict=args.predict or (), critical_batch=args.critical_batch,
         compute_ms_per_seq=spec.get("compute_ms_per_seq"), fit_overhead=args.fit_overhead,
-        knee_step=args.knee_step, knee_doubling=args.knee_doubling,
-        max_tpot_ms=args.max_tpot_ms, bca_epsilon_tok_s=args.bca_epsilon_tok_s,
-        bca_latency_factor=args.bca_latency_factor,
-        bca_reference_batch=args.bca_reference_batch, n_bootstrap=args.bootstrap,
+        knees=KneeRules(step=args.knee_step, doubling=args.knee_doubling,
+                        max_tpot_ms=args.max_tpot_ms,
+                        bca_epsilon_tok_s=args.bca_epsilon_tok_s,
+                        bca_latency_factor=args.bca_latency_factor,
+                        bca_reference_batch=args.bca_reference_batch),
+        n_bootstrap=args.bootstrap,
         seed=args.seed, weight_bytes=spec.get("weight_bytes"),
         kv_bytes_per_seq=spec.get("kv_bytes_per_seq"),
         flops_per_token=spec.get("flops_per_token"))

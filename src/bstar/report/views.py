@@ -250,22 +250,16 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> di
 def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | None:
     """bstar fit on a sweep's levels (through the fit's own sweep reader), predicting 2x and
     4x the largest level by default; None when the levels cannot be fitted (too few)."""
-    import json
-    import tempfile
-    from pathlib import Path
-
     from bstar.errors import BstarError
-    from bstar.fit import fit_points, load_points
+    from bstar.fit import fit_points
+    from bstar.fit.points import points_from_sweep
 
-    with tempfile.TemporaryDirectory(prefix="bstar-fit-") as tmp:
-        path = Path(tmp) / "sweep.json"
-        path.write_text(json.dumps({"levels": sweep["levels"]}), encoding="utf-8")
-        try:
-            points = load_points(path)
-            top = max(points.batch)
-            return fit_points(points, predict=predict or [2 * top, 4 * top])
-        except BstarError:
-            return None
+    try:
+        points = points_from_sweep(sweep["levels"], "sweep.json")
+        top = max(points.batch)
+        return fit_points(points, predict=predict or [2 * top, 4 * top])
+    except BstarError:
+        return None
 
 
 def fit_signature(result: Any, options: DeploymentOptions | None,
