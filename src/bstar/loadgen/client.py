@@ -91,7 +91,8 @@ def _short(text: str, n: int = 300) -> str:
 
 
 class OpenAIClient:
-    """One aiohttp session to `base_url`; `send()` streams one request into a record.
+    """One aiohttp session to `base_url` (or the `session` given); `send()` streams one
+    request into a record.
 
     `extra_body` is merged into every request body (e.g. {"ignore_eos": True,
     "min_tokens": 64} to force output lengths). Use as `async with OpenAIClient(...)`.
@@ -107,6 +108,7 @@ class OpenAIClient:
         request_timeout_s: float = 600.0,
         extra_body: dict[str, Any] | None = None,
         connect_timeout_s: float = 10.0,
+        session: Any = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -117,7 +119,10 @@ class OpenAIClient:
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: Any = None
+        # An injected session (aiohttp.ClientSession or anything with its request/post
+        # interface, e.g. a test's in-process fake) is the caller's: used, never closed.
+        self._own_session = session is None
+        self._session: Any = session
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
@@ -127,6 +132,8 @@ class OpenAIClient:
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
 
     async def __aenter__(self) -> OpenAIClient:
+        if not self._own_session:
+            return self
         import aiohttp
 
         # trust_env=False: proxies in the environment must never see local traffic.
@@ -139,7 +146,7 @@ class OpenAIClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
+        if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
 

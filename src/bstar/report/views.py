@@ -138,7 +138,7 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
     if not (opts.get("model") and opts.get("gpu") and preds
             and preds[0].get("context_tokens")):
         return out
-    from bstar.loadgen.sweep import predict_level
+    from bstar.loadgen.runner import predict_level
 
     d = sweep_deployment(opts)
     batches = [p["batch"] for p in preds if p.get("batch")]
