@@ -114,7 +114,7 @@ def print_fit(r: Any, spec: dict[str, Any] | None = None) -> None:
     """Render a FitResult (bstar.fit) as text and rich tables."""
     from rich.table import Table
 
-    from bstar.console import console
+    from bstar.report.text import console
     from bstar.fit import INTERVAL_PCT, LOSS, LOSS_SCALE
     from bstar.units import fmt_bytes
 

@@ -67,7 +67,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
-    from bstar.console import print_plan
+    from bstar.report.text import print_plan
 
     print_plan(plan)
     return 0
@@ -89,7 +89,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from bstar.console import print_compare
+    from bstar.report.text import print_compare
 
     print_compare(rows)
     return 0
@@ -117,7 +117,7 @@ def run_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from bstar.console import print_models
+    from bstar.report.text import print_models
 
     print_models(rows)
     return 0
@@ -132,7 +132,7 @@ def run_gpus(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from bstar.console import print_gpus
+    from bstar.report.text import print_gpus
 
     print_gpus(rows)
     return 0

@@ -102,7 +102,7 @@ def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
     from rich.table import Table
 
     from bstar import roofline as rl
-    from bstar.console import console
+    from bstar.report.text import console
     from bstar.sim.traffic import parse_lengths
     from bstar.units import fmt_bytes, sparkline
 

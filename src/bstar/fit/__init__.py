@@ -2,7 +2,7 @@
 stated confidence, find the knee. Pure computation except `load_points` (reads one file);
 scipy (extra `bstar[fit]`) is imported inside the functions that need it.
 
-The model is the roofline of a decode step (DESIGN.md, bstar.roofline) reduced to three
+The model is the roofline of a decode step (docs/cost-model.md, bstar.roofline) reduced to three
 numbers, in milliseconds:
 
     step(B) = max(a + b*B, c*B)  (+ d, an optional constant overhead)
@@ -190,7 +190,7 @@ class FitResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The `bstar fit --json` contract (DESIGN.md) plus points, knees, warnings."""
+        """The `bstar fit --json` contract (docs/contracts.md) plus points, knees, warnings."""
         regime_at = {str(b): r for b, r in zip(self.points.batch, self.regimes, strict=True)}
         for pr in self.predictions:
             regime_at[str(pr.batch)] = pr.regime
