@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from bstar.commands.common import (
@@ -14,6 +13,7 @@ from bstar.commands.common import (
     positive_float,
     warn,
 )
+from bstar.commands.emit import emit
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,42 +57,22 @@ def deployment_from_args(args: argparse.Namespace, model: str | None = None,
 
 def run_plan(args: argparse.Namespace) -> int:
     from bstar.plan import DEFAULT_CONTEXTS, make_plan
+    from bstar.report import save_plan_plot
+    from bstar.report.text import print_plan
 
     d = deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
-    if args.plot:
-        from bstar.report import save_plan_plot
-
-        _wrote(save_plan_plot(plan, args.plot, args.max_tpot_ms))
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-        return 0
-    from bstar.report.text import print_plan
-
-    print_plan(plan)
-    return 0
-
-
-def _wrote(path: Any) -> None:
-    import sys
-
-    # stderr: --json keeps stdout to the one JSON object.
-    print(f"plot written to {path}", file=sys.stderr)
+    return emit(args, plan.to_dict, lambda: print_plan(plan),
+                lambda path: save_plan_plot(plan, path, args.max_tpot_ms))
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    rows = compare_rows(args)
-    if args.plot:
-        from bstar.report import save_compare_plot
-
-        _wrote(save_compare_plot(rows, args.plot))
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+    from bstar.report import save_compare_plot
     from bstar.report.text import print_compare
 
-    print_compare(rows)
-    return 0
+    rows = compare_rows(args)
+    return emit(args, lambda: rows, lambda: print_compare(rows),
+                lambda path: save_compare_plot(rows, path))
 
 
 def compare_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -104,6 +84,7 @@ def compare_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    from bstar.report.text import print_models
     from bstar.specs.presets import get_model, model_index
 
     rows = []
@@ -114,25 +95,14 @@ def run_models(args: argparse.Namespace) -> int:
                      "published_params": info.published_params,
                      "attention": m.attention_kind, "layers": m.num_layers,
                      "dtype": m.default_dtype, "moe": m.is_moe, "source": info.source})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from bstar.report.text import print_models
-
-    print_models(rows)
-    return 0
+    return emit(args, lambda: rows, lambda: print_models(rows))
 
 
 def run_gpus(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from bstar.report.text import print_gpus
     from bstar.specs.gpu import gpu_catalog
 
     rows = [asdict(g) for g in gpu_catalog().values()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from bstar.report.text import print_gpus
-
-    print_gpus(rows)
-    return 0
+    return emit(args, lambda: rows, lambda: print_gpus(rows))

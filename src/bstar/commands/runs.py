@@ -61,7 +61,7 @@ def run_runs(args: argparse.Namespace) -> int:
 
     action = args.runs_command or "list"
     store = Store(args.db)
-    from bstar.loadgen.render import wide_console
+    from bstar.report.text import wide_console
 
     out = wide_console()
     try:
@@ -90,7 +90,7 @@ def run_runs(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(res.to_dict(), indent=2))
             else:
-                from bstar.loadgen.render import print_result
+                from bstar.report.text import print_result
 
                 print_result(res, out)
             return 0

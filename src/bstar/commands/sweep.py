@@ -6,7 +6,6 @@ Standard library only at top level (start-up stays light); aiohttp and rich load
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -19,6 +18,7 @@ from bstar.commands.common import (
     positive_int,
     warn,
 )
+from bstar.commands.emit import emit
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,7 +106,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from bstar.loadgen.render import Progress, print_result, wide_console
+    from bstar.report.text import Progress, print_result, wide_console
 
     err = Console(stderr=True)
     try:
@@ -120,13 +120,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     except sw.SweepInterrupted as e:
         print(f"bstar: {e}", file=sys.stderr)  # one unwrapped line: it holds a command
         return 130
-    if args.plot:
-        from bstar.report import save_sweep_plot
+    from bstar.report import save_sweep_plot
 
-        # stderr: --json keeps stdout to the one JSON object.
-        err.print(f"plot written to {save_sweep_plot(result.to_dict(), args.plot)}")
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print_result(result, wide_console())
+    emit(args, result.to_dict, lambda: print_result(result, wide_console()),
+         lambda path: save_sweep_plot(result.to_dict(), path))
     return 0 if result.status in ("completed", "completed_with_errors") else 1
