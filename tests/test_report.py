@@ -21,7 +21,7 @@ from bstar import roofline as rl
 from bstar.cli import main
 from bstar.errors import BstarError
 from bstar.plan import make_plan
-from bstar.report import plots
+from bstar.report import charts as plots
 from bstar.report.views import plan_view
 
 SVG = "{http://www.w3.org/2000/svg}"

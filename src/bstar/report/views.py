@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.errors import BstarError
 
 if TYPE_CHECKING:
     from bstar.deployment import DeploymentOptions
@@ -156,8 +157,6 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
 
 def measured_series(sweep: dict[str, Any]) -> dict[str, Any]:
     """A sweep's completed levels as aligned lists (median and p99 per-request TPOT)."""
-    from bstar.report.plots import drawable_levels, level_x
-
     lv = drawable_levels(sweep["levels"])
     return {"batch": [level_x(x) for x in lv],
             "tpot_ms": [(x.get("tpot_ms") or {}).get("p50") for x in lv],
@@ -218,7 +217,6 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> di
     or None), and, when the sweep named a cost model, the plan at the levels' context and
     the simulator replaying the sweep's levels."""
     from bstar.plan import make_plan
-    from bstar.report.plots import drawable_levels, sweep_knee
 
     meas = measured_series(sweep)
     fitted = fit_view(fit) if fit is not None else None
@@ -282,3 +280,41 @@ def fit_signature(result: Any, options: DeploymentOptions | None,
     return signature_view(meas, fitted, (pv, 0), None,
                           f"The fit beside the cost model: {pv['model']} on "
                           f"{pv['gpu_name']}, context {ctx:,}")
+
+
+# ---- a sweep's levels as drawn ---------------------------------------------------------------
+def level_x(level: dict[str, Any]) -> int:
+    """The batch a level ran at: max_num_seqs when the server was restarted per level (it
+    caps the running batch), else the client's concurrency."""
+    for k in ("max_num_seqs", "concurrency"):
+        if level.get(k) is not None:
+            return int(level[k])
+    raise BstarError("a sweep level has neither 'concurrency' nor 'max_num_seqs'")
+
+
+def drawable_levels(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Levels with a batch and a measured throughput (a failed or rate-only level has no
+    place on a batch axis), in batch order."""
+    ok = [lv for lv in levels if (lv.get("max_num_seqs") is not None
+                                  or lv.get("concurrency") is not None)
+          and lv.get("throughput_tok_s")]
+    return sorted(ok, key=level_x)
+
+
+def sweep_knee(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The measured knee to mark: the rule the sweep's recommendation followed, else seed
+    000's step rule, else seed 004's doubling rule; also accepts a flat {"batch": ...}."""
+    knee = s.get("knee") or {}
+    if knee.get("batch"):
+        return knee
+    rules = knee.get("rules") or {}
+    rec = s.get("recommendation") or {}
+    if rec.get("bound") == "knee":  # the rule the recommendation followed
+        for k in rules.values():
+            if k.get("batch") == rec.get("max_num_seqs"):
+                return k
+    for name in ("step", "doubling"):
+        k = rules.get(name) or {}
+        if k.get("batch"):
+            return k
+    return None
