@@ -221,6 +221,9 @@ class OpenAIClient:
 
     async def _send_once(self, spec: RequestSpec, *,
                          deadline: float | None = None) -> RequestRecord:
+        """Long on purpose: one streaming state machine (timeouts, status, SSE events, usage,
+        the error taxonomy) whose timing variables must stay in one frame; split, the
+        per-token timestamps would cross function calls on the measured path."""
         import aiohttp
 
         rec = RequestRecord(

@@ -29,7 +29,7 @@ from bstar.loadgen.store import LevelRow, Store, utc_now
 from bstar.recommend import Recommendation, SlaBound
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
-           "SweepResult", "load_result", "predict_level", "run_sweep", "verdict"]
+           "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
 
 
 @dataclass
@@ -388,3 +388,31 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
         return result
     finally:
         store.close()
+
+
+def _level_key(lv: dict[str, Any]) -> tuple[Any, ...]:
+    return (lv.get("max_num_seqs"), lv.get("concurrency"), lv.get("rate"))
+
+
+def compare_results(results: list[SweepResult]) -> dict[str, Any]:
+    """Runs side by side (`bstar runs compare --json`): one row per level key
+    (max_num_seqs, concurrency, rate) in the order first seen, each run's figures there or
+    None, and each run's recommendation."""
+    dicts = [r.to_dict() for r in results]
+    keys: list[tuple[Any, ...]] = []
+    for d in dicts:
+        keys += [k for k in map(_level_key, d["levels"]) if k not in keys]
+    rows = []
+    for k in keys:
+        row: dict[str, Any] = {"max_num_seqs": k[0], "concurrency": k[1], "rate": k[2],
+                               "runs": []}
+        for d in dicts:
+            lv = next((x for x in d["levels"] if _level_key(x) == k), None)
+            row["runs"].append(None if lv is None else {
+                "throughput_tok_s": lv["throughput_tok_s"],
+                "tpot_ms_p50": lv["tpot_ms"]["p50"], "tpot_ms_p99": lv["tpot_ms"]["p99"],
+                "ttft_ms_p99": lv["ttft_ms"]["p99"], "errors": lv["errors"],
+                "preemptions": lv["preemptions"]})
+        rows.append(row)
+    return {"runs": [d["run_id"] for d in dicts],
+            "recommendations": [d["recommendation"] for d in dicts], "levels": rows}

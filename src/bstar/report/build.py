@@ -41,7 +41,10 @@ def _num(v: float | None, digits: int = 1) -> str:
 
 # ---- plan ----------------------------------------------------------------------------------
 def plan_report(p: dict[str, Any], command: str = "") -> Report:
-    """`p` is `bstar.report.views.plan_view(plan)`."""
+    """`p` is `bstar.report.views.plan_view(plan)`.
+
+    Long on purpose: a linear description of the page, section by section, in reading
+    order; splitting it would scatter one document over helpers."""
     gpus = (f"{p['num_gpus']} x " if p["num_gpus"] > 1 else "") + (p.get("gpu_name") or p["gpu"])
     r = Report("plan", f"Batch size plan: {p['model']} on {gpus}",
                f"weights {p['weight_dtype']}, KV cache {p['kv_dtype']}, contexts "
@@ -303,7 +306,10 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
 def fit_report(f: dict[str, Any], command: str = "",
                signature: dict[str, Any] | None = None) -> Report:
     """`f` is `bstar.report.views.fit_view(result)` (the fit JSON contract plus a curve);
-    `signature` the fit beside the cost model (`views.fit_signature`), drawn after it."""
+    `signature` the fit beside the cost model (`views.fit_signature`), drawn after it.
+
+    Long on purpose: a linear description of the page, section by section, in reading
+    order; splitting it would scatter one document over helpers."""
     pr = f["params"]
     r = Report("fit", "Fit of measured points", f"source: {f.get('source', '')}",
                command=command)

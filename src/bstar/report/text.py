@@ -140,6 +140,55 @@ def print_gpus(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c.print(t)
 
 
+def print_runs(runs: list[dict[str, Any]], title: str, out: Console) -> None:
+    """`bstar runs list`: one row per stored run, newest first."""
+    if not runs:
+        out.print(f"no runs in {title}")
+        return
+    t = Table(show_edge=False, pad_edge=False, title=title, title_justify="left")
+    for c in ("run", "when (UTC)", "status", "url", "model", "levels done"):
+        t.add_column(c)
+    for r in runs:
+        t.add_row(r["id"], r["created_at"], r["status"], r["url"],
+                  r["served_model"] or "-", str(r["levels_done"]))
+    out.print(t)
+
+
+def print_runs_compare(cmp: dict[str, Any], out: Console) -> None:
+    """`bstar runs compare` (`loadgen.sweep.compare_results`): a column per run, the
+    throughput ratio for two, then each run's recommendation."""
+    names = cmp["runs"]
+    t = Table(show_edge=False, pad_edge=False)
+    t.add_column("level")
+    for run_id in names:
+        t.add_column(f"{run_id}\ntok/s | TPOT p50 | TTFT p99", justify="right")
+    if len(names) == 2:
+        t.add_column("tok/s ratio", justify="right")
+    for row in cmp["levels"]:
+        name = " ".join(f"{n} {v:g}" for n, v in
+                        (("mns", row["max_num_seqs"]), ("c", row["concurrency"]),
+                         ("rate", row["rate"])) if v is not None)
+        cells = [name]
+        for r in row["runs"]:
+            if r is None or not r["throughput_tok_s"]:
+                cells.append("-")
+                continue
+            tp = r["tpot_ms_p50"]
+            tt = r["ttft_ms_p99"]
+            cells.append(f"{r['throughput_tok_s']:.1f} | "
+                         f"{'-' if tp is None else f'{tp:.1f}'} | "
+                         f"{'-' if tt is None else f'{tt:.0f}'}")
+        if len(names) == 2:
+            a, b = row["runs"]
+            ok = a and b and a["throughput_tok_s"] and b["throughput_tok_s"]
+            cells.append(f"{b['throughput_tok_s'] / a['throughput_tok_s']:.2f}x" if ok else "-")
+        t.add_row(*cells)
+    out.print(t)
+    for run_id, rec in zip(names, cmp["recommendations"], strict=True):
+        out.print(f"{run_id}: " + (f"max_num_seqs = {rec['max_num_seqs']} ({rec['bound']})"
+                                   if rec else "no verdict"))
+
+
 # ---- bstar sweep and bstar runs --------------------------------------------------------------
 def _ms(v: float | None) -> str:
     if v is None:

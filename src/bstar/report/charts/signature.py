@@ -37,7 +37,10 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
     """Per-request TPOT and throughput against batch with every source that is present:
     the cost model's prediction (dashed, with its regime bands, B*, B_mem and knee), the fit
     (solid, dashed past the data), the measured levels (dots, whiskers to p99) and the
-    simulation (squares, whiskers to p99)."""
+    simulation (squares, whiskers to p99).
+
+    Long on purpose: one drawing script, layer by layer (regimes, each source's curve,
+    markers, legend) on two shared axes."""
     meas, sim, fit, pred, plan = (v.get(k) for k in ("measured", "simulated", "fitted",
                                                      "predicted", "plan"))
     data_x = [b for s in (meas, sim) if s for b in s["batch"]]

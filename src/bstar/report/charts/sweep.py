@@ -38,7 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def sweep_chart(s: dict[str, Any]) -> Chart:
     """Measured levels (p50 with whiskers to p99) over the prediction; TTFT; preemptions
-    and KV-cache usage per level."""
+    and KV-cache usage per level.
+
+    Long on purpose: one drawing script over four panels that share the x axis and the
+    markers; each panel is a few lines that need the others' scales."""
     levels = drawable_levels(s["levels"])
     if not levels:
         raise BstarError("the sweep has no completed level with a batch to draw")
