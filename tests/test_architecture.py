@@ -135,3 +135,37 @@ def test_no_import_cycle_among_bstar_modules(top_level_only: bool) -> None:
     assert _cycles(graph) == []
     # The detector finds a planted cycle.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+# docs/architecture.md's layers, lowest first (a package stands for its modules).
+LAYERS = (
+    ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units"),
+    ("bstar.roofline", "bstar.sim.steptime"),
+    ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
+     "bstar.validate", "bstar.probe", "bstar.tinymodel"),
+    ("bstar.deployment", "bstar.plan"),
+    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer"),
+    ("bstar.report",),
+    ("bstar.commands",),
+    ("bstar.cli", "bstar.__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(LAYERS):
+        for x in names:
+            if (module == x or module.startswith(x + ".")) and (best is None
+                                                                 or len(x) > best[1]):
+                best = (i, len(x))
+    assert best is not None, f"{module} is in no layer of docs/architecture.md"
+    return best[0]
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = [f"{name} -> {dep}" for name, path in MODULES.items()
+              for dep in imported(name, path, top_level_only=False)
+              if dep in MODULES and dep not in (name, "bstar")
+              and layer_of(dep) > layer_of(name)]
+    assert upward == []
+    assert layer_of("bstar.sim.steptime") < layer_of("bstar.sim.engine")
