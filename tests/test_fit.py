@@ -286,3 +286,20 @@ def test_make_points_and_fit_arguments() -> None:
         fit_points(pts, critical_batch=0)
     with pytest.raises(BstarError, match="at least 1"):
         fit_points(pts, predict=[0])
+
+
+def test_knee_rules_object_matches_the_keywords() -> None:
+    from bstar.fit import KneeRules
+
+    pts = load_points(SEED001)
+    by_obj = fit_points(pts, critical_batch=128, n_bootstrap=20,
+                        knees=KneeRules(doubling=0.2, max_tpot_ms=30))
+    by_kw = fit_points(pts, critical_batch=128, n_bootstrap=20, knee_doubling=0.2,
+                       max_tpot_ms=30)
+    assert by_obj.to_dict() == by_kw.to_dict()
+    # The fit's knee: the earlier of the doubling rule's and the SLA's on the fitted curve.
+    fired = [k for name, k in by_obj.knees_fitted.items()
+             if name in ("doubling", "sla") and k.batch is not None]
+    assert fired and by_obj.knee_batch == min(k.batch for k in fired)
+    with pytest.raises(TypeError, match="knee_stepp"):
+        fit_points(pts, knee_stepp=0.1)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, DeploymentOptions
 from bstar.errors import BstarError
 from bstar.recommend import Recommendation, engine_flags, recommend
 
-DEFAULT_MODEL = "llama-3-8b"
-DEFAULT_GPU = "a100-80gb-sxm"
+__all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
+           "compare", "make_plan"]
 DEFAULT_CONTEXTS = (512, 2048, 8192)
 MAX_CONTEXT = 10_000_000
 MAX_BATCH = 1_000_000
@@ -167,3 +169,54 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))
+
+
+def compare(options: DeploymentOptions, models: list[str] | None = None,
+            gpus: list[str] | None = None, contexts: tuple[int, ...] | list[int] | None = None,
+            max_tpot_ms: float | None = None,
+            warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per model x GPU x context (`bstar compare --json`), each deployment the
+    `options` with that model and GPU. A model that does not fit gets a row saying so."""
+    rows = []
+    for m in models or [DEFAULT_MODEL]:
+        for g in gpus or [DEFAULT_GPU]:
+            d = options.with_target(m, g).build(warn=warn)
+            for ctx in tuple(contexts or DEFAULT_CONTEXTS):
+                try:
+                    p = make_plan(d, (ctx,), [1], max_tpot_ms)
+                except BstarError as e:
+                    if rl.b_mem(d, ctx) >= 1:
+                        raise
+                    # One model that does not fit must not hide the rest of the table.
+                    rows.append(no_fit_row(d, ctx, rl.min_gpus_that_fit(d, ctx), str(e)))
+                    continue
+                rows.append(compare_row(p, p.contexts[0]))
+    return rows
+
+
+def compare_row(plan: Plan, c: ContextPlan) -> dict[str, Any]:
+    d = plan.deployment
+    return {"model": d.model.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "attention": d.model.attention_kind, "weight_bytes": plan.weight_bytes,
+            "kv_bytes_per_token": plan.kv_bytes_per_token,
+            "context_tokens": c.context_tokens, "kv_bytes_per_seq": c.kv_bytes_per_seq,
+            "b_star": c.b_star, "b_mem": c.b_mem,
+            "compute_crossover_batch": c.compute_crossover_batch,
+            "tpot_floor_ms": c.tpot_floor_s * 1e3,
+            "tpot_batch1_ms": float(c.curve.tpot_s[0] * 1e3),
+            "warnings": list(c.warnings),
+            "recommendation": {"max_num_seqs": c.recommendation.max_num_seqs,
+                               "reason": c.recommendation.reason,
+                               "bound": c.recommendation.bound},
+            "fits": True}
+
+
+def no_fit_row(d: rl.Deployment, ctx: int, min_gpus: int | None,
+               message: str) -> dict[str, Any]:
+    return {"model": d.model.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "attention": d.model.attention_kind, "weight_bytes": rl.weight_bytes(d),
+            "kv_bytes_per_token": rl.kv_bytes_per_token(d), "context_tokens": ctx,
+            "kv_bytes_per_seq": rl.kv_bytes_per_seq(d, ctx), "b_star": rl.b_star(d, ctx),
+            "b_mem": 0, "compute_crossover_batch": None, "tpot_floor_ms": None,
+            "tpot_batch1_ms": None, "recommendation": None, "fits": False,
+            "min_num_gpus": min_gpus, "error": message}

@@ -129,7 +129,7 @@ def _probe(path: Path) -> None:
 
 
 # llama.cpp holds the tiny model in fp32 (the GGUF is F32) and its KV cache in f16.
-DEPLOYMENT_ARGS = {"dtype": "fp32", "kv_dtype": "fp16"}
+DEPLOYMENT = {"weight_dtype": "fp32", "kv_dtype": "fp16"}
 
 
 def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say: _Say,
@@ -152,7 +152,8 @@ def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say:
                       input_len=args.input_len, output_len=args.output_len,
                       num_requests=args.num_requests, level_time_limit_s=120.0,
                       request_timeout_s=120.0, model=str(model_dir), gpu=str(gpu_file),
-                      deployment_args=DEPLOYMENT_ARGS)
+                      deployment={**DEPLOYMENT, "model": str(model_dir),
+                                  "gpu": str(gpu_file)})
     return run_sweep(cfg, db=db, on_event=on_event,
                      deployment=sweep_deployment(cfg.to_options()))
 

@@ -13,6 +13,7 @@ from typing import Any
 from bstar.commands import fit as fit_cmd
 from bstar.commands import plan as plan_cmd
 from bstar.commands import simulate as sim_cmd
+from bstar.commands.common import deployment_options
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -109,7 +110,8 @@ def _report_fit(args: argparse.Namespace) -> int:
     from bstar.report import save_fit_plot, write_fit_report
 
     result, _spec = fit_cmd.fit_from_args(args)
-    path = write_fit_report(result, args.output, _command_line(), args)
+    path = write_fit_report(result, args.output, _command_line(), deployment_options(args),
+                            args.context)
     if getattr(args, "plot", None):
         save_fit_plot(result, args.plot)
     return _done(args, path, {"knee_batch": result.knee_batch})
@@ -118,8 +120,9 @@ def _report_fit(args: argparse.Namespace) -> int:
 def _report_simulate(args: argparse.Namespace) -> int:
     from bstar.report import save_simulate_plot, write_simulate_report
 
-    _d, rows, advice, _arrivals, tokens = sim_cmd.simulate_from_args(args)
-    objs = sim_cmd.simulate_objects(rows, advice, tokens, args)
+    study = sim_cmd.simulate_from_args(args)
+    objs = study.to_objects()
+    advice = study.advice
     path = write_simulate_report(objs, args.output, _command_line())
     if getattr(args, "plot", None):
         save_simulate_plot(objs, args.plot)
