@@ -31,7 +31,9 @@ def profile_file(tmp_path: Path, gpu: str = "a100-80gb-sxm") -> Path:
 
 def test_defaults_build_bstar_plans_default_deployment() -> None:
     d = DeploymentOptions().build()
-    assert d == rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
+    # The default engine is vLLM, whose profile's priors are Efficiency's defaults.
+    assert d == rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
+                              engine="vllm")
 
 
 def test_flags_map_onto_the_deployment() -> None:

@@ -33,7 +33,8 @@ class DeploymentOptions:
     - `bw_eff`, `flops_eff`, `overhead_ms`, `overhead_per_seq_us`: efficiency overrides
       (None: the profile's, else the stated defaults of `roofline.Efficiency`).
     - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
-    - `engine`: the engine the efficiencies belong to (a label, e.g. "vllm").
+    - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
+      "" = vllm); a `profile` calibrated on real steps replaces them.
     """
 
     model: str | None = None
@@ -60,10 +61,12 @@ class DeploymentOptions:
     def build(self, warn: Callable[[str], None] | None = None) -> rl.Deployment:
         """Load the presets (and the profile) into a `roofline.Deployment`. `warn` hears
         about a profile calibrated on another GPU (its efficiencies are then a guess)."""
+        from bstar.engines import get_engine
         from bstar.specs.gpu import get_gpu
         from bstar.specs.presets import get_model
 
-        eff = rl.IDEAL if self.ideal else rl.Efficiency()
+        engine = get_engine(self.engine)  # validates the name even under --ideal
+        eff = rl.IDEAL if self.ideal else engine.efficiency()
         reserve_gib = self.reserve_gib
         prof = None
         if self.profile:
@@ -82,7 +85,8 @@ class DeploymentOptions:
             model=get_model(self.model or DEFAULT_MODEL),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
             weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * 2**30), block_tokens=self.block_size, eff=eff)
+            reserve_bytes=round(reserve_gib * 2**30), block_tokens=self.block_size, eff=eff,
+            engine="ideal" if self.ideal else engine.name)
         if prof is not None:
             d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
             if prof.gpu and prof.gpu != d.gpu.id and warn is not None:

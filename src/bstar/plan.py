@@ -92,12 +92,35 @@ class Plan:
             "efficiency": {"bandwidth": e.bandwidth, "compute": e.compute,
                            "overhead_ms": e.overhead_s * 1e3,
                            "overhead_per_seq_ms": e.overhead_per_seq_s * 1e3,
-                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3},
+                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3,
+                           # cost model 2's terms (docs/cost-model.md)
+                           "kv_bandwidth": e.kv_bandwidth,
+                           "attention_compute": e.attention_compute,
+                           "layer_ms": e.layer_s * 1e3,
+                           "decode_layer_ms": e.decode_layer_s * 1e3,
+                           "chunk_layer_ms": e.chunk_layer_s * 1e3,
+                           "score_bytes": e.score_bytes,
+                           "roof_sharpness": (None if np.isinf(e.roof_sharpness)
+                                              else e.roof_sharpness),
+                           "fp8_weight_stream": e.fp8_weight_stream,
+                           "int4_weight_stream": e.int4_weight_stream,
+                           "grouped": e.grouped},
+            "engine_profile": _engine_dict(d.engine),
             "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": 2**30,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
                                                 "(seed 000's 'TPOT' curve)"},
         }
+
+
+def _engine_dict(name: str) -> dict[str, str] | None:
+    """Which bundled engine priors the efficiencies started from, and on what basis."""
+    from bstar.engines import engine_profiles
+
+    p = engine_profiles().get(name)
+    if p is None:
+        return None
+    return {"name": p.name, "title": p.title, "basis": p.basis, "source": p.source}
 
 
 def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:

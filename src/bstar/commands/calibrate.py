@@ -25,8 +25,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", type=str_list, default=FIT_DEFAULT.split(","),
                    help=f"parameters to fit, the rest keep the flags' values (default "
                         f"{FIT_DEFAULT})")
-    p.add_argument("--engine", default="", help="engine the points come from (e.g. vllm)")
-    p.add_argument("--engine-version", default="", help="its version")
+    p.add_argument("--engine-version", default="",
+                   help="version of the engine the points come from (--engine names it)")
     p.add_argument("--vllm-log", type=Path, default=None,
                    help="a vLLM start-up log: its KV cache size calibrates the reserve "
                         "(and so B_mem)")

@@ -106,13 +106,19 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    help="KV cache block size in tokens (default 16)")
     e = p.add_argument_group("efficiency (stated defaults; replace by calibration)")
     e.add_argument("--bw-eff", type=positive_float, default=None,
-                   help="achieved fraction of peak HBM bandwidth (default 0.70)")
+                   help="achieved fraction of peak HBM bandwidth by the weight stream "
+                        "(default 0.80)")
     e.add_argument("--flops-eff", type=positive_float, default=None,
-                   help="achieved fraction of dense peak FLOP/s (default 0.60)")
+                   help="achieved fraction of dense peak FLOP/s (default 0.70)")
     e.add_argument("--overhead-ms", type=non_negative_float, default=None,
-                   help="per-step overhead, ms (default 0.5)")
+                   help="per-step engine CPU overhead, ms (default: the engine profile's)")
     e.add_argument("--overhead-per-seq-us", type=non_negative_float, default=None,
-                   help="per-step overhead per sequence, us (default 5)")
+                   help="per-step overhead per running sequence, us (default: the engine "
+                        "profile's)")
+    e.add_argument("--engine", default="", metavar="NAME",
+                   help="engine whose priors the cost model starts from: vllm (default), "
+                        "vllm-v0, sglang, trt-llm, lmdeploy, llama.cpp, torch-graph "
+                        "(docs/cost-model.md)")
     e.add_argument("--ideal", action="store_true",
                    help="pure roofline: efficiencies 1, no overhead (the seeds' arithmetic)")
     e.add_argument("--profile", default=None, metavar="FILE",

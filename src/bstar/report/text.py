@@ -47,6 +47,12 @@ def print_plan(plan: Plan, out: Console | None = None) -> None:
             f"peak {d.weight.compute} {g.peak_flops(d.weight.compute) / 1e12:.1f} TFLOP/s x "
             f"{e.compute:g}; ridge {g.ridge_flops_per_byte:.1f} FLOP/byte; overhead "
             f"{e.overhead_s * 1e3:g} ms + {e.overhead_per_seq_s * 1e6:g} us/seq per step")
+    prof = plan.to_dict().get("engine_profile")
+    if prof:
+        c.print(f"  engine priors    {prof['name']} ({prof['basis']}; --engine, "
+                "docs/cost-model.md; a --profile replaces them)")
+    elif d.engine == "ideal":
+        c.print("  engine priors    none (--ideal: the pure roofline, cost model 1)")
     for cp in plan.contexts:
         c.print()
         cross = (f"{cp.compute_crossover_batch:.1f}" if cp.compute_crossover_batch is not None
