@@ -75,3 +75,71 @@ def test_empty_slo_and_bad_items() -> None:
     for bad in ("ttft", "itl:5", "tpot:x", "tpot:-1", "tbt:4", "e2e:0"):
         with pytest.raises(BstarError):
             parse_slo(bad)
+
+
+# ---- the cost model's pick: the knee of the predicted curve -----------------------------------
+def _plan(**kw: object) -> object:
+    from bstar import roofline as rl
+    from bstar.plan import make_plan
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
+    d = rl.Deployment(get_model("llama-3-8b"), get_gpu(str(kw.pop("gpu", "h200"))),
+                      engine="vllm", **kw)  # type: ignore[arg-type]
+    return d, make_plan(d, (512, 2048, 8192))
+
+
+def test_plan_recommends_the_predicted_knee_and_keeps_b_star() -> None:
+    import numpy as np
+
+    from bstar import roofline as rl
+
+    d, plan = _plan()
+    for c in plan.contexts:  # type: ignore[attr-defined]
+        rec = c.recommendation
+        k = rec.max_num_seqs
+        if rec.bound != "knee":
+            continue
+        # Checked on the predicted curve itself: the doubling out of the knee gains < 15%,
+        # and so does every later one up to twice B_mem; the one into it gained more.
+        grid = np.array([k / 2, k, 2 * k, 4 * k, 8 * k])
+        tput = np.interp(grid, *_throughput(d, c.context_tokens, c.b_mem))
+        gains = tput[1:] / tput[:-1] - 1
+        assert gains[1] < 0.15 and all(g < 0.15 for g in gains[1:]), (c.context_tokens, gains)
+        assert gains[0] >= 0.15 * 0.9, (c.context_tokens, gains)  # grid interpolation slack
+        assert k <= 0.85 * c.b_mem
+        assert c.to_dict()["recommendation"]["b_star"] == pytest.approx(
+            rl.b_star(d, c.context_tokens))
+        assert set(rec.knees) == {"doubling", "step"}
+    # The knee is past B* at every context of this plan: B* is only where saturation begins.
+    assert all(c.recommendation.max_num_seqs > c.b_star  # type: ignore[attr-defined]
+               for c in plan.contexts[1:])  # type: ignore[attr-defined]
+
+
+def _throughput(d: object, ctx: int, b_mem: int) -> tuple[object, object]:
+    import numpy as np
+
+    from bstar import roofline as rl
+
+    b = np.arange(1, 16 * b_mem + 1)
+    return b, rl.curve(d, b, ctx).throughput_tok_s  # type: ignore[arg-type]
+
+
+def test_a_knee_past_b_mem_band_is_capped_at_85_percent() -> None:
+    # A100 with 50 GiB kept out of the pool: at 8192 tokens B_mem is 7, and throughput still
+    # rises steeply through it (weight-dominated), so its knee lies at B_mem itself.
+    _, plan = _plan(gpu="a100-80gb-sxm", reserve_bytes=50 * 2**30)
+    c = plan.contexts[-1]  # type: ignore[attr-defined]
+    assert c.recommendation.bound == "b_mem"
+    assert c.recommendation.max_num_seqs == max(1, int(0.85 * c.b_mem))
+
+
+def test_ideal_keeps_the_seeds_b_star_rule() -> None:
+    from bstar.deployment import DeploymentOptions
+    from bstar.plan import make_plan
+
+    d = DeploymentOptions(ideal=True).build()
+    for c in make_plan(d, (2048, 8192)).contexts:
+        assert c.recommendation.bound in ("b_star", "b_mem", "compute")
+        if c.recommendation.bound == "b_star":
+            assert c.recommendation.max_num_seqs == int(c.b_star)

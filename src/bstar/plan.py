@@ -11,7 +11,8 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, DeploymentOptions
 from bstar.errors import BstarError
-from bstar.recommend import Recommendation, engine_flags, recommend
+from bstar.knee import Knee
+from bstar.recommend import Recommendation, engine_flags
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
            "compare", "make_plan"]
@@ -61,7 +62,10 @@ class ContextPlan:
             "recommendation": {"max_num_seqs": self.recommendation.max_num_seqs,
                                "reason": self.recommendation.reason,
                                "bound": self.recommendation.bound,
-                               "flags": self.flags},
+                               "flags": self.flags,
+                               "b_star": self.b_star,
+                               "knees": {k: v.to_dict()
+                                         for k, v in self.recommendation.knees.items()}},
         }
 
 
@@ -176,7 +180,9 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             ok = np.flatnonzero(tp <= max_tpot_ms)
             sla_b = int(grid[ok[-1]]) if ok.size else None
             tpot1 = float(tp[0])
-        rec = recommend(bstar, bm, cross, sla_b, max_tpot_ms, tpot1)
+        knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
+        rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
+                                             knees)
         warnings = []
         max_pos = d.model.config.get("max_position_embeddings")
         if isinstance(max_pos, int) and ctx > max_pos:
@@ -192,6 +198,19 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))
+
+
+def predicted_knees(d: rl.Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:
+    """Knees of the predicted throughput curve at one context: seed 004's doubling rule on
+    a fine grid (four points per doubling, up to twice B_mem, where the running batch stops
+    growing and throughput flattens), and seed 000's 5%-per-step rule on powers of two."""
+    from bstar.knee import doubling_knee, step_knee
+
+    top = max(2, 2 * b_mem)
+    fine = np.unique(np.round(2.0 ** (np.arange(0, 4 * np.log2(top) + 1) / 4)).astype(int))
+    pow2 = 2 ** np.arange(0, int(np.log2(top)) + 1)
+    return {"doubling": doubling_knee(fine, rl.curve(d, fine, context_tokens).throughput_tok_s),
+            "step": step_knee(pow2, rl.curve(d, pow2, context_tokens).throughput_tok_s)}
 
 
 def compare(options: DeploymentOptions, models: list[str] | None = None,

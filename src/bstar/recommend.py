@@ -1,8 +1,8 @@
 """Policy: every max_num_seqs bstar recommends is decided here, with the reason that bound
 it, and printed as each engine's flags.
 
-- `Recommendation.from_cost_model`: B*, B_mem, the compute crossover and a TPOT SLA
-  (`bstar plan`, `bstar compare`).
+- `Recommendation.from_cost_model`: the knee of the predicted throughput curve, B_mem's
+  band and a TPOT SLA (`bstar plan`, `bstar compare`); B* under --ideal.
 - `Recommendation.from_curve`: knees on a measured (`bstar sweep`), fitted (`bstar fit`)
   or simulated (`bstar simulate`) throughput curve, capped by SLOs.
 """
@@ -24,7 +24,8 @@ MEMORY_HEADROOM = 0.85
 class Recommendation:
     """A max_num_seqs, why, and what bound it.
 
-    `bound` is one of: from the cost model "b_star", "b_mem", "compute"; from a curve
+    `bound` is one of: from the cost model "knee", "b_mem" (and, for --ideal's seed
+    rule, "b_star", "compute"); from a curve
     "knee", "sweep_end" (measured), "max-level" (simulated), "none" (fitted: no knee),
     "load" (simulated: the offered load, not the server, sets throughput),
     "single-level"; from an SLO "sla", "sla-unmet". `knees` are the rules' picks it was
@@ -47,20 +48,44 @@ class Recommendation:
     @classmethod
     def from_cost_model(cls, b_star: float, b_mem: int, compute_crossover: float | None = None,
                         sla_batch: int | None = None, max_tpot_ms: float | None = None,
-                        tpot_at_1_ms: float | None = None) -> Recommendation:
-        """Seed 000's rule: B* when it fits well inside B_mem, else 85% of B_mem; lowered to
-        the compute crossover when that comes first; capped by the per-request TPOT SLA."""
-        if b_star <= MEMORY_HEADROOM * b_mem:
+                        tpot_at_1_ms: float | None = None,
+                        knees: Mapping[str, Knee] | None = None) -> Recommendation:
+        """The cost model's pick. With `knees` of the predicted throughput curve (cost
+        model 2, `plan.predicted_knees`): the knee by seed 004's doubling rule, capped at 85%
+        of B_mem (seed 000's 80-90% band) and by the per-request TPOT SLA; seed 000's
+        5%-per-step knee rides along in `knees`. Why the knee and not B*: past B* each
+        sequence still buys throughput until the curve flattens, and on real H200 curves the
+        measured knee sits 1.3-10x above B* (`bench/accuracy.py`, docs/seeds.md).
+
+        Without `knees` (--ideal: the seeds' arithmetic, and the `recommend()` API of old):
+        seed 000's rule, B* when it fits well inside B_mem, else 85% of B_mem, lowered to
+        the compute crossover when that comes first."""
+        cap = max(1, math.floor(MEMORY_HEADROOM * b_mem))
+        doubling = (knees or {}).get("doubling")
+        if knees is not None and doubling is not None:
+            k = doubling.batch
+            if k is not None and k <= cap:
+                rec = cls(k, f"predicted knee (doubling rule): {doubling.reason}; "
+                          f"B* = {b_star:.1f} marks where saturation begins", "knee",
+                          dict(knees), "doubling")
+            else:
+                why = (f"the predicted knee B = {k} is past it" if k is not None
+                       else "throughput still gains 15% per doubling up to B_mem")
+                rec = cls(cap, f"memory binds: {why}; 85% of B_mem = {b_mem} leaves "
+                          "headroom against preemption (seed 000: 80-90%)", "b_mem",
+                          dict(knees), "doubling")
+        elif b_star <= MEMORY_HEADROOM * b_mem:
             rec = cls(
                 max(1, math.floor(b_star)),
                 f"B* = {b_star:.1f} (KV bytes read per step reach the weight bytes; past it "
                 f"each added sequence buys less) fits within 85% of B_mem = {b_mem}", "b_star")
         else:
             rec = cls(
-                max(1, math.floor(MEMORY_HEADROOM * b_mem)),
+                cap,
                 f"memory binds: B* = {b_star:.1f} is above 85% of B_mem = {b_mem}; 85% of "
                 "B_mem leaves headroom against preemption (seed 000: 80-90%)", "b_mem")
-        if compute_crossover is not None and compute_crossover < rec.max_num_seqs:
+        if knees is None and compute_crossover is not None \
+                and compute_crossover < rec.max_num_seqs:
             rec = cls(
                 max(1, math.floor(compute_crossover)),
                 f"compute roof at B = {compute_crossover:.1f}: past it throughput is flat and "
@@ -69,12 +94,12 @@ class Recommendation:
             if sla_batch is None or sla_batch < 1:
                 at1 = f" (batch 1 already takes {tpot_at_1_ms:.2f} ms)" if tpot_at_1_ms else ""
                 return cls(1, f"no batch meets TPOT <= {max_tpot_ms:g} ms{at1}; the SLA needs "
-                           "faster hardware or more GPUs", "sla-unmet")
+                           "faster hardware or more GPUs", "sla-unmet", rec.knees, "sla")
             if sla_batch < rec.max_num_seqs:
                 rec = cls(
                     sla_batch, f"latency SLA: per-request TPOT <= {max_tpot_ms:g} ms holds up "
                     f"to B = {sla_batch} (unconstrained: {rec.max_num_seqs}, {rec.bound})",
-                    "sla")
+                    "sla", rec.knees, "sla")
         return rec
 
     @classmethod
