@@ -137,7 +137,27 @@ class FitResult:
     kv_bytes_per_seq: int | None = None
     flops_per_token: float | None = None
     max_tpot_ms: float | None = None
+    # Closed-loop output throughput (`with_prefill`): TTFT(B) = ttft_line[0] + [1] * B, ms,
+    # and the output tokens per request. None: throughput is decode-only, B / TPOT.
+    ttft_line: tuple[float, float] | None = None
+    output_len: int | None = None
     _boot: FloatArray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def throughput_kind(self) -> str:
+        return ("output, prefill included (closed loop: B x O / (TTFT + (O - 1) x TPOT))"
+                if self.ttft_line is not None else "decode only (B / TPOT)")
+
+    def throughput_at(self, batch: npt.ArrayLike, tpot_ms: npt.ArrayLike | None = None
+                      ) -> FloatArray:
+        """Throughput in the quantity the points measured: decode-only B / TPOT, or, after
+        `with_prefill`, a closed loop's output throughput with each request's prefill."""
+        b = np.asarray(batch, dtype=np.float64)
+        t = self.step_ms(b) if tpot_ms is None else np.asarray(tpot_ms, dtype=np.float64)
+        if self.ttft_line is None or self.output_len is None:
+            return 1e3 * b / t
+        ttft = self.ttft_line[0] + self.ttft_line[1] * b
+        return 1e3 * b * self.output_len / (ttft + (self.output_len - 1) * t)
 
     @property
     def roof_known(self) -> bool:
@@ -200,6 +220,7 @@ class FitResult:
             "knee_batch": self.knee_batch,
             "knee_rule": self.knee_rule,
             "predictions": [pr.to_dict() for pr in self.predictions],
+            "throughput_kind": self.throughput_kind,
             "regime_at": regime_at,
             "points": [{"batch": pts.batch[i], "throughput_tok_s": pts.throughput_tok_s[i],
                         "tpot_ms": pts.tpot_ms[i], "derived": pts.derived[i] or None,
@@ -476,6 +497,30 @@ def _predict(params: Params, boot: list[Params], batch: int, b_last: float,
                       throughput_high_tok_s=1e3 * x / lo,
                       regime=_regime(params, x, roof_source != "unknown", past),
                       extrapolated=past, bound=bound)
+
+
+def with_prefill(result: FitResult, batch: Sequence[float], ttft_ms: Sequence[float],
+                 output_len: int) -> FitResult:
+    """`result` predicting the output throughput a closed loop of B streams measures, prefill
+    included: each request waits TTFT (fitted as a line in B over the measured levels: the
+    prompts of the other streams queue ahead of it) and then O - 1 steps of TPOT (the fit),
+    so throughput = B x O / (TTFT + (O - 1) x TPOT). A sweep's measured throughput is this
+    quantity, not B / TPOT: extrapolating B / TPOT against it compares unlike things."""
+    b = np.asarray(batch, dtype=np.float64)
+    y = np.asarray(ttft_ms, dtype=np.float64)
+    if b.size < 2 or output_len < 1 or not np.all(np.isfinite(y)):
+        raise BstarError("the prefill-aware throughput needs TTFT at two or more batches")
+    slope, intercept = np.polyfit(b, y, 1)
+    if slope < 0:  # noise: TTFT cannot fall as more prompts queue; hold it flat
+        slope, intercept = 0.0, float(np.mean(y))
+    out = replace(result, ttft_line=(float(intercept), float(slope)), output_len=output_len)
+    preds = []
+    for p in result.predictions:
+        preds.append(replace(
+            p, throughput_tok_s=float(out.throughput_at(p.batch, p.tpot_ms)),
+            throughput_low_tok_s=float(out.throughput_at(p.batch, p.tpot_high_ms)),
+            throughput_high_tok_s=float(out.throughput_at(p.batch, p.tpot_low_ms))))
+    return replace(out, predictions=tuple(preds))
 
 
 def spec_terms(options: DeploymentOptions, context_tokens: int | None = None

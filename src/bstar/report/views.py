@@ -114,7 +114,7 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     grid = np.unique(np.geomspace(1, top, DENSE_SAMPLES))
     step_ms = np.asarray(result.step_ms(grid), dtype=np.float64)
     out["dense"] = {"batch": [float(x) for x in grid], "tpot_ms": [float(x) for x in step_ms],
-                    "throughput_tok_s": [float(x) for x in grid / step_ms * 1e3],
+                    "throughput_tok_s": [float(x) for x in result.throughput_at(grid, step_ms)],
                     "last_measured_batch": float(max(p["batch"] for p in out["points"]))}
     out["max_tpot_ms"] = max_tpot_ms if max_tpot_ms is not None else getattr(
         result, "max_tpot_ms", None)
@@ -212,10 +212,12 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
     return out
 
 
-def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> dict[str, Any]:
+def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
+                  deployment: rl.Deployment | None = None) -> dict[str, Any]:
     """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
     or None), and, when the sweep named a cost model, the plan at the levels' context and
-    the simulator replaying the sweep's levels."""
+    the simulator replaying the sweep's levels, with `deployment` (e.g. calibrated on the
+    sweep itself) or the one the sweep stored."""
     from bstar.plan import make_plan
 
     meas = measured_series(sweep)
@@ -224,7 +226,7 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> di
     preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
     predicted, simulated = None, None
     if opts.get("model") and opts.get("gpu") and preds and preds[0].get("context_tokens"):
-        d = sweep_deployment(opts)
+        d = deployment or sweep_deployment(opts)
         ctx = int(preds[0]["context_tokens"])
         extra = [p["batch"] for p in (fitted or {}).get("predictions", [])]
         batches = sorted({*meas["batch"], *extra})
@@ -255,9 +257,26 @@ def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | 
     try:
         points = points_from_sweep(sweep["levels"], "sweep.json")
         top = max(points.batch)
-        return fit_points(points, predict=predict or [2 * top, 4 * top])
+        return prefill_aware(fit_points(points, predict=predict or [2 * top, 4 * top]),
+                             sweep)
     except BstarError:
         return None
+
+
+def prefill_aware(fit: Any, sweep: dict[str, Any]) -> Any:
+    """The fit of a closed-loop (concurrency) sweep, predicting output throughput with each
+    request's prefill (`fit.with_prefill`): the quantity the sweep measured. Other sweeps
+    (rates, max_num_seqs) keep B / TPOT."""
+    from bstar.fit import with_prefill
+
+    out_len = int((sweep.get("options") or {}).get("output_len") or 0)
+    rows = [(lv["concurrency"], (lv.get("ttft_ms") or {}).get("mean"))
+            for lv in sweep.get("levels", [])
+            if lv.get("concurrency") and not lv.get("max_num_seqs") and lv.get("requests")]
+    rows = [(b, t) for b, t in rows if t]
+    if out_len < 1 or len(rows) < 2:
+        return fit
+    return with_prefill(fit, [b for b, _ in rows], [t for _, t in rows], out_len)
 
 
 def fit_signature(result: Any, options: DeploymentOptions | None,
