@@ -1,0 +1,186 @@
+"""One evaluation: the largest request rate one replica serves within the SLO, by bisection
+on the rate with the simulator. This is the unit of work every backend runs; it takes a
+picklable `Task` and returns plain JSON-able data, so all backends give identical results.
+
+A rate is sustainable only below the replica's capacity: a queue fed faster than it is
+served grows without bound, whatever a finite run's percentiles say. The capacity is
+measured first, in one saturated simulation (every request waiting at t=0, at least four
+times max_num_seqs of them): requests finished per second between the first and the third
+quarter of the finishes, while the batch is full. Rates above the cap fail without
+simulating.
+
+"Meets the SLO" at a rate at most the capacity: the simulation finished every request and
+each p99 the SLO names (TTFT, TPOT, E2E) is within its target.
+
+The bracket starts at the cap and halves until a rate meets the SLO; bisection
+(geometric) then narrows [lo, hi] until hi / lo - 1 <= rel_tol. The answer is `lo`, a rate
+known to meet the SLO.
+
+The binding limit is what failed at `hi`:
+- compute: `hi` is the cap itself: the replica's throughput roof (steps at a full batch)
+  binds, and the latency targets still hold just below it;
+- memory: the KV pool ran out (preemptions at `hi`, or a capacity run whose batch the
+  KV pool held below max_num_seqs when the capacity binds);
+- SLO: a latency target broke below the capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.search.candidates import Replica, mean_tokens, sim_config, typical_context
+from bstar.search.spec import Traffic, at_rate
+from bstar.sim import SimRun, SimSummary, Slo, Workload, simulate, summarize
+
+MAX_EXPANSIONS = 16  # doublings/halvings to find the bracket (a factor of 65,536)
+MIN_RATE_REQ_S = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    replica: Replica
+    traffic: Traffic
+    slo: Slo
+    rel_tol: float
+    max_utilization: float = 0.9
+
+    @property
+    def key(self) -> str:
+        return self.replica.key
+
+
+def _brief(s: SimSummary, rate: float) -> dict[str, Any]:
+    return {"rate_req_s": rate, "ttft_p99_ms": s.ttft_ms["p99"], "tpot_p99_ms": s.tpot_ms["p99"],
+            "e2e_p99_ms": s.e2e_ms["p99"], "throughput_tok_s": s.throughput_tok_s,
+            "preemptions": s.preemptions, "kv_utilization_max": s.kv_utilization_max,
+            "queue_mean": s.queue_mean, "running_max": s.running_max,
+            "truncated": s.truncated}
+
+
+def failures(s: SimSummary, slo: Slo) -> list[str]:
+    """The SLO terms a run misses (empty: it meets the SLO)."""
+    out = []
+    if s.truncated:
+        out.append("unfinished")
+    for key, target in slo.to_dict().items():
+        v = getattr(s, key)["p99"]
+        if v is not None and v > target:
+            out.append(f"{key.removesuffix('_ms')} p99 {v:.1f} > {target:g} ms")
+    return out
+
+
+def capacity_estimate_req_s(r: Replica, w: Workload) -> float:
+    """The cost model's throughput at the batch the replica can hold, in requests/s."""
+    d = r.deployment
+    ctx = typical_context(w)
+    b = max(1, min(r.max_num_seqs, rl.b_mem(d, ctx)))
+    tput = float(rl.curve(d, [b], ctx).throughput_tok_s[0])
+    return max(tput / max(mean_tokens(w)[1], 1.0), MIN_RATE_REQ_S)
+
+
+def saturated_workload(unit: Workload, max_num_seqs: int) -> Workload:
+    """The unit workload's requests (repeated to at least 4 x max_num_seqs), all at t=0."""
+    n = max(unit.num_requests, 4 * max_num_seqs)
+    idx = np.arange(n) % unit.num_requests
+    return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.zeros(n))
+
+
+def capacity_req_s(run: SimRun) -> float:
+    """Requests finished per second between the first and third quarter of the finishes of a
+    saturated run (the batch is full there: the queue empties only near the end)."""
+    f = np.sort(run.requests.finish_s[run.requests.done])
+    n = f.size
+    if n < 4:
+        return n / run.duration_s if run.duration_s > 0 else 0.0
+    i, j = n // 4, (3 * n) // 4
+    span = float(f[j] - f[i])
+    return (j - i) / span if span > 0 else n / run.duration_s
+
+
+def evaluate(task: Task) -> dict[str, Any]:
+    """Capacity, then bisection on the rate below it. Returns the result row (JSON-able)
+    with `elapsed_s` apart under `_timing` (not part of the answer: backends differ)."""
+    t0 = time.perf_counter()
+    r, slo = task.replica, task.slo
+    unit = task.traffic.unit_workload()
+    cfg = sim_config(r)
+    sat = simulate(r.deployment, cfg, saturated_workload(unit, r.max_num_seqs))
+    cap = capacity_req_s(sat)
+    sat_s = summarize(sat)
+    sims = 1
+
+    def run(rate: float) -> tuple[bool, SimSummary]:
+        nonlocal sims
+        sims += 1
+        s = summarize(simulate(r.deployment, cfg, at_rate(unit, rate)), slo)
+        return not failures(s, slo), s
+
+    capacity = {"capacity_req_s": cap, "running_max": sat_s.running_max,
+                "preemptions": sat_s.preemptions,
+                "kv_utilization_max": sat_s.kv_utilization_max}
+    lo: tuple[float, SimSummary] | None = None
+    roof = task.max_utilization * cap
+    hi: tuple[float, SimSummary | None] = (roof, None)  # None: not simulated (the roof)
+    rate = roof
+    for _ in range(MAX_EXPANSIONS):
+        ok, s = run(rate)
+        if ok:
+            lo = (rate, s)
+            break
+        hi = (rate, s)
+        rate /= 2
+        if rate < MIN_RATE_REQ_S:
+            break
+    if lo is None:
+        fs = hi[1]
+        assert fs is not None
+        return {"status": "infeasible", "limit": "SLO",
+                "reason": f"misses the SLO even at {hi[0]:.3g} req/s per replica: "
+                          + "; ".join(failures(fs, slo)),
+                "simulations": sims, "capacity": capacity, "at_fail": _brief(fs, hi[0]),
+                "_timing": {"elapsed_s": time.perf_counter() - t0}}
+    while hi[0] / lo[0] - 1 > task.rel_tol:
+        rate = math.sqrt(lo[0] * hi[0])
+        ok, s = run(rate)
+        if ok:
+            lo = (rate, s)
+        else:
+            hi = (rate, s)
+    return _ok(r, unit, lo, hi, capacity, sims, t0, slo)
+
+
+def _ok(r: Replica, unit: Workload, lo: tuple[float, SimSummary],
+        hi: tuple[float, SimSummary | None], capacity: dict[str, Any], sims: int, t0: float,
+        slo: Slo) -> dict[str, Any]:
+    rate, s = lo
+    fs = hi[1]
+    if fs is None:
+        kv_bound = capacity["preemptions"] > 0 or capacity["running_max"] < r.max_num_seqs
+        limit = "memory" if kv_bound else "compute"
+        held = (f"the KV pool holds {capacity['running_max']} of max_num_seqs "
+                f"{r.max_num_seqs}" if kv_bound else
+                f"a full batch of {capacity['running_max']}")
+        reason = (f"{hi[0]:.3g} req/s = {hi[0] / capacity['capacity_req_s']:.0%} of the "
+                  f"capacity {capacity['capacity_req_s']:.3g} req/s ({held}); the SLO still "
+                  "holds there")
+    else:
+        why = "; ".join(failures(fs, slo))
+        if fs.preemptions > 0:
+            limit = "memory"
+            reason = (f"at {hi[0]:.3g} req/s the KV pool runs out ({fs.preemptions} "
+                      f"preemptions, KV {fs.kv_utilization_max:.0%}): {why}")
+        else:
+            limit = "SLO"
+            reason = (f"at {hi[0]:.3g} req/s, below the capacity {capacity['capacity_req_s']:.3g}"
+                      f" req/s: {why}")
+    return {"status": "ok", "limit": limit, "reason": reason,
+            "rate_per_replica_req_s": rate,
+            "mean_output_tokens": mean_tokens(unit)[1], "capacity": capacity,
+            "at_rate": _brief(s, rate), "at_fail": None if fs is None else _brief(fs, hi[0]),
+            "simulations": sims, "_timing": {"elapsed_s": time.perf_counter() - t0}}
