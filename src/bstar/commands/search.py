@@ -66,6 +66,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
     t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
+    t.add_argument("--draws", type=positive_int, default=3,
+                   help="traffic draws (seeds) each rate must meet the SLO on, worst of K "
+                        "(default 3)")
     t.add_argument("--slo", default=None, required=False,
                    help="p99 targets in ms, e.g. ttft:1000,tpot:50 (also ttft_p99_ms=1000; "
                         "e2e allowed); needs ttft or e2e")
@@ -126,7 +129,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
     traffic = Traffic(demand, parse_lengths(args.input_len), parse_lengths(args.output_len),
-                      num_requests, args.seed, trace)
+                      num_requests, args.seed, trace, args.draws)
     eff = rl.Efficiency()
     over: dict[str, float] = {}
     if args.bw_eff is not None:
@@ -157,8 +160,15 @@ def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     """Run the search the flags describe; a progress bar on stderr unless `quiet`."""
     from bstar.search import SearchStore, default_db_path, load_prices, make_backend
 
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
     spec = spec_from_args(args)
     prices = load_prices(args.price) if args.price else None
+    for m in spec.models:  # fail on a typo before starting processes or a cluster
+        get_model(m)
+    for g in spec.gpus:
+        get_gpu(g)
     store = SearchStore(args.db or default_db_path())
     backend = make_backend(args.jobs, args.ray)
     try:

@@ -1143,4 +1143,5 @@ def search_chart(s: dict[str, Any]) -> Chart:
     return Chart("search", "Search", fig, tips.tips,
                  "Each point is a deployment at the largest rate per replica that met the SLO in "
                  "simulation; lower-left is better on the cost plane, upper-left on the "
-                 "throughput plane.")
+                 "throughput plane. Dashed steps: each model's Pareto front (no other "
+                 "deployment of it is better on both axes).")

@@ -123,7 +123,8 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
     models: list[ModelSpec] = [get_model(m) for m in spec.models]
     gpus = [get_gpu(g) for g in spec.gpus]
     profiles, warnings = _profiles(spec, gpus)
-    unit = spec.traffic.unit_workload()
+    units = spec.traffic.unit_workloads()
+    unit = units[0]
     mem = spec.memory
     cands: list[Candidate] = []
     pruned: dict[str, Pruned] = {}
@@ -144,7 +145,8 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
             by_tp: dict[int, list[Replica]] = {}
             for r in reps:
                 by_tp.setdefault(r.tp, []).append(r)
-                p = prune(r, unit, spec.slo)
+                # Every draw must meet the SLO: a draw that cannot prunes the replica.
+                p = next((x for x in (prune(r, u, spec.slo) for u in units) if x), None)
                 if p is not None:
                     pruned[r.key] = p
             for n in sorted(set(spec.num_gpus)):

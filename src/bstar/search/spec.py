@@ -38,6 +38,10 @@ class Traffic:
     num_requests: int = DEFAULT_NUM_REQUESTS
     seed: int = 0
     trace: Trace | None = None
+    # A rate meets the SLO only if it does on each of `draws` traffic draws (seeds seed,
+    # seed+1, ...): the worst of K. A fresh draw then misses it with probability about
+    # 1/(K+1) (order statistics), where one draw would leave it at a coin flip.
+    draws: int = 3
 
     def __post_init__(self) -> None:
         if not (self.demand_req_s > 0 and np.isfinite(self.demand_req_s)):
@@ -46,10 +50,17 @@ class Traffic:
         if not 1 <= self.num_requests <= MAX_NUM_REQUESTS:
             raise BstarError(f"--num-requests must be in 1..{MAX_NUM_REQUESTS:,}, got "
                              f"{self.num_requests}")
+        if not 1 <= self.draws <= 20:
+            raise BstarError(f"--draws must be in 1..20, got {self.draws}")
 
-    def unit_workload(self) -> Workload:
+    def unit_workloads(self) -> list[Workload]:
+        """One unit workload per draw (a trace has one: its requests are given)."""
+        n = 1 if self.trace is not None else self.draws
+        return [self.unit_workload(self.seed + i) for i in range(n)]
+
+    def unit_workload(self, seed: int | None = None) -> Workload:
         """The requests at a mean arrival rate of 1 request/s (deterministic in the seed)."""
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.seed if seed is None else seed)
         if self.trace is None:
             return make_workload(Poisson(1.0), self.input_len, self.output_len,
                                  self.num_requests, rng)
@@ -73,7 +84,7 @@ class Traffic:
     def to_dict(self) -> dict[str, Any]:
         return {"demand_req_s": self.demand_req_s, "input_len": _lengths_dict(self.input_len),
                 "output_len": _lengths_dict(self.output_len),
-                "num_requests": self.num_requests, "seed": self.seed,
+                "num_requests": self.num_requests, "seed": self.seed, "draws": self.draws,
                 "trace": None if self.trace is None else {
                     "num_requests": len(self.trace.arrival_s),
                     "sha256": hashlib.sha256(json.dumps(
