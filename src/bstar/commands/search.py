@@ -159,7 +159,6 @@ def spec_from_args(args: argparse.Namespace) -> Any:
 def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     """Run the search the flags describe; a progress bar on stderr unless `quiet`."""
     from bstar.search import SearchStore, default_db_path, load_prices, make_backend
-
     from bstar.specs.gpu import get_gpu
     from bstar.specs.presets import get_model
 

@@ -85,6 +85,11 @@ def capacity_estimate_req_s(r: Replica, w: Workload) -> float:
     return max(tput / max(mean_tokens(w)[1], 1.0), MIN_RATE_REQ_S)
 
 
+def _timing(t0: float, c0: float) -> dict[str, float]:
+    """Wall and CPU seconds of the task where it ran (their ratio: the CPU share it got)."""
+    return {"elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
 def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
     """`a` with each latency p99 and the failure counters the worse of the two draws."""
     def p99(x: dict[str, float | None], y: dict[str, float | None]) -> dict[str, float | None]:
@@ -121,6 +126,7 @@ def evaluate(task: Task) -> dict[str, Any]:
     """Capacity, then bisection on the rate below it. Returns the result row (JSON-able)
     with `elapsed_s` apart under `_timing` (not part of the answer: backends differ)."""
     t0 = time.perf_counter()
+    c0 = time.process_time()
     r, slo = task.replica, task.slo
     units = task.traffic.unit_workloads()
     unit = units[0]
@@ -165,7 +171,7 @@ def evaluate(task: Task) -> dict[str, Any]:
                 "reason": f"misses the SLO even at {hi[0]:.3g} req/s per replica: "
                           + "; ".join(failures(fs, slo)),
                 "simulations": sims, "capacity": capacity, "at_fail": _brief(fs, hi[0]),
-                "_timing": {"elapsed_s": time.perf_counter() - t0}}
+                "_timing": _timing(t0, c0)}
     while hi[0] / lo[0] - 1 > task.rel_tol:
         rate = math.sqrt(lo[0] * hi[0])
         ok, s = run(rate)
@@ -173,12 +179,12 @@ def evaluate(task: Task) -> dict[str, Any]:
             lo = (rate, s)
         else:
             hi = (rate, s)
-    return _ok(r, unit, lo, hi, capacity, sims, t0, slo)
+    return _ok(r, unit, lo, hi, capacity, sims, _timing(t0, c0), slo)
 
 
 def _ok(r: Replica, unit: Workload, lo: tuple[float, SimSummary],
-        hi: tuple[float, SimSummary | None], capacity: dict[str, Any], sims: int, t0: float,
-        slo: Slo) -> dict[str, Any]:
+        hi: tuple[float, SimSummary | None], capacity: dict[str, Any], sims: int,
+        timing: dict[str, float], slo: Slo) -> dict[str, Any]:
     rate, s = lo
     fs = hi[1]
     if fs is None:
@@ -204,4 +210,4 @@ def _ok(r: Replica, unit: Workload, lo: tuple[float, SimSummary],
             "rate_per_replica_req_s": rate,
             "mean_output_tokens": mean_tokens(unit)[1], "capacity": capacity,
             "at_rate": _brief(s, rate), "at_fail": None if fs is None else _brief(fs, hi[0]),
-            "simulations": sims, "_timing": {"elapsed_s": time.perf_counter() - t0}}
+            "simulations": sims, "_timing": timing}

@@ -164,10 +164,15 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
     return cands, pruned, warnings, unit
 
 
-def _cost_order(r: Replica, ctx: int) -> int:
-    """Smaller running batches take more simulated steps: evaluate those first, so the
-    short ones fill the tail."""
-    return min(r.max_num_seqs, max(rl.b_mem(r.deployment, ctx), 1))
+def _cost_order(r: Replica, ctx: int, slo: Any) -> tuple[int, int]:
+    """Longest first, so the short ones fill the tail: a replica whose full-batch step
+    (cost model) already misses the TPOT target is latency-bound and bisects (many
+    simulations); otherwise its capacity roof usually decides in three. Then smaller
+    running batches, which take more simulated steps."""
+    b = min(r.max_num_seqs, max(rl.b_mem(r.deployment, ctx), 1))
+    step_ms = float(rl.curve(r.deployment, [b], ctx).step_s[0]) * 1e3
+    bisects = slo.tpot_ms is not None and step_ms > slo.tpot_ms
+    return (0 if bisects else 1, b)
 
 
 def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
@@ -191,12 +196,13 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
         if keys[r.key] not in stored:
             tasks[keys[r.key]] = Task(r, spec.traffic, spec.slo, spec.rel_tol,
                                       spec.max_utilization)
-    order = sorted(tasks, key=lambda k: (_cost_order(tasks[k].replica, ctx), k))
+    order = sorted(tasks, key=lambda k: (_cost_order(tasks[k].replica, ctx, spec.slo), k))
     todo = [tasks[k] for k in order]
     results = {k: stored[k] for k in keys.values() if k in stored}
     total = len(keys)
     reused = len(results)
     task_s: list[float] = []
+    task_cpu_s: list[float] = []
     plan_s = time.perf_counter() - t_plan
     t0 = time.perf_counter()
     if progress:
@@ -206,6 +212,7 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
             timing = res.pop("_timing", {})
             k = order[i]
             task_s.append(float(timing.get("elapsed_s", 0.0)))
+            task_cpu_s.append(float(timing.get("cpu_s", 0.0)))
             store.add(sid, k, res, timing.get("elapsed_s"), backend.name)
             results[k] = json.loads(json.dumps(res, sort_keys=True))
             if progress:
@@ -229,6 +236,7 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
                             "after the priced ones")
     timing = {"plan_s": plan_s, "wall_s": wall_s, "evaluations_run": len(todo),
               "evaluations_reused": reused, "task_s_total": sum(task_s),
+              "task_cpu_s_total": sum(task_cpu_s),
               "task_s_mean": sum(task_s) / len(task_s) if task_s else None,
               "task_s_max": max(task_s) if task_s else None,
               "workers": backend.workers,
