@@ -113,11 +113,12 @@ def pareto(rows: list[dict[str, Any]], metric: str, lower_is_better: bool) -> se
     return front
 
 
-def winner_flags(row: dict[str, Any], gpu_util: float, context_tokens: int) -> dict[str, str]:
+def winner_flags(row: dict[str, Any], gpu_util: float, context_tokens: int,
+                 served: str = "MODEL") -> dict[str, str]:
     """The winner's engine settings: vLLM's full command line, and the cap in the other
     engines' words."""
     tp, dp = row["tensor_parallel"], row["data_parallel"]
-    vllm = (f"vllm serve MODEL --max-num-seqs {row['max_num_seqs']} "
+    vllm = (f"vllm serve {served} --max-num-seqs {row['max_num_seqs']} "
             f"--max-num-batched-tokens {row['max_num_batched_tokens']} "
             f"--gpu-memory-utilization {gpu_util:g}")
     if tp > 1:

@@ -58,7 +58,8 @@ class SearchResult:
         for r in self.rows:
             if r["status"] == "ok" and r["model"] not in out:
                 w = dict(r)
-                w["flags"] = winner_flags(r, self.spec.memory.gpu_util, self.context_tokens)
+                w["flags"] = winner_flags(r, self.spec.memory.gpu_util, self.context_tokens,
+                                          _served_name(r["model"]))
                 out[r["model"]] = w
         return out
 
@@ -85,6 +86,14 @@ class SearchResult:
                 "counts": self.counts(), "winners": self.winners,
                 "candidates": self.rows, "spec": s.to_dict(), "timing": self.timing,
                 "warnings": self.warnings}
+
+
+def _served_name(model: str) -> str:
+    """What `vllm serve` is given: the Hugging Face repo of a preset, else the name."""
+    from bstar.specs.presets import model_index
+
+    info = model_index().get(model)
+    return info.hf_repo if info is not None else model
 
 
 def _task_key(r: Replica, spec: SearchSpec) -> str:
