@@ -45,7 +45,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 def _spec() -> SearchSpec:
     return SearchSpec(("llama-3-8b", "llama-3-70b"), ("a100-80gb-sxm", "l40s"),
                       Traffic(8.0, parse_lengths("lognormal:256:256"),
-                              parse_lengths("lognormal:128:96"), num_requests=100, seed=5),
+                              parse_lengths("lognormal:128:96"), num_requests=100, seed=5,
+                              draws=2),
                       parse_slo("ttft:1500,tpot:60"), num_gpus=(1, 2, 4),
                       max_num_seqs=(32, 128))
 
@@ -86,7 +87,7 @@ def test_resume_after_kill_gives_the_same_answer(tmp_path: Path,
     db = tmp_path / "s.db"
     argv = ["search", "--model", "llama-3-8b,llama-3-70b", "--gpu", "a100-80gb-sxm,h100-sxm",
             "--num-gpus", "1,2,4", "--rate", "8", "--input-len", "lognormal:256:256",
-            "--output-len", "lognormal:160:120", "--num-requests", "500",
+            "--output-len", "lognormal:160:120", "--num-requests", "300", "--draws", "1",
             "--slo", "ttft:1500,tpot:60", "--max-num-seqs", "16,64,256"]
     env = dict(os.environ, PYTHONPATH=SRC)
     proc = subprocess.Popen([sys.executable, "-m", "bstar.cli", *argv, "--db", str(db),
@@ -154,3 +155,27 @@ def test_sanity_against_the_planner(tmp_path: Path) -> None:
         assert not failures(s, slo), (r["replica_key"], failures(s, slo))
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path: Path, jobs: int) -> None:
+    """A KeyboardInterrupt mid-search (here raised from the progress callback, where Ctrl-C
+    would land) leaves the finished rows stored and the search marked interrupted; --resume
+    runs only the rest."""
+    spec = _spec()
+    store = SearchStore(tmp_path / "s.db")
+
+    def stop_after_two(done: int, total: int) -> None:
+        if done >= 2:
+            raise KeyboardInterrupt
+
+    backend = ProcessPool(jobs) if jobs > 1 else InProcess()
+    with pytest.raises(KeyboardInterrupt), backend:
+        run_search(spec, backend, store, progress=stop_after_two)
+    sid = spec.search_id()
+    assert store.status(sid) == "interrupted" and store.count(sid) == 2
+    with InProcess() as b:
+        res = run_search(spec, b, store, resume=True)
+    assert res.timing["evaluations_reused"] == 2
+    assert res.timing["evaluations_run"] == res.counts()["evaluations"] - 2
+    assert store.status(sid) == "completed"
