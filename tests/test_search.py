@@ -277,3 +277,22 @@ def test_memory_settings_change_the_answer(tmp_path: Path) -> None:
     _c1, p1, _w1, _u1 = plan_candidates(spec)
     _c2, p2, _w2, _u2 = plan_candidates(tight)
     assert len(p2) > len(p1) and spec.search_id() != tight.search_id()
+
+
+def test_trace_gives_lengths_pattern_and_default_demand(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    trace = tmp_path / "t.csv"
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(0.25, 200))  # 4 req/s on average, Poisson
+    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(
+        f"{a:.4f},{64 + i % 300},{16 + i % 50}" for i, a in enumerate(t)) + "\n")
+    assert main(["search", "--trace", str(trace), "--gpu", "h100-sxm", "--num-gpus", "1",
+                 "--slo", "ttft:800,tpot:30", "--max-num-seqs", "64",
+                 "--db", str(tmp_path / "s.db"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["demand_req_s"] == pytest.approx(199 / (t[-1] - t[0]))
+    assert out["traffic"]["trace"]["num_requests"] == 200
+    assert out["traffic"]["num_requests"] == 200
+    assert out["mean_output_tokens"] == pytest.approx(np.mean([16 + i % 50 for i in range(200)]))
+    assert out["counts"]["feasible"] == 1

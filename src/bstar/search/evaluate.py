@@ -3,11 +3,13 @@ on the rate with the simulator. This is the unit of work every backend runs; it 
 picklable `Task` and returns plain JSON-able data, so all backends give identical results.
 
 A rate is sustainable only below the replica's capacity: a queue fed faster than it is
-served grows without bound, whatever a finite run's percentiles say. The capacity is
-measured first, in one saturated simulation (every request waiting at t=0, at least four
-times max_num_seqs of them): requests finished per second between the first and the third
-quarter of the finishes, while the batch is full. Rates above the cap fail without
-simulating.
+served grows without bound, whatever a finite run's percentiles say, and a run that starts
+from an empty server near full load has not yet built the queue steady state would. So rates
+are capped at `max_utilization` (default 0.9) of the capacity, which is measured first, in
+one saturated simulation (every request waiting at t=0, at least four times the batch that
+can run: max_num_seqs, or fewer when the KV pool holds fewer): requests finished per second
+between the first and the third quarter of the finishes, while the batch is full. Rates
+above the cap fail without simulating.
 
 "Meets the SLO" at a rate at most the cap: on each of the traffic's draws (`--draws`,
 default 3 seeds) the simulation finished every request and each p99 the SLO names (TTFT,
@@ -34,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
-from bstar.search.candidates import Replica, mean_tokens, sim_config, typical_context
+from bstar.search.candidates import Replica, mean_tokens, sim_config
 from bstar.search.spec import Traffic, at_rate
 from bstar.sim import SimRun, SimSummary, Slo, Workload, simulate, summarize
+from bstar.sim.block_manager import num_gpu_blocks
 
 MAX_EXPANSIONS = 16  # doublings/halvings to find the bracket (a factor of 65,536)
 MIN_RATE_REQ_S = 1e-4
@@ -76,15 +78,6 @@ def failures(s: SimSummary, slo: Slo) -> list[str]:
     return out
 
 
-def capacity_estimate_req_s(r: Replica, w: Workload) -> float:
-    """The cost model's throughput at the batch the replica can hold, in requests/s."""
-    d = r.deployment
-    ctx = typical_context(w)
-    b = max(1, min(r.max_num_seqs, rl.b_mem(d, ctx)))
-    tput = float(rl.curve(d, [b], ctx).throughput_tok_s[0])
-    return max(tput / max(mean_tokens(w)[1], 1.0), MIN_RATE_REQ_S)
-
-
 def _timing(t0: float, c0: float) -> dict[str, float]:
     """Wall and CPU seconds of the task where it ran (their ratio: the CPU share it got)."""
     return {"elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
@@ -103,9 +96,15 @@ def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
                    truncated=a.truncated or b.truncated)
 
 
-def saturated_workload(unit: Workload, max_num_seqs: int) -> Workload:
-    """The unit workload's requests (repeated to at least 4 x max_num_seqs), all at t=0."""
-    n = max(unit.num_requests, 4 * max_num_seqs)
+def saturated_workload(unit: Workload, max_num_seqs: int, kv_blocks: int | None = None,
+                       block_tokens: int = 16) -> Workload:
+    """The unit workload's requests (repeated to at least 4 x the batch that can run: at most
+    max_num_seqs, and at most what the KV pool holds of the shortest request), all at t=0."""
+    batch = max_num_seqs
+    if kv_blocks is not None:
+        shortest = int(unit.input_tokens.min()) + 1
+        batch = min(batch, max(1, kv_blocks // -(-shortest // block_tokens)))
+    n = max(unit.num_requests, 4 * batch)
     idx = np.arange(n) % unit.num_requests
     return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.zeros(n))
 
@@ -131,7 +130,10 @@ def evaluate(task: Task) -> dict[str, Any]:
     units = task.traffic.unit_workloads()
     unit = units[0]
     cfg = sim_config(r)
-    sat = simulate(r.deployment, cfg, saturated_workload(unit, r.max_num_seqs))
+    d = r.deployment
+    sat = simulate(d, cfg, saturated_workload(unit, r.max_num_seqs,
+                                              num_gpu_blocks(d, d.block_tokens),
+                                              d.block_tokens))
     cap = capacity_req_s(sat)
     sat_s = summarize(sat)
     sims = 1
