@@ -10,7 +10,8 @@ answers are identical:
 - in this process (before and after the others: the baseline is the mean of the two, since
   other processes on a shared machine change the CPU each run gets);
 - in a pool of 2 local processes;
-- on a local Ray cluster started on 127.0.0.1 with 2 CPUs.
+- on a local Ray cluster with 2 CPUs (node address 127.0.0.1, which Ray maps to this
+  machine's address; token authentication on, Ray's default).
 
 For each it prints configurations (replica evaluations) per second and the speed-up against
 the in-process run of this same invocation, with the backend's start-up apart (paid once

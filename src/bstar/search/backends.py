@@ -1,5 +1,5 @@
 """Where evaluations run, behind one interface: in this process, in a local process pool, or
-on a Ray cluster (a local one started on 127.0.0.1, or an existing one by address).
+on a Ray cluster (a local one started on this machine, or an existing one by address).
 
 Every backend runs the same pure function on the same picklable tasks and yields
 `(index, result)` as results finish, so the answer does not depend on the backend; only the
@@ -104,9 +104,13 @@ class ProcessPool(Backend):
 
 
 class RayBackend(Backend):
-    """Ray tasks. `address` None starts a local cluster of `num_cpus` on 127.0.0.1 (stopped
-    on close); an address ("HOST:PORT", "ray://HOST:PORT" or "auto") joins an existing one,
-    shipping this bstar package to its workers."""
+    """Ray tasks. `address` None starts a local cluster of `num_cpus` on this machine
+    (stopped on close); an address ("HOST:PORT", "ray://HOST:PORT" or "auto") joins an
+    existing one, shipping this bstar package to its workers.
+
+    The local cluster is asked for node address 127.0.0.1, but Ray resolves a loopback
+    address to the machine's reachable one and (2.60, observed) its GCS server listens on
+    all interfaces: Ray's token authentication, on by default, is what keeps it private."""
 
     name = "ray"
 
@@ -162,12 +166,12 @@ class RayBackend(Backend):
             self._ray = None
 
     def describe(self) -> str:
-        where = "local cluster on 127.0.0.1" if self.address is None else self.address
+        where = "local cluster on this machine" if self.address is None else self.address
         return f"Ray ({where}, {self.workers} CPUs)"
 
 
 def make_backend(jobs: int | None = None, ray: str | None = None) -> Backend:
-    """`ray`: None (no Ray), "local" (start one on 127.0.0.1 with `jobs` CPUs, default all)
+    """`ray`: None (no Ray), "local" (start one here with `jobs` CPUs, default all)
     or an address. Without Ray, jobs > 1 is a process pool, else this process."""
     if ray is not None:
         return RayBackend(None if ray == "local" else ray, jobs if ray == "local" else None)
