@@ -109,14 +109,16 @@ def main() -> int:
             tail = t["task_s_max"]
             print(f"  scaling (Ray, measured here): {n} tasks of {per_task:.3f} s each "
                   f"({total:.1f} s of work), {overhead:+.3f} s overhead per task per worker, "
-                  f"cluster start {start_s:.1f} s. On N nodes of c cores, search time ~ "
-                  "work/(N*c) + tasks*overhead/(N*c) + longest task + start:")
+                  f"cluster start {start_s:.1f} s. On N nodes of c cores, search time <= "
+                  "work/(N*c) + tasks*overhead/(N*c) + longest task (a tail one worker may "
+                  "run alone) + start:")
             for nodes in (1, 4, 16, 64):
                 cores = nodes * WORKERS
                 est = (total + n * max(overhead, 0.0)) / cores + tail
-                print(f"    {nodes:>3} node(s) x {WORKERS} cores: ~{est:6.2f} s + start; "
-                      f"{n / est:7.1f} configurations/s (bounded by the {n} tasks: past "
-                      f"{n} cores the longest task, {tail:.2f} s, is the floor)")
+                print(f"    {nodes:>3} node(s) x {WORKERS} cores: <= {est:6.2f} s + start, "
+                      f">= {n / est:5.1f} configurations/s")
+            print(f"    past {n} cores the longest task ({tail:.2f} s) is the floor: a larger "
+                  "search (more models, GPUs, limits) keeps more nodes busy")
     same = len(set(answers)) == 1
     print(f"  identical answers from {len(answers)} backends: {same}")
     print(f"  load average {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} at the end")
