@@ -145,7 +145,7 @@ LAYERS = (
      "bstar.engines",
      "bstar.validate", "bstar.probe", "bstar.tinymodel"),
     ("bstar.deployment", "bstar.plan"),
-    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer"),
+    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer", "bstar.search"),
     ("bstar.report",),
     ("bstar.commands",),
     ("bstar.cli", "bstar.__main__"),

@@ -95,3 +95,18 @@ def save_sweep_plot(sweep: dict[str, Any], path: str | Path) -> Path:
     from bstar.report.views import sweep_view
 
     return charts.sweep_chart(sweep_view(sweep)).save(path)
+
+
+def save_search_plot(search: dict[str, Any], path: str | Path) -> Path:
+    """The search's Pareto charts (`search`: the search JSON contract)."""
+    from bstar.report import charts
+
+    return charts.search_chart(search).save(path)
+
+
+def write_search_report(search: dict[str, Any], path: str | Path, command: str = "") -> Path:
+    """`search` is the search JSON contract (`bstar search --json`)."""
+    from bstar.report.build import search_report
+    from bstar.report.html import write_html
+
+    return write_html(search_report(search, command), path)

@@ -594,3 +594,72 @@ def _bars(values: list[float], top: float) -> str:
     each series to its own range)."""
     bars = " ▁▂▃▄▅▆▇█"
     return "".join(bars[min(8, max(0, round(v / top * 8)))] for v in values)
+
+
+# ---- bstar search ---------------------------------------------------------------------
+def _sn(v: float | None, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def print_search(s: dict[str, Any], top: int = 15) -> None:
+    from rich.table import Table
+
+    c = console()
+    tr = s["traffic"]
+    slo = ", ".join(f"{k.removesuffix('_ms')} p99 <= {v:g} ms" for k, v in s["slo"].items())
+    n = s["counts"]
+    c.print(f"[bold]search[/] {', '.join(s['models'])} on {', '.join(s['gpus'])}: demand "
+            f"{s['demand_req_s']:g} req/s, input {tr['input_len']['describe']}, output "
+            f"{tr['output_len']['describe']} ({tr['num_requests']} requests per simulation, "
+            f"seed {tr['seed']}); SLO {slo}")
+    t = s["timing"]
+    c.print(f"  {n['candidates']} candidates, {n['pruned']} pruned before simulating, "
+            f"{n['evaluations']} replica configurations ({t['evaluations_reused']} reused "
+            f"from the store), {n['simulations']} simulations; {s['backend']}, "
+            f"{t['wall_s']:.1f} s")
+    p = s["prices"]
+    if p is not None:
+        c.print(f"  prices: {p['path']} (as of {p['as_of']}, {p['currency']}; the file's "
+                "figures, not current quotes)")
+    else:
+        c.print("  no --price: ranked by GPUs needed")
+    tab = Table(show_edge=False, pad_edge=False, box=None)
+    for col in ("#", "model", "GPU", "GPUs\n/inst", "TP", "DP", "max\nseqs", "batched\ntokens",
+                "req/s\n/replica", "GPUs\ntotal", "tok/s\n/GPU", "TTFT\np99 ms",
+                "TPOT\np99 ms", "cost\n/Mtok", "binding", "terms"):
+        tab.add_column(col, justify="left" if col in ("model", "GPU", "binding", "terms")
+                       else "right")
+    shown = [r for r in s["candidates"] if r["status"] == "ok" and r["rank"] <= top]
+    for r in shown:
+        mark = " *" if r["pareto_cost"] or r["pareto_throughput"] else ""
+        tab.add_row(f"{r['rank']}{mark}", r["model"], r["gpu"], str(r["num_gpus"]),
+                    str(r["tensor_parallel"]), str(r["data_parallel"]),
+                    str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
+                    _sn(r["rate_per_replica_req_s"], 2), str(r["gpus_total"]),
+                    _sn(r["tok_s_per_gpu"], 0), _sn(r["ttft_p99_ms"], 0),
+                    _sn(r["tpot_p99_ms"], 1), _sn(r["cost_per_mtok"], 3), r["limit"],
+                    r["terms"])
+    c.print(tab)
+    rest = [r for r in s["candidates"] if r["status"] != "ok"]
+    if rest:
+        by: dict[str, int] = {}
+        for r in rest:
+            by[f"{r['status']} ({r['limit']})"] = by.get(f"{r['status']} ({r['limit']})", 0) + 1
+        c.print("  not feasible: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items())))
+    for model, w in s["winners"].items():
+        cost = (f", {_sn(w['cost_per_mtok'], 3)} {s['prices']['currency']} per million output "
+                "tokens" if w["cost_per_mtok"] is not None else "")
+        c.print(f"[bold green]{model}[/]: {w['gpus_total']} x {w['gpu']} ({w['instances']} "
+                f"instance(s) of {w['num_gpus']} GPUs, TP {w['tensor_parallel']} x DP "
+                f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
+        c.print(f"  {w['flags']['vllm']}")
+        c.print(f"  sglang: {w['flags']['sglang']}")
+    if not s["winners"]:
+        c.print("[red]no candidate meets the SLO[/]: loosen it, or add GPUs or faster ones")
+    cal = sorted({r["gpu"] for r in s["candidates"] if r["calibrated"]})
+    c.print("[dim]terms: "
+            + (f"calibrated profiles apply on {', '.join(cal)}; " if cal else "")
+            + "'defaults' rows rest on the stated efficiencies (bandwidth 0.70, compute 0.60, "
+              "0.5 ms + 5 us/seq per step). * = on a Pareto front (cost or tok/s per GPU vs "
+              "TPOT p99). binding: what stopped a higher rate per replica (SLO, memory, "
+              "compute).[/]")

@@ -1,6 +1,6 @@
 """Pictures of the batch-size story (matplotlib, the optional `bstar[plot]` extra): a small
 shared base (`base`: the Chart type, style, colours, axes and tooltips) and one module per
-chart family: `plan`, `compare`, `sweep`, `simulate`, `fit`, `signature`. Each takes the
+chart family: `plan`, `compare`, `sweep`, `simulate`, `fit`, `signature`, `search`. Each takes the
 plain dicts of `bstar.report.views` or a contract JSON. Importing this package loads no
 matplotlib; drawing does."""
 
@@ -38,6 +38,9 @@ from bstar.report.charts.plan import (
     plan_charts_for_context,
     plan_overview,
     roofline_chart,
+)
+from bstar.report.charts.search import (
+    search_chart,
 )
 from bstar.report.charts.signature import (
     PRED_COLOR,
@@ -77,6 +80,7 @@ __all__ = [
     "regime_spans",
     "roofline_chart",
     "save",
+    "search_chart",
     "signature_chart",
     "simulate_chart",
     "sweep_chart",
