@@ -227,7 +227,7 @@ def _print(c: Any, out: Path | None) -> None:
           f"{', ' + c.engine if c.engine else ''} {c.engine_version}".rstrip())
     print(f"  {'parameter':<20}{'value':>12}{'1 sigma':>12}  prior")
     for k, p in c.params.items():
-        scale, unit = units[k]
+        scale, unit = units.get(k, (1.0, ""))  # cost model 2's other parameters
         sd = f"{p.std * scale:.3g}" if p.std is not None else p.status
         print(f"  {k:<20}{p.value * scale:>12.4g}{sd:>12}  {p.prior * scale:g}{unit}")
     _print_points(list(c.points))

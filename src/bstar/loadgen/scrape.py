@@ -61,7 +61,7 @@ def _sum(samples: Iterable[Sample], *names: str) -> float | None:
 class Snapshot:
     """The figures bstar reads from one scrape (None: not exposed by this server)."""
 
-    engine: str | None  # "vllm", "sglang", "llamacpp" or None
+    engine: str | None  # "vllm", "sglang", "llamacpp", "tgi" or None
     preemptions_total: float | None
     kv_cache_usage: float | None  # fraction 0..1
     running: float | None
@@ -69,6 +69,13 @@ class Snapshot:
     num_gpu_blocks: int | None
     block_size: int | None
     generation_tokens_total: float | None
+    # vLLM's cache_config_info labels: the configured KV bytes (CPU's explicit pool; None on
+    # GPU, where the pool is what profiling left) and the pool in tokens (newer versions).
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_size_tokens: int | None = None
+    # The pool's size in tokens where the engine exports it apart from vLLM's blocks
+    # (SGLang's max_total_num_tokens, TGI's batch token budget).
+    max_total_tokens: int | None = None
 
 
 def snapshot(samples: list[Sample]) -> Snapshot:
@@ -80,13 +87,20 @@ def snapshot(samples: list[Sample]) -> Snapshot:
         engine = "sglang"
     elif any(n.startswith("llamacpp:") for n in names):
         engine = "llamacpp"
-    blocks = block_size = None
+    elif any(n.startswith("tgi_") for n in names):
+        engine = "tgi"
+    blocks = block_size = kv_mem = kv_tokens = None
     for s in samples:
         if s.name == "vllm:cache_config_info":
             with contextlib.suppress(KeyError, ValueError):
                 blocks = int(float(s.labels["num_gpu_blocks"]))
             with contextlib.suppress(KeyError, ValueError):
                 block_size = int(float(s.labels["block_size"]))
+            with contextlib.suppress(KeyError, ValueError):
+                kv_mem = int(float(s.labels["kv_cache_memory_bytes"]))
+            with contextlib.suppress(KeyError, ValueError):
+                kv_tokens = int(float(s.labels["kv_cache_size_tokens"]))
+    max_tokens = _sum(samples, "sglang:max_total_num_tokens")
     kv = _sum(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
               "sglang:token_usage")
     if kv is not None and kv > 1.0 + 1e-9:
@@ -94,17 +108,21 @@ def snapshot(samples: list[Sample]) -> Snapshot:
     return Snapshot(
         engine=engine,
         preemptions_total=_sum(samples, "vllm:num_preemptions_total", "vllm:num_preemptions",
+                               "sglang:num_retracted_requests_total",
                                "sglang:num_retracted_reqs_total"),
         kv_cache_usage=kv,
         running=_sum(samples, "vllm:num_requests_running", "sglang:num_running_reqs",
-                     "llamacpp:requests_processing"),
+                     "llamacpp:requests_processing", "tgi_batch_current_size"),
         waiting=_sum(samples, "vllm:num_requests_waiting", "sglang:num_queue_reqs",
-                     "llamacpp:requests_deferred"),
+                     "llamacpp:requests_deferred", "tgi_queue_size"),
         num_gpu_blocks=blocks,
         block_size=block_size,
         generation_tokens_total=_sum(samples, "vllm:generation_tokens_total",
                                      "sglang:generation_tokens_total",
                                      "llamacpp:tokens_predicted_total"),
+        kv_cache_memory_bytes=kv_mem,
+        kv_cache_size_tokens=kv_tokens,
+        max_total_tokens=int(max_tokens) if max_tokens is not None else None,
     )
 
 
@@ -130,6 +148,9 @@ class LevelServerStats:
     block_size: int | None = None
     kv_capacity_seqs: int | None = None
     slots: int | None = None  # llama.cpp /slots: number of parallel slots
+    kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
+    kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
+    slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -182,6 +203,11 @@ class Scraper:
         st.waiting_max = _max(st.waiting_max, snap.waiting)
         if snap.num_gpu_blocks is not None:
             st.num_gpu_blocks, st.block_size = snap.num_gpu_blocks, snap.block_size
+        if snap.kv_cache_memory_bytes is not None:
+            st.kv_cache_memory_bytes = snap.kv_cache_memory_bytes
+        tokens = snap.kv_cache_size_tokens or snap.max_total_tokens
+        if tokens is not None:
+            st.kv_cache_size_tokens = tokens
         if self._gpu is not None:
             self._gpu.sample()
 
@@ -195,6 +221,8 @@ class Scraper:
         status, body = await self.client.get_json("/slots", timeout_s=5.0)
         if status == 200 and isinstance(body, list):
             self._stats.slots = len(body)
+            with contextlib.suppress(Exception):
+                self._stats.slot_ctx_tokens = int(body[0]["n_ctx"])
         await self._scrape_once()
         self._task = asyncio.create_task(self._loop())
 

@@ -43,6 +43,7 @@ MARK = {  # vertical markers: color, line style
     "sla": ("#1565c0", (0, (8, 3, 2, 3))), "rec": ("#2e7d32", "-"),
     "knee_pred": ("#1f77b4", (0, (4, 2, 1, 2))), "knee_fit": ("#6a1b9a", (0, (4, 2, 1, 2))),
     "knee_meas": ("#000000", (0, (4, 2, 1, 2))),
+    "b_mem_bstar": ("#ef9a9a", (0, (3, 2))), "onset": ("#ff6f00", (0, (1, 1))),
 }
 KNEE_RULE = {"step": "amortized gain < 5% per step", "doubling": "next doubling < +15%",
              "bca": "BCA advisor", "sla": "latency SLA"}
@@ -706,6 +707,7 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                        + (f" ({rule})" if rule else ""))
             if rec:
                 _vline(ax, float(rec), "rec", f"recommended {rec}")
+            _kv_regime_marks(ax, s)
         # TTFT
         t = [(x, _pcts(lv, "ttft_ms")) for x, lv in zip(xs, levels, strict=True)]
         t = [(x, v) for x, v in t if v]
@@ -740,6 +742,8 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
             ax2.spines["right"].set_visible(True)
             h1, l1 = a_mem.get_legend_handles_labels()
             h2, l2 = ax2.get_legend_handles_labels()
+            _kv_regime_marks(a_mem, s)
+            h1, l1 = a_mem.get_legend_handles_labels()
             a_mem.legend(h1 + h2, l1 + l2, loc="upper left")
         if all(v is None for v in pre) and all(v is None for v in kv):
             a_mem.text(0.5, 0.5, "the server exposes no preemption or KV-cache metrics\n"
@@ -1063,3 +1067,18 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
                  "One picture, four ways: the cost model's prediction (dashed, with its "
                  "regimes), the fit of the measurements (solid; dotted past the data), the "
                  "measured levels (dots) and the simulator (squares).")
+
+
+def _kv_regime_marks(ax: Axes, s: dict[str, Any]) -> None:
+    """The sweep's KV verdict on its axis: measured B_mem (the server's pool), bstar's B_mem
+    for the same model and pool, and the first level with preemptions."""
+    kv = s.get("kv_regime") or {}
+    if kv.get("measured_b_mem"):
+        _vline(ax, float(kv["measured_b_mem"]), "b_mem",
+               f"measured B_mem = {kv['measured_b_mem']:,} (server's KV pool)")
+    if kv.get("computed_b_mem"):
+        _vline(ax, float(kv["computed_b_mem"]), "b_mem_bstar",
+               f"bstar's B_mem = {kv['computed_b_mem']:,}")
+    if kv.get("preemption_onset"):
+        _vline(ax, float(kv["preemption_onset"]), "onset",
+               f"preemptions start at {kv['preemption_onset']:,}")
