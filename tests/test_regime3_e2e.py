@@ -13,7 +13,7 @@ restarts vLLM for --max-num-seqs 4, 8, 16, 32, 64 at 64 streams:
   log) and `bstar simulate` over the same grid put the preemption onset within one step;
 - the report's sweep chart marks both B_mems and the onset.
 
-About 2-4 minutes on 2 cores (each vLLM start ~20-45 s). BSTAR_REGIME3_OUT=DIR keeps the
+About 2.5-5 minutes on 2 cores (each vLLM start ~20-45 s). BSTAR_REGIME3_OUT=DIR keeps the
 run's JSON, the simulation, the comparison and the chart (docs/sweep.md shows them).
 """
 
@@ -37,7 +37,7 @@ GRID = [4, 8, 16, 32, 64]
 STREAMS = 64
 INPUT_LEN = 100
 OUTPUT_LEN = 100
-NUM_REQUESTS = 96
+NUM_REQUESTS = 64
 BLOCK_TOKENS = 128  # vLLM's CPU attention block
 POOL_BLOCKS = 48
 

@@ -614,7 +614,7 @@ def points_from_sweep(result: Any, metric: str = "itl_p50",
         value = (st.get(f"{key}_ms") or {}).get(stat)
         if not lv.batch or not st.get("completed") or not value:
             continue
-        if (lv.server or {}).get("preemptions"):
+        if (getattr(lv, "server", None) or {}).get("preemptions"):
             continue  # regime 3: fewer than `batch` ran, and recomputes stalled the rest
         points.append(Point(int(lv.batch), ctx, float(value) / 1e3,
                             f"run {result.run_id} level {lv.idx}"))
