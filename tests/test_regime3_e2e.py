@@ -176,7 +176,7 @@ def test_llamacpp_slots_as_the_kv_pool(llamacpp_server: Any, tmp_path: Path,
     from conftest import LLAMACPP_SLOTS
 
     rc = main(["sweep", "--url", llamacpp_server.url, "--concurrency", f"2,{2 * LLAMACPP_SLOTS}",
-               "--input-len", "32", "--output-len", "16", "--num-requests", "12",
+               "--input-len", "32", "--output-len", "8", "--num-requests", "8",
                "--db", str(tmp_path / "runs.db"), "--json", "--quiet"])
     out = capsys.readouterr()
     assert rc == 0, out.err
