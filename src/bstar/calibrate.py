@@ -602,7 +602,8 @@ def points_from_sweep(result: Any, metric: str = "itl_p50",
     completed level with a batch (concurrency or max_num_seqs), at the context a request
     holds on average while decoding, input_len + output_len // 2 (as the sweep's own
     prediction). `metric`: itl_p50 (the median gap between streamed tokens: one decode
-    step), tpot_mean or tpot_p50 (these also carry stalls behind other requests' prefills)."""
+    step), tpot_mean or tpot_p50 (these also carry stalls behind other requests' prefills).
+    Levels whose server preempted (regime 3) are left out: their batch is not what ran."""
     if metric not in ("itl_p50", "tpot_mean", "tpot_p50"):
         raise BstarError(f"metric must be itl_p50, tpot_mean or tpot_p50, got {metric!r}")
     opts = result.run.get("options") or {}
@@ -616,6 +617,8 @@ def points_from_sweep(result: Any, metric: str = "itl_p50",
         value = (st.get(f"{key}_ms") or {}).get(stat)
         if not lv.batch or not st.get("completed") or not value:
             continue
+        if (getattr(lv, "server", None) or {}).get("preemptions"):
+            continue  # regime 3: fewer than `batch` ran, and recomputes stalled the rest
         points.append(Point(int(lv.batch), ctx, float(value) / 1e3,
                             f"run {result.run_id} level {lv.idx}"))
     if not points:

@@ -23,6 +23,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("gpus", "plan", "list the bundled GPU catalog"),
     ("sweep", "sweep", "load a live server level by level, store every request, find the knee"),
     ("runs", "runs", "list, show, export and compare stored sweep runs"),
+    ("kv", "kv", "a running server's KV pool (cache_config_info) beside bstar's B_mem, "
+                 "the difference explained"),
     ("fit", "fit", "fit measured points, extrapolate past the compute roof, find the knee"),
     ("simulate", "simulate", "continuous batching with paged KV and preemption, by the cost "
                              "model; a sweep over --max-num-seqs finds the knee"),

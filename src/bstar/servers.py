@@ -365,13 +365,18 @@ def vllm_cpu_command(
     max_num_seqs: int,
     max_model_len: int = 2048,
     served_name: str = "tiny",
+    kv_cache_memory_bytes: int | None = None,
 ) -> list[str]:
     """The command that starts vLLM's OpenAI server on CPU for `model_dir`.
 
     `python -m vllm.entrypoints...` because the `vllm` console script fails under the
     `vllm-cpu` distribution name. float32 matches the weights on disk; eager mode
     starts in ~50 s where compiled mode takes 100-150 s and runs no faster here.
+    `kv_cache_memory_bytes`: an exact KV pool (vLLM's --kv-cache-memory-bytes; then leave
+    VLLM_CPU_KVCACHE_SPACE out of the environment, which would override it in whole GiB).
     """
+    extra = ([] if kv_cache_memory_bytes is None
+             else ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)])
     return [
         str(python),
         "-m",
@@ -391,6 +396,7 @@ def vllm_cpu_command(
         "--dtype",
         "float32",
         "--enforce-eager",
+        *extra,
     ]
 
 
@@ -409,15 +415,16 @@ def _count_cpus(spec: str) -> int:
     return max(n, 1)
 
 
-def vllm_cpu_env(threads: str = "0-1", kv_cache_gib: float = 1) -> dict[str, str]:
+def vllm_cpu_env(threads: str = "0-1", kv_cache_gib: float | None = 1) -> dict[str, str]:
     """Environment for vLLM on CPU: bind OpenMP to `threads`, reserve no core.
 
     By default vLLM keeps one core for its API process; on a 2-core machine that
     halves the engine, so both cores go to the engine. The hub and usage-stats
     variables keep it from reaching for the network, which is not there.
+    `kv_cache_gib` None leaves VLLM_CPU_KVCACHE_SPACE out (for --kv-cache-memory-bytes).
     """
-    return {
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "" if kv_cache_gib is None else f"{kv_cache_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": threads,
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "OMP_NUM_THREADS": str(_count_cpus(threads)),
@@ -427,6 +434,9 @@ def vllm_cpu_env(threads: str = "0-1", kv_cache_gib: float = 1) -> dict[str, str
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if kv_cache_gib is None:
+        del env["VLLM_CPU_KVCACHE_SPACE"]
+    return env
 
 
 def vllm_cpu_server(

@@ -61,7 +61,7 @@ def _sum(samples: Iterable[Sample], *names: str) -> float | None:
 class Snapshot:
     """The figures bstar reads from one scrape (None: not exposed by this server)."""
 
-    engine: str | None  # "vllm", "sglang", "llamacpp" or None
+    engine: str | None  # "vllm", "sglang", "llamacpp", "tgi" or None
     preemptions_total: float | None
     kv_cache_usage: float | None  # fraction 0..1
     running: float | None
@@ -74,6 +74,13 @@ class Snapshot:
     # its prompt_tokens_total counts only the tokens it processed).
     prefix_cache_hits_total: float | None = None
     prefix_cache_queries_total: float | None = None
+    # vLLM's cache_config_info labels: the configured KV bytes (CPU's explicit pool; None on
+    # GPU, where the pool is what profiling left) and the pool in tokens (newer versions).
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_size_tokens: int | None = None
+    # The pool's size in tokens where the engine exports it apart from vLLM's blocks
+    # (SGLang's max_total_num_tokens, TGI's batch token budget).
+    max_total_tokens: int | None = None
 
 
 def snapshot(samples: list[Sample]) -> Snapshot:
@@ -85,13 +92,20 @@ def snapshot(samples: list[Sample]) -> Snapshot:
         engine = "sglang"
     elif any(n.startswith("llamacpp:") for n in names):
         engine = "llamacpp"
-    blocks = block_size = None
+    elif any(n.startswith("tgi_") for n in names):
+        engine = "tgi"
+    blocks = block_size = kv_mem = kv_tokens = None
     for s in samples:
         if s.name == "vllm:cache_config_info":
             with contextlib.suppress(KeyError, ValueError):
                 blocks = int(float(s.labels["num_gpu_blocks"]))
             with contextlib.suppress(KeyError, ValueError):
                 block_size = int(float(s.labels["block_size"]))
+            with contextlib.suppress(KeyError, ValueError):
+                kv_mem = int(float(s.labels["kv_cache_memory_bytes"]))
+            with contextlib.suppress(KeyError, ValueError):
+                kv_tokens = int(float(s.labels["kv_cache_size_tokens"]))
+    max_tokens = _sum(samples, "sglang:max_total_num_tokens")
     kv = _sum(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
               "sglang:token_usage")
     if kv is not None and kv > 1.0 + 1e-9:
@@ -105,12 +119,13 @@ def snapshot(samples: list[Sample]) -> Snapshot:
     return Snapshot(
         engine=engine,
         preemptions_total=_sum(samples, "vllm:num_preemptions_total", "vllm:num_preemptions",
+                               "sglang:num_retracted_requests_total",
                                "sglang:num_retracted_reqs_total"),
         kv_cache_usage=kv,
         running=_sum(samples, "vllm:num_requests_running", "sglang:num_running_reqs",
-                     "llamacpp:requests_processing"),
+                     "llamacpp:requests_processing", "tgi_batch_current_size"),
         waiting=_sum(samples, "vllm:num_requests_waiting", "sglang:num_queue_reqs",
-                     "llamacpp:requests_deferred"),
+                     "llamacpp:requests_deferred", "tgi_queue_size"),
         num_gpu_blocks=blocks,
         block_size=block_size,
         generation_tokens_total=_sum(samples, "vllm:generation_tokens_total",
@@ -118,6 +133,9 @@ def snapshot(samples: list[Sample]) -> Snapshot:
                                      "llamacpp:tokens_predicted_total"),
         prefix_cache_hits_total=hits,
         prefix_cache_queries_total=queries,
+        kv_cache_memory_bytes=kv_mem,
+        kv_cache_size_tokens=kv_tokens,
+        max_total_tokens=int(max_tokens) if max_tokens is not None else None,
     )
 
 
@@ -148,6 +166,9 @@ class LevelServerStats:
     prefix_cache_hit_tokens: int | None = None
     prefix_cache_query_tokens: int | None = None
     prefix_cache_hit_rate: float | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
+    kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
+    slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -200,6 +221,11 @@ class Scraper:
         st.waiting_max = _max(st.waiting_max, snap.waiting)
         if snap.num_gpu_blocks is not None:
             st.num_gpu_blocks, st.block_size = snap.num_gpu_blocks, snap.block_size
+        if snap.kv_cache_memory_bytes is not None:
+            st.kv_cache_memory_bytes = snap.kv_cache_memory_bytes
+        tokens = snap.kv_cache_size_tokens or snap.max_total_tokens
+        if tokens is not None:
+            st.kv_cache_size_tokens = tokens
         if self._gpu is not None:
             self._gpu.sample()
 
@@ -213,6 +239,8 @@ class Scraper:
         status, body = await self.client.get_json("/slots", timeout_s=5.0)
         if status == 200 and isinstance(body, list):
             self._stats.slots = len(body)
+            with contextlib.suppress(Exception):
+                self._stats.slot_ctx_tokens = int(body[0]["n_ctx"])
         await self._scrape_once()
         self._task = asyncio.create_task(self._loop())
 

@@ -238,7 +238,7 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run
-        return {
+        out = {
             "run_id": self.run_id,
             "db": self.db,
             "status": run.get("status"),
@@ -252,6 +252,15 @@ class SweepResult:
             "knee": self.knee,
             "recommendation": self.recommendation,
         }
+        # Regime per level from /metrics, measured vs bstar's B_mem, preemption onset.
+        from bstar.loadgen import regime
+
+        kv = regime.analyze(out, {lv.idx: lv.predicted["regime"] for lv in self.levels
+                                  if lv.predicted and lv.predicted.get("regime")})
+        for lv_d, p in zip(out["levels"], (kv or {}).get("levels") or [], strict=False):
+            lv_d["regime"] = p
+        out["kv_regime"] = kv
+        return out
 
 
 def _level_result(row: LevelRow) -> LevelResult:

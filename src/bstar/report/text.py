@@ -304,6 +304,10 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
             extra = f" (cost model B_mem: {pred['b_mem']})" if pred.get("b_mem") else ""
             console.print(f"  {_level_name(lv)}: server KV pool holds {cap} sequences of "
                           f"this length{extra}")
+    if d.get("kv_regime"):
+        console.print("[bold]regime (from /metrics)[/]")
+        for line in d["kv_regime"]["verdict"].splitlines():
+            console.print(f"  {line}", highlight=False)
     hits = [lv for lv in d["levels"] if (lv.get("server") or {}).get("prefix_cache_hit_tokens")]
     for lv in hits:
         # A cache hit means the level measured less prefill than a fresh prompt needs.

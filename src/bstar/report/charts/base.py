@@ -43,6 +43,7 @@ MARK = {  # vertical markers: color, line style
     "sla": ("#1565c0", (0, (8, 3, 2, 3))), "rec": ("#2e7d32", "-"),
     "knee_pred": ("#1f77b4", (0, (4, 2, 1, 2))), "knee_fit": ("#6a1b9a", (0, (4, 2, 1, 2))),
     "knee_meas": ("#000000", (0, (4, 2, 1, 2))),
+    "b_mem_bstar": ("#ef9a9a", (0, (3, 2))), "onset": ("#ff6f00", (0, (1, 1))),
 }
 KNEE_RULE = {"step": "amortized gain < 5% per step", "doubling": "next doubling < +15%",
              "bca": "BCA advisor", "sla": "latency SLA"}

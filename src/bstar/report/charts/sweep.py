@@ -29,7 +29,7 @@ from bstar.report.charts.base import (
 from bstar.report.views import drawable_levels, level_x, sweep_knee
 
 if TYPE_CHECKING:  # pragma: no cover
-    pass
+    from matplotlib.axes import Axes
 
 
 
@@ -107,6 +107,7 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                        + (f" ({rule})" if rule else ""))
             if rec:
                 _vline(ax, float(rec), "rec", f"recommended {rec}")
+            _kv_regime_marks(ax, s)
         # TTFT
         t = [(x, _pcts(lv, "ttft_ms")) for x, lv in zip(xs, levels, strict=True)]
         t = [(x, v) for x, v in t if v]
@@ -141,6 +142,8 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
             ax2.spines["right"].set_visible(True)
             h1, l1 = a_mem.get_legend_handles_labels()
             h2, l2 = ax2.get_legend_handles_labels()
+            _kv_regime_marks(a_mem, s)
+            h1, l1 = a_mem.get_legend_handles_labels()
             a_mem.legend(h1 + h2, l1 + l2, loc="upper left")
         if all(v is None for v in pre) and all(v is None for v in kv):
             a_mem.text(0.5, 0.5, "the server exposes no preemption or KV-cache metrics\n"
@@ -158,4 +161,18 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                  "Dots: measured median; whiskers reach the 99th percentile. Dashed: the "
                  "cost model's prediction at the same level.")
 
+
+def _kv_regime_marks(ax: Axes, s: dict[str, Any]) -> None:
+    """The sweep's KV verdict on its axis: measured B_mem (the server's pool), bstar's B_mem
+    for the same model and pool, and the first level with preemptions."""
+    kv = s.get("kv_regime") or {}
+    if kv.get("measured_b_mem"):
+        _vline(ax, float(kv["measured_b_mem"]), "b_mem",
+               f"measured B_mem = {kv['measured_b_mem']:,} (server's KV pool)")
+    if kv.get("computed_b_mem"):
+        _vline(ax, float(kv["computed_b_mem"]), "b_mem_bstar",
+               f"bstar's B_mem = {kv['computed_b_mem']:,}")
+    if kv.get("preemption_onset"):
+        _vline(ax, float(kv["preemption_onset"]), "onset",
+               f"preemptions start at {kv['preemption_onset']:,}")
 

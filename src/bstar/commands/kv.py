@@ -1,0 +1,71 @@
+"""`bstar kv`: a running server's KV pool (vLLM's cache_config_info) beside bstar's B_mem.
+
+Standard library only at top level; the library part is bstar.kvcheck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from bstar.commands.common import add_deployment_arguments, positive_int
+
+
+def add_kv_arguments(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("server")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000")
+    src.add_argument("--metrics-file", help="a saved /metrics text instead of --url")
+    s.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
+    s.add_argument("--vllm-log", default=None, metavar="FILE",
+                   help="vLLM's start-up log: its 'KV cache size: N tokens' when /metrics "
+                        "has no cache_config_info")
+    s.add_argument("--kv-pool-bytes", type=positive_int, default=None,
+                   help="an explicit KV pool (vLLM on CPU: VLLM_CPU_KVCACHE_SPACE GiB x 2**30 "
+                        "or --kv-cache-memory-bytes); default: the server's configured "
+                        "kv_cache_memory_bytes when exported, else bstar's GPU pool")
+    w = p.add_argument_group("sequences")
+    w.add_argument("--input-len", type=positive_int, default=512, help="prompt tokens")
+    w.add_argument("--output-len", type=positive_int, default=256, help="output tokens")
+    add_deployment_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the check as one JSON object")
+
+
+def run_kv(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bstar import kvcheck
+    from bstar.commands.plan import deployment_from_args
+    from bstar.errors import BstarError
+
+    if args.url:
+        text = kvcheck.fetch_metrics(args.url, api_key=args.api_key
+                                     or os.environ.get("OPENAI_API_KEY") or None)
+    else:
+        try:
+            text = Path(args.metrics_file).read_text()
+        except OSError as e:
+            raise BstarError(f"cannot read {args.metrics_file}: {e}") from None
+    log_tokens = None
+    if args.vllm_log:
+        from bstar.calibrate import parse_vllm_log
+
+        try:
+            log_tokens = parse_vllm_log(Path(args.vllm_log).read_text()).kv_cache_tokens
+        except OSError as e:
+            raise BstarError(f"cannot read {args.vllm_log}: {e}") from None
+    d = deployment_from_args(args)
+    c = kvcheck.check_kv_text(d, text, args.input_len + args.output_len,
+                              pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens)
+    if args.json:
+        out = {"model": d.model.name, "gpu": d.gpu.name, "kv_dtype": d.kv.name, **c.to_dict()}
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{d.model.name} on {d.gpu.name} (KV {d.kv.name})")
+        print(kvcheck.format_check(c))
+    if c.flagged:
+        print("bstar: warning: bstar's B_mem and the server's differ by more than 10%",
+              file=sys.stderr)
+    return 1 if c.flagged else 0

@@ -1,0 +1,181 @@
+"""The server's KV pool against bstar's: measured B_mem beside computed B_mem, explained.
+
+A vLLM server says how much KV it got in `/metrics` (`vllm:cache_config_info`: num_gpu_blocks
+and block_size, and on CPU the configured kv_cache_memory_bytes) and in its start-up log
+("KV cache size: N tokens"). bstar computes the same pool from the model and the GPU
+(memory x utilization - weights - reserve, docs/cost-model.md) or takes an explicit pool (a
+CPU's VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes). `check_kv` puts the two side by side
+and splits the difference into its causes:
+
+- reserve: vLLM profiles activations, CUDA graphs and its context at start-up and keeps what
+  it measured; bstar assumes a fixed reserve (--reserve-gib). The pools differ by the
+  difference of the reserves; the reserve that makes them agree is reported.
+- block rounding: the engine allocates whole blocks of `block_size` tokens, so the pool
+  holds floor(pool / block bytes) blocks and a sequence takes ceil(tokens / block_size).
+- KV precision: the bytes per token follow the cache dtype.
+
+Pure: no HTTP here except `fetch_metrics` (standard library, used by `bstar kv --url`).
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.loadgen.scrape import Snapshot, parse_prometheus, snapshot
+
+DISAGREE = 0.10  # a relative B_mem difference above this is flagged
+
+
+def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> str:
+    """The server's Prometheus text (`GET {url}/metrics`)."""
+    req = urllib.request.Request(url.rstrip("/") + "/metrics")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout_s) as r:
+            return str(r.read().decode("utf-8", "replace"))
+    except OSError as e:
+        raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
+
+
+def block_bytes(d: rl.Deployment, block_tokens: int) -> int:
+    """KV bytes of one block of `block_tokens` tokens on one GPU (KV heads sharded)."""
+    return d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus) * block_tokens
+
+
+def b_mem_blocks(num_blocks: int, block_tokens: int, tokens_per_seq: int) -> int:
+    """Sequences of `tokens_per_seq` tokens that `num_blocks` whole blocks hold."""
+    if tokens_per_seq < 1 or block_tokens < 1:
+        raise BstarError("tokens per sequence and block size must be at least 1")
+    return num_blocks // math.ceil(tokens_per_seq / block_tokens)
+
+
+@dataclass(frozen=True)
+class KvCheck:
+    """Measured (the server) beside computed (bstar) KV pool and B_mem."""
+
+    tokens_per_seq: int
+    block_size: int
+    kv_bytes_per_token: int  # per GPU, bstar's model spec at the KV precision
+    measured_blocks: int | None
+    measured_tokens: int | None
+    measured_pool_bytes: int | None  # measured blocks x block bytes
+    measured_b_mem: int | None
+    computed_pool_bytes: int
+    computed_pool_source: str  # "explicit" (CPU pool) or "gpu" (memory x util - W - reserve)
+    computed_blocks: int
+    computed_b_mem: int
+    reserve_bytes: int  # bstar's reserve (gpu source)
+    implied_reserve_bytes: int | None  # the reserve that makes bstar's pool the measured one
+    rel_diff: float | None  # computed / measured B_mem - 1
+    flagged: bool
+    explanation: list[str] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
+             pool_bytes: int | None = None, log_tokens: int | None = None) -> KvCheck:
+    """Compare the server's KV pool (`snap`, one scrape of /metrics; `log_tokens`, the
+    start-up log's "KV cache size: N tokens") with bstar's for deployment `d`.
+
+    `pool_bytes`: an explicit pool (vLLM on CPU); default the server's configured
+    kv_cache_memory_bytes when it exports one, else bstar's GPU pool of `d`."""
+    if tokens_per_seq < 1:
+        raise BstarError("--tokens-per-seq (input + output tokens) must be at least 1")
+    block = snap.block_size or d.block_tokens
+    d = replace(d, block_tokens=block)
+    per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
+    bb = per_token * block
+    notes: list[str] = []
+    m_blocks = snap.num_gpu_blocks
+    m_tokens = m_blocks * block if m_blocks is not None else (
+        snap.kv_cache_size_tokens or log_tokens)
+    if m_blocks is None and m_tokens is not None:
+        m_blocks = m_tokens // block
+    if m_blocks is None:
+        raise BstarError("the server exports no KV pool size (vllm:cache_config_info "
+                         "num_gpu_blocks, kv_cache_size_tokens) and no start-up log was given")
+    m_pool = m_blocks * bb
+    m_b_mem = b_mem_blocks(m_blocks, block, tokens_per_seq)
+    explicit = pool_bytes if pool_bytes is not None else snap.kv_cache_memory_bytes
+    if explicit is not None:
+        c_pool, source = int(explicit), "explicit"
+        implied = None
+        notes.append(f"pool: {_b(c_pool)} set explicitly (VLLM_CPU_KVCACHE_SPACE or "
+                     f"--kv-cache-memory-bytes); no reserve or activations come out of it")
+    else:
+        c_pool, source = rl.kv_pool_bytes(d), "gpu"
+        weights = rl.weight_bytes_per_gpu(d)
+        usable = math.floor(d.gpu.memory_bytes * d.gpu_util)
+        implied = usable - weights - m_pool
+        notes.append(f"pool: {_b(d.gpu.memory_bytes)} x util {d.gpu_util:g} = {_b(usable)} - "
+                     f"weights {_b(weights)} - reserve {_b(d.reserve_bytes)} = {_b(c_pool)} "
+                     "per GPU (bstar)")
+        notes.append(f"reserve: the server kept {_b(implied)} for activations, CUDA graphs "
+                     f"and its context where bstar assumed {_b(d.reserve_bytes)} "
+                     f"({_b(implied - d.reserve_bytes, signed=True)}); --reserve-gib "
+                     f"{implied / 2**30:.2f} makes the pools agree")
+    c_blocks = c_pool // bb if bb else 0
+    c_b_mem = b_mem_blocks(c_blocks, block, tokens_per_seq)
+    lost = c_pool - c_blocks * bb
+    notes.append(f"block rounding: {per_token:,} B/token x {block} tokens = {_b(bb)} a "
+                 f"block; bstar's pool is {c_blocks:,} whole blocks ({_b(lost)} left over), "
+                 f"the server has {m_blocks:,}; a {tokens_per_seq:,}-token sequence takes "
+                 f"{math.ceil(tokens_per_seq / block)} blocks "
+                 f"({math.ceil(tokens_per_seq / block) * block - tokens_per_seq:,} tokens "
+                 f"of the last one unused)")
+    if source == "explicit" and c_blocks != m_blocks:
+        notes.append(f"the explicit pool gives {c_blocks:,} blocks, the server reports "
+                     f"{m_blocks:,}: check the KV precision (--kv-dtype, bstar uses "
+                     f"{d.kv.name}) and the model's KV heads and layers")
+    rel = (c_b_mem / m_b_mem - 1.0) if m_b_mem else None
+    flagged = rel is None or abs(rel) > DISAGREE
+    if flagged:
+        notes.append(f"DISAGREE: bstar's B_mem {c_b_mem:,} vs the server's {m_b_mem:,} "
+                     f"differs by more than {DISAGREE:.0%}")
+    return KvCheck(tokens_per_seq, block, per_token, m_blocks, m_tokens, m_pool, m_b_mem,
+                   c_pool, source, c_blocks, c_b_mem, d.reserve_bytes, implied, rel, flagged,
+                   notes, {"engine": snap.engine, "num_gpu_blocks": snap.num_gpu_blocks,
+                           "block_size": snap.block_size,
+                           "kv_cache_memory_bytes": snap.kv_cache_memory_bytes,
+                           "kv_cache_size_tokens": snap.kv_cache_size_tokens})
+
+
+def check_kv_text(d: rl.Deployment, metrics_text: str, tokens_per_seq: int, **kw: Any
+                  ) -> KvCheck:
+    return check_kv(d, snapshot(parse_prometheus(metrics_text)), tokens_per_seq, **kw)
+
+
+def _b(n: int, signed: bool = False) -> str:
+    sign = ("+" if n >= 0 else "-") if signed else ("-" if n < 0 else "")
+    a = abs(n)
+    if a >= 2**30:
+        return f"{sign}{a / 2**30:.2f} GiB"
+    if a >= 2**20:
+        return f"{sign}{a / 2**20:.2f} MiB"
+    return f"{sign}{a:,} B"
+
+
+def format_check(c: KvCheck) -> str:
+    lines = [f"KV pool check, {c.tokens_per_seq:,}-token sequences, block {c.block_size} "
+             "tokens",
+             f"  {'':<10}{'pool':>14}{'blocks':>10}{'tokens':>12}{'B_mem':>8}",
+             f"  {'server':<10}{_b(c.measured_pool_bytes or 0):>14}"
+             f"{c.measured_blocks or 0:>10,}{c.measured_tokens or 0:>12,}"
+             f"{c.measured_b_mem or 0:>8,}",
+             f"  {'bstar':<10}{_b(c.computed_pool_bytes):>14}{c.computed_blocks:>10,}"
+             f"{c.computed_blocks * c.block_size:>12,}{c.computed_b_mem:>8,}"]
+    if c.rel_diff is not None:
+        lines.append(f"  difference {c.rel_diff:+.1%} "
+                     + ("(over 10%: flagged)" if c.flagged else "(within 10%)"))
+    lines += [f"  - {n}" for n in c.explanation]
+    return "\n".join(lines)
