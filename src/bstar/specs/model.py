@@ -114,6 +114,30 @@ class ModelSpec:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else f"GQA-{self.num_heads // self.num_kv_heads}"
 
+    def tensor_parallel_problem(self, tp: int) -> str | None:
+        """Why vLLM refuses `--tensor-parallel-size tp` for this model, or None when it
+        shards: attention heads split evenly (num_attention_heads % tp == 0); KV heads split
+        evenly or replicate evenly (num_kv_heads % tp == 0 or tp % num_kv_heads == 0; MLA's
+        latent replicates); every MLP width, each expert's included, splits evenly."""
+        if tp <= 1:
+            return None
+        if self.num_heads % tp:
+            return f"its {self.num_heads} attention heads do not divide by {tp}"
+        if not self.is_mla and self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return (f"its {self.num_kv_heads} KV heads do not divide by {tp}, and {tp} is "
+                    f"not a multiple of {self.num_kv_heads}")
+        dense_mlp = not self.is_moe or self.num_dense_layers > 0
+        if dense_mlp and self.intermediate_size % tp:
+            return f"its MLP width {self.intermediate_size} does not divide by {tp}"
+        if self.is_moe and self.moe_intermediate_size % tp:
+            return (f"each of its {self.num_experts} experts' MLP width "
+                    f"{self.moe_intermediate_size} does not divide by {tp}")
+        return None
+
+    def tensor_parallel_sizes(self, limit: int = 64) -> list[int]:
+        """The tensor-parallel sizes up to `limit` that `tensor_parallel_problem` accepts."""
+        return [n for n in range(1, limit + 1) if self.tensor_parallel_problem(n) is None]
+
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
