@@ -5,6 +5,7 @@ No computation here; the commands call these through `commands/emit.py`."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bstar.units import GB, GiB, KiB, fmt_bytes, fmt_count
@@ -189,62 +190,124 @@ def print_plan(plan: Plan, out: TextIO | None = None) -> None:
     stream.write("\n".join(lines) + "\n")
 
 
+@dataclass(frozen=True, slots=True)
+class Col:
+    """A column of a catalog table: `keep` columns (ids, numbers) are never cut or wrapped;
+    the others wrap, and columns with a `drop` rank leave (lowest rank first) when the
+    table does not fit the terminal."""
+
+    name: str
+    right: bool = False
+    keep: bool = True
+    drop: int | None = None
+
+
+def _fit_table(c: Console, cols: list[Col], rows: list[list[str]], **kw: Any) -> Table:
+    """A rich table that fits `c.width` without cutting a `keep` cell: wrap the rest, and
+    leave out droppable columns while the narrowest layout is still too wide."""
+    from rich.text import Text
+
+    def plain(cell: str) -> str:
+        return Text.from_markup(cell).plain
+
+    mins = []
+    for i, col in enumerate(cols):
+        cells = [plain(r[i]) for r in rows]
+        head = max(len(w) for w in col.name.split("\n"))
+        if col.keep:
+            mins.append(max([head, *(len(x) for x in cells)]))
+        else:  # wraps at spaces: its longest word
+            mins.append(max([head, 1, *(len(w) for x in cells for w in x.split())]))
+    shown = list(range(len(cols)))
+    # Heavy box with edges: a bar before each column and one after, padding 1 each side.
+    while sum(mins[i] + 3 for i in shown) + 1 > c.width:
+        droppable = [i for i in shown if cols[i].drop is not None]
+        if not droppable:
+            break
+        shown.remove(min(droppable, key=lambda i: cols[i].drop or 0))
+    t = _table(**kw)
+    for i in shown:
+        col = cols[i]
+        t.add_column(col.name, justify="right" if col.right else "left", no_wrap=col.keep,
+                     min_width=mins[i] if col.keep else None, overflow="fold")
+    for r in rows:
+        t.add_row(*(r[i] for i in shown))
+    return t
+
+
 def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = _table(title="B* = W / kv_per_seq and B_mem per model, GPU and context")
-    for col in ("model", "gpu", "attn", "W GB", "KV/token KiB", "context", "KV/seq MiB",
-                "B*", "B_mem", "crossover", "TPOT@1 ms", "max_num_seqs", "bound"):
-        t.add_column(col, justify="left" if col in ("model", "gpu", "attn", "bound")
-                     else "right", no_wrap=col in ("model", "gpu"))
+    cols = [Col("model"), Col("gpu"), Col("attn", drop=1), Col("W\nGB", True, drop=4),
+            Col("KV/token\nKiB", True, drop=2), Col("context", True),
+            Col("KV/seq\nMiB", True, drop=3), Col("B*", True), Col("B_mem", True),
+            Col("crossover", True, drop=5), Col("TPOT@1\nms", True, drop=6),
+            Col("max_num\n_seqs", True), Col("bound", keep=False, drop=7)]
+    cells = []
     for r in rows:
-        sizes = (r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
+        sizes = [r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
                  f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
-                 str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}",
-                 f"{r['b_star']:.1f}")
+                 str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}"]
         if not r["fits"]:
-            need = r["min_num_gpus"]
-            t.add_row(*sizes, "[red]0[/]", "-", "-", "-",
-                      f"[red]does not fit; --num-gpus {need}[/]" if need else
-                      "[red]does not fit[/]")
+            # No B* or B_mem for a deployment that cannot hold one sequence: say so, and
+            # the smallest GPU count that does.
+            need = r.get("min_num_gpus")
+            cells.append([*sizes, "-", "[red]no fit[/]", "-", "-",
+                          f"[red]--num-gpus {need}[/]" if need else "[red]none[/]",
+                          "[red]does not fit[/]"])
             continue
         cross = r["compute_crossover_batch"]
-        t.add_row(*sizes, str(r["b_mem"]), f"{cross:.0f}" if cross is not None else "-",
-                  f"{r['tpot_batch1_ms']:.2f}", str(r["recommendation"]["max_num_seqs"]),
-                  r["recommendation"]["bound"])
-    c.print(t)
+        cells.append([*sizes, fmt_b_star(r["b_star"]), str(r["b_mem"]),
+                      f"{cross:.0f}" if cross is not None else "-",
+                      f"{r['tpot_batch1_ms']:.2f}", str(r["recommendation"]["max_num_seqs"]),
+                      r["recommendation"]["bound"]])
+    c.print(_fit_table(c, cols, cells,
+                       title="B* = W / kv_per_seq and B_mem per model, GPU and context"))
     for r in rows:
+        if not r["fits"]:
+            need = r.get("min_num_gpus")
+            c.print(f"[red]{r['model']} on {r['num_gpus']} x {r['gpu']} at "
+                    f"{r['context_tokens']} tokens does not fit[/]: "
+                    + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
+                       if need else "no tensor-parallel size up to 64 fits"))
         for w in r.get("warnings") or ():
             c.print(f"[yellow]warning ({r['model']}, {r['context_tokens']} tokens): {w}[/]")
     c.print("[dim]GB = 1e9 bytes; KiB/MiB = 2^10/2^20. crossover: batch where compute "
-            "overtakes memory ('-': never).[/]")
+            "overtakes memory ('-': never). Columns that do not fit the terminal are left "
+            "out; --json has them all.[/]")
 
 
 def print_models(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = _table(title="Bundled model presets (parameters computed from config.json)")
-    for col in ("id", "params", "published", "active", "attention", "layers", "dtype",
-                "hf repo"):
-        t.add_column(col)
+    cols = [Col("id"), Col("params", True), Col("published", True, drop=2),
+            Col("active", True), Col("attention"), Col("layers", True, drop=3),
+            Col("dtype"), Col("hf repo", keep=False, drop=1)]
+    cells = [[r["id"], fmt_count(r["params"]), fmt_count(r["published_params"]),
+              fmt_count(r["active_params"]) if r["moe"] else "", r["attention"],
+              str(r["layers"]), r["dtype"], r["hf_repo"]] for r in rows]
+    c.print(_fit_table(c, cols, cells,
+                       title="Bundled model presets (parameters computed from config.json)"))
+    c.print("[bold]sources[/] (each preset's config.json):")
     for r in rows:
-        t.add_row(r["id"], fmt_count(r["params"]), fmt_count(r["published_params"]),
-                  fmt_count(r["active_params"]) if r["moe"] else "", r["attention"],
-                  str(r["layers"]), r["dtype"], r["hf_repo"])
-    c.print(t)
+        c.print(f"  {r['id']}: {r['source'] or r['hf_repo']}", overflow="fold")
 
 
 def print_gpus(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = _table(title="GPU catalog (memory as the device reports it; rates dense, decimal)")
-    for col in ("id", "name", "memory", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s",
-                "ridge", "interconnect GB/s"):
-        t.add_column(col, justify="left" if col in ("id", "name") else "right")
+    cols = [Col("id"), Col("name", keep=False, drop=1), Col("memory\nGiB", True),
+            Col("HBM\nTB/s", True), Col("BF16\nTFLOP/s", True), Col("FP8\nTFLOP/s", True),
+            Col("ridge", True, drop=2), Col("interconnect\nGB/s", True, drop=3)]
+    cells = [[r["id"], r["name"], f"{r['memory_bytes'] / GiB:.2f}",
+              f"{r['hbm_bandwidth_bytes_s'] / 1e12:.3f}", f"{r['bf16_flops'] / 1e12:.1f}",
+              f"{r['fp8_flops'] / 1e12:.1f}" if r["fp8_flops"] else "-",
+              f"{r['bf16_flops'] / r['hbm_bandwidth_bytes_s']:.0f}",
+              f"{r['interconnect_bytes_s'] / 1e9:.0f}"] for r in rows]
+    c.print(_fit_table(c, cols, cells, title="GPU catalog (memory as the device reports it; "
+                                             "rates dense, decimal)"))
+    c.print("[bold]sources[/] (datasheets; memory as the device reports it):")
     for r in rows:
-        t.add_row(r["id"], r["name"], f"{r['memory_bytes'] / GiB:.2f} GiB",
-                  f"{r['hbm_bandwidth_bytes_s'] / 1e12:.3f}", f"{r['bf16_flops'] / 1e12:.1f}",
-                  f"{r['fp8_flops'] / 1e12:.1f}" if r["fp8_flops"] else "-",
-                  f"{r['bf16_flops'] / r['hbm_bandwidth_bytes_s']:.0f}",
-                  f"{r['interconnect_bytes_s'] / 1e9:.0f}")
-    c.print(t)
+        mem = f"; memory: {r['memory_source']}" if r.get("memory_source") else ""
+        c.print(f"  {r['id']}: {r.get('source') or r.get('provenance') or '-'}{mem}",
+                overflow="fold")
 
 
 def print_runs(runs: list[dict[str, Any]], title: str, out: Console) -> None:
