@@ -8,6 +8,7 @@ DeepSeek-V2/V3 with MLA, Gemma-2, OPT); unknown families that use Llama-style ke
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -236,8 +237,12 @@ class ModelSpec:
 
         Linear weights take the weight precision; embeddings, norms and biases stay in the
         16-bit activation dtype, as AWQ/GPTQ/fp8 checkpoints keep them. A tied embedding is
-        also the LM head, so under quantization it stays 16-bit too.
+        also the LM head, so under quantization it stays 16-bit too. Cached: every decode
+        step of a curve asks (a plan asks a few hundred times).
         """
+        return _weight_bytes_parts(self, weight)
+
+    def _weight_bytes_parts(self, weight: Precision) -> tuple[int, int, int]:
         act = get_precision("fp16" if self.default_dtype == "fp16" else "bf16")
         dense = expert = embed = 0
         for t in self.tensors():
@@ -489,3 +494,9 @@ def fetch_hub_config(repo_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BstarError(f"{url}: config must be a JSON object")
     return data
+
+
+@functools.lru_cache(maxsize=256)
+def _weight_bytes_parts(spec: ModelSpec, weight: Precision) -> tuple[int, int, int]:
+    # Keyed by the spec's compared fields (its raw config is not one) and the precision.
+    return spec._weight_bytes_parts(weight)
