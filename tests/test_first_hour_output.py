@@ -11,7 +11,7 @@ import pytest
 from bstar import roofline as rl
 from bstar.cli import build_parser, main
 from bstar.deployment import DeploymentOptions
-from bstar.plan import make_plan, vllm_default_max_num_seqs
+from bstar.plan import make_plan
 from bstar.specs.gpu import get_gpu, gpu_catalog
 from bstar.specs.presets import get_model, model_index
 from ptyterm import run_in_pty
@@ -180,6 +180,8 @@ def test_engine_flag_spellings_are_aliases(capsys: pytest.CaptureFixture[str]) -
 
 # ---- 11: the engines' defaults ----------------------------------------------------------------
 def test_vllm_default_max_num_seqs_follows_its_gpu_rule() -> None:
+    from bstar.plan import vllm_default_max_num_seqs
+
     g = get_gpu
     assert vllm_default_max_num_seqs(g("a100-80gb-sxm").name, g("a100-80gb-sxm").memory_bytes) \
         == 256  # 80 GiB, but an A100
