@@ -3,21 +3,19 @@
 Prints medians and ratios measured in this run, since these machines are shared and noisy:
 1. the full curve (batches 1..4096 at three contexts) in-library, against the 20 ms budget
    and against a per-batch scalar loop over the same model (what vectorizing buys);
-2. `bstar --help` wall time against `python -c pass` on the same interpreter (budget 3x).
+2. `bstar --help` wall time against `python -c pass` on the same interpreter (budget 3x),
+   measured as bench/startup.py measures it (which also times `bstar plan`).
 """
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 import sys
-import sysconfig
 import time
-from pathlib import Path
 
 import numpy as np
 
+import startup  # bench/startup.py, beside this script
 from bstar import roofline as rl
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -49,12 +47,6 @@ def median_s(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def wall_s(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
-
-
 def main() -> int:
     d = rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
     full_curve(d)  # warm caches (catalog parsing, numpy first use)
@@ -64,18 +56,15 @@ def main() -> int:
           f"median {t_vec * 1e3:.2f} ms (budget 20 ms, ratio {t_vec / 0.020:.2f}); "
           f"scalar per-batch loop {t_loop * 1e3:.0f} ms, {t_loop / t_vec:.0f}x slower")
 
-    script = Path(sysconfig.get_path("scripts")) / "bstar"
-    bstar_cmd = [str(script)] if script.exists() else [shutil.which("bstar") or "bstar"]
-    base_cmd = [sys.executable, "-c", "pass"]
-    base, cli = [], []
-    for _ in range(15):  # interleaved so both see the same machine load
-        base.append(wall_s(base_cmd))
-        cli.append(wall_s([*bstar_cmd, "--help"]))
-    ratio = statistics.median(cli) / statistics.median(base)
-    print(f"start-up: python -c pass median {statistics.median(base) * 1e3:.1f} ms, "
-          f"bstar --help median {statistics.median(cli) * 1e3:.1f} ms, ratio {ratio:.2f} "
-          f"(budget 3.0)")
-    ok = t_vec < 0.020 and ratio < 3.0
+    # The same measurement as bench/startup.py (this checkout's CLI, interleaved runs).
+    med = startup.measure(15)
+    base, cli = med["python -c pass"][0], med["bstar --help"][0]
+    ratio = cli / base
+    print(f"start-up: python -c pass median {base * 1e3:.1f} ms, bstar --help median "
+          f"{cli * 1e3:.1f} ms, ratio {ratio:.2f} (budget {startup.HELP_BUDGET:g}); "
+          f"bstar plan ratio {med['bstar plan'][0] / base:.2f} (budget "
+          f"{startup.PLAN_BUDGET:g}; python bench/startup.py)")
+    ok = t_vec < 0.020 and ratio < startup.HELP_BUDGET
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -41,7 +41,9 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole `bstar` parser; with `only`, every command is listed (for `--help`) but
+    only that command's module is imported and its flags registered (start-up)."""
     parser = argparse.ArgumentParser(
         prog="bstar",
         description="How many sequences should your LLM server batch at once? Roofline cost "
@@ -49,15 +51,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bstar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module, help_ in COMMANDS:
-        mod = importlib.import_module(f"bstar.commands.{module}")
         p = sub.add_parser(name, help=help_, description=help_)
-        getattr(mod, f"add_{name}_arguments")(p)
+        if only is None or name == only:
+            mod = importlib.import_module(f"bstar.commands.{module}")
+            getattr(mod, f"add_{name}_arguments")(p)
         p.set_defaults(_run=f"{module}:run_{name}")
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    # The top level's own options (--help, --version) take no value, so the first word that
+    # is not an option is the command.
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in {name for name, _, _ in COMMANDS} else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_in(argv)
+    # `bstar --help` and a typo need every command's one-line help only; a command needs
+    # its own flags only (`bench/startup.py` measures what this saves).
+    parser = build_parser(only=command or "")
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

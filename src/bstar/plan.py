@@ -36,6 +36,14 @@ class ContextPlan:
     flags: dict[str, str]
     prefill_s: float
     warnings: tuple[str, ...] = ()
+    at_recommendation: dict[str, Any] | None = None
+    engine_defaults: tuple[dict[str, Any], ...] = ()
+    tpot_batch1_s: float | None = None
+
+    @property
+    def sla_unmet(self) -> bool:
+        """True when no batch meets the TPOT SLA (`--max-tpot-ms`) on this hardware."""
+        return self.recommendation.bound == "sla-unmet"
 
     def to_dict(self) -> dict[str, Any]:
         c = self.curve
@@ -57,7 +65,9 @@ class ContextPlan:
                  "arithmetic_intensity": float(c.arithmetic_intensity[i]),
                  "regime": c.regime[i],
                  "tpot_ms": float(c.tpot_s[i] * 1e3),
-                 "running_batch": int(c.running_batch[i])}
+                 "running_batch": int(c.running_batch[i]),
+                 "waiting": int(c.batch[i] - c.running_batch[i]),
+                 "running_tpot_ms": float(c.step_s[i] * 1e3)}
                 for i in range(c.batch.size)],
             "recommendation": {"max_num_seqs": self.recommendation.max_num_seqs,
                                "reason": self.recommendation.reason,
@@ -65,7 +75,12 @@ class ContextPlan:
                                "flags": self.flags,
                                "b_star": self.b_star,
                                "knees": {k: v.to_dict()
-                                         for k, v in self.recommendation.knees.items()}},
+                                         for k, v in self.recommendation.knees.items()},
+                               "at_batch": self.at_recommendation},
+            "sla_met": not self.sla_unmet,
+            "tpot_batch1_ms": (None if self.tpot_batch1_s is None
+                               else self.tpot_batch1_s * 1e3),
+            "engine_defaults": [dict(e) for e in self.engine_defaults],
         }
 
 
@@ -135,6 +150,62 @@ def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:
             raise BstarError(f"context length must be in 1..{MAX_CONTEXT:,} tokens, got {c}")
 
 
+def check_tensor_parallel(d: rl.Deployment) -> None:
+    """--num-gpus is the tensor-parallel size: refuse one the engines cannot shard the model
+    by (vLLM's rule, `ModelSpec.tensor_parallel_problem`), naming the sizes that work."""
+    problem = d.model.tensor_parallel_problem(d.num_gpus)
+    if problem is not None:
+        sizes = ", ".join(str(n) for n in d.model.tensor_parallel_sizes())
+        raise BstarError(f"--num-gpus {d.num_gpus} cannot shard {d.model.name}: {problem}; "
+                         f"tensor-parallel sizes that work: {sizes}")
+
+
+# vLLM V1's default max_num_seqs for `vllm serve` (UsageContext.OPENAI_API_SERVER), from
+# vllm/engine/arg_utils.py, EngineArgs' batch defaults (vllm-project/vllm commit 99d7eb5,
+# the v0.11 line): 1024 on a device with at least 70 GiB whose name does not contain
+# "a100" (H100, H200, MI300X...), else 256 (A100s: vLLM PR #17885 saw larger batches lose
+# throughput there); CPUs and TPUs have their own. See docs/cost-model.md.
+VLLM_LARGE_GPU_BYTES = 70 * 2**30
+VLLM_DEFAULT_MAX_NUM_SEQS = (1024, 256)
+
+
+def vllm_default_max_num_seqs(gpu_name: str, gpu_memory_bytes: int) -> int:
+    large = gpu_memory_bytes >= VLLM_LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
+    return VLLM_DEFAULT_MAX_NUM_SEQS[0] if large else VLLM_DEFAULT_MAX_NUM_SEQS[1]
+
+
+def engine_defaults(d: rl.Deployment, ctx: int, b_mem: int,
+                    recommended: int) -> tuple[dict[str, Any], ...]:
+    """What each engine runs when --max-num-seqs (or its equivalent) is not given, and a
+    note when that default is above B_mem or far (over 2x either way) from the
+    recommendation."""
+    out: list[dict[str, Any]] = []
+    v = vllm_default_max_num_seqs(d.gpu.name, d.gpu.memory_bytes)
+    rule = ("1024 on GPUs with >= 70 GiB that are not A100s, else 256 "
+            "(vllm/engine/arg_utils.py, v0.11)")
+    note = None
+    if v > b_mem:
+        note = (f"vLLM's default max_num_seqs {v} is above B_mem = {b_mem}: the KV pool, "
+                "not the cap, limits the batch, and growing sequences get preempted")
+    elif v > 2 * recommended or 2 * v < recommended:
+        note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
+    out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note})
+    pool_tokens = rl.kv_pool_bytes(d) // max(1, rl.kv_bytes_per_seq_allocated(d, 1)
+                                             // max(1, d.block_tokens))
+    sgl = max(1, pool_tokens // 2)
+    out.append({"engine": "sglang", "max_num_seqs": sgl,
+                "rule": "--max-running-requests defaults to the KV pool's tokens // 2 "
+                        "(sglang/srt/model_executor/model_runner.py)",
+                "note": (f"SGLang's default --max-running-requests ~{sgl:,} is above B_mem "
+                         f"= {b_mem}: the KV pool binds" if sgl > b_mem else None)})
+    out.append({"engine": "tgi", "max_num_seqs": None,
+                "rule": "no --max-batch-size by default; --max-batch-total-tokens is "
+                        "inferred from free memory",
+                "note": "TGI sets no batch-size cap by default: its token budget (the KV "
+                        "memory) binds, as B_mem does here"})
+    return tuple(out)
+
+
 def check_batches(batches: list[int] | tuple[int, ...]) -> None:
     for b in batches:
         if not 1 <= b <= MAX_BATCH:
@@ -150,6 +221,7 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
     seeds' seq_len). `input_tokens` (default: the context) sizes the prefill estimate.
     """
     check_contexts(contexts)
+    check_tensor_parallel(d)
     if batches is not None:
         check_batches(batches)
     if max_tpot_ms is not None and not max_tpot_ms > 0:
@@ -183,6 +255,7 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
         knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
         rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
                                              knees)
+        at = rl.curve(d, [rec.max_num_seqs], ctx)
         warnings = []
         max_pos = d.model.config.get("max_position_embeddings")
         if isinstance(max_pos, int) and ctx > max_pos:
@@ -195,7 +268,14 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             compute_crossover_batch=cross, tpot_floor_s=rl.tpot_floor_s(d, ctx), curve=c,
             recommendation=rec,
             flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
-            prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings)))
+            prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings),
+            at_recommendation={"batch": rec.max_num_seqs,
+                               "tpot_ms": float(at.tpot_s[0] * 1e3),
+                               "step_ms": float(at.step_s[0] * 1e3),
+                               "throughput_tok_s": float(at.throughput_tok_s[0]),
+                               "regime": at.regime[0]},
+            engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
+            tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0])))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))
 

@@ -66,7 +66,7 @@ class Recommendation:
             k = doubling.batch
             if k is not None and k <= cap:
                 rec = cls(k, f"predicted knee (doubling rule): {doubling.reason}; "
-                          f"B* = {b_star:.1f} marks where saturation begins", "knee",
+                          f"B* = {b_star:.2f} marks where saturation begins", "knee",
                           dict(knees), "doubling")
             else:
                 why = (f"the predicted knee B = {k} is past it" if k is not None
@@ -77,19 +77,19 @@ class Recommendation:
         elif b_star <= MEMORY_HEADROOM * b_mem:
             rec = cls(
                 max(1, math.floor(b_star)),
-                f"B* = {b_star:.1f} (KV bytes read per step reach the weight bytes; past it "
+                f"B* = {b_star:.2f} (KV bytes read per step reach the weight bytes; past it "
                 f"each added sequence buys less) fits within 85% of B_mem = {b_mem}", "b_star")
         else:
             rec = cls(
                 cap,
-                f"memory binds: B* = {b_star:.1f} is above 85% of B_mem = {b_mem}; 85% of "
+                f"memory binds: B* = {b_star:.2f} is above 85% of B_mem = {b_mem}; 85% of "
                 "B_mem leaves headroom against preemption (seed 000: 80-90%)", "b_mem")
         if knees is None and compute_crossover is not None \
                 and compute_crossover < rec.max_num_seqs:
             rec = cls(
                 max(1, math.floor(compute_crossover)),
                 f"compute roof at B = {compute_crossover:.1f}: past it throughput is flat and "
-                f"only latency grows (B* = {b_star:.1f}, B_mem = {b_mem})", "compute")
+                f"only latency grows (B* = {b_star:.2f}, B_mem = {b_mem})", "compute")
         if max_tpot_ms is not None:
             if sla_batch is None or sla_batch < 1:
                 at1 = f" (batch 1 already takes {tpot_at_1_ms:.2f} ms)" if tpot_at_1_ms else ""

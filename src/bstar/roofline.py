@@ -225,8 +225,11 @@ def b_mem(d: Deployment, context_tokens: int) -> int:
 
 
 def min_gpus_that_fit(d: Deployment, context_tokens: int, limit: int = 64) -> int | None:
+    """The smallest power-of-two tensor-parallel size the model shards to
+    (`ModelSpec.tensor_parallel_problem`) whose KV pool holds one sequence."""
     for n in (1, 2, 4, 8, 16, 32, 64):
-        if n <= limit and b_mem(replace(d, num_gpus=n), context_tokens) >= 1:
+        if n <= limit and d.model.tensor_parallel_problem(n) is None \
+                and b_mem(replace(d, num_gpus=n), context_tokens) >= 1:
             return n
     return None
 

@@ -19,7 +19,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                    help="a CSV/JSON file of measured points (batch + tpot_ms or "
                         "throughput_tok_s, optional context_tokens), or a sweep run id")
     add_deployment_arguments(p)
-    p.add_argument("--context", type=positive_int, default=None,
+    p.add_argument("--context", "--max-model-len", dest="context", type=positive_int,
+                   default=None,
                    help="tokens each sequence holds while decoding, for points without a "
                         "context_tokens column (e.g. input + output/2)")
     p.add_argument("--fit", type=str_list, default=FIT_DEFAULT.split(","),

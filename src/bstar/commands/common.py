@@ -90,13 +90,15 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                             "(default: llama-3-8b)")
         g.add_argument("--gpu", default=None,
                        help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
-    g.add_argument("--num-gpus", type=positive_int, default=1,
-                   help="tensor-parallel degree (default: 1)")
+    g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
+                   default=1, help="tensor-parallel degree (default: 1)")
     g.add_argument("--dtype", default="",
                    help="weight precision: bf16, fp16, fp8, int8, int4 (W4A16, group 128) "
                         "(default: the checkpoint's)")
-    g.add_argument("--kv-dtype", default="bf16", help="KV cache precision: bf16, fp16, fp8")
-    g.add_argument("--gpu-util", type=positive_float, default=0.9,
+    g.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16",
+                   help="KV cache precision: bf16, fp16, fp8")
+    g.add_argument("--gpu-util", "--gpu-memory-utilization", dest="gpu_util",
+                   type=positive_float, default=0.9,
                    help="fraction of GPU memory the engine may use (vLLM "
                         "--gpu-memory-utilization; default 0.9)")
     g.add_argument("--reserve-gib", type=non_negative_float, default=2.0,

@@ -25,11 +25,12 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset name or config.json (or its folder); alone it only converts a "
                         "into a bandwidth, with --gpu it gives the compute roof")
     g.add_argument("--gpu", default=None, help="GPU catalog id or GPU file (TOML/JSON)")
-    g.add_argument("--num-gpus", type=positive_int, default=1,
-                   help="tensor-parallel degree (default: 1)")
+    g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
+                   default=1, help="tensor-parallel degree (default: 1)")
     g.add_argument("--dtype", default="", help="weight precision (default: the checkpoint's)")
-    g.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default: bf16)")
-    g.add_argument("--context", type=positive_int, default=None,
+    g.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16",
+                   help="KV cache precision (default: bf16)")
+    g.add_argument("--context", "--max-model-len", dest="context", type=positive_int, default=None,
                    help="tokens each sequence holds while decoding (attention FLOPs, KV bytes "
                         "per sequence; default 512)")
     g.add_argument("--flops-eff", type=positive_float, default=None,

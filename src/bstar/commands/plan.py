@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from bstar.commands.common import (
@@ -18,7 +19,7 @@ from bstar.commands.emit import emit
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
-    p.add_argument("--context", type=int_list, default=None,
+    p.add_argument("--context", "--max-model-len", dest="context", type=int_list, default=None,
                    help="context lengths in tokens each sequence holds, comma-separated "
                         "(default 512,2048,8192)")
     p.add_argument("--batch", type=int_list, default=None,
@@ -32,7 +33,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p, many=True)
-    p.add_argument("--context", type=int_list, default=None,
+    p.add_argument("--context", "--max-model-len", dest="context", type=int_list, default=None,
                    help="context lengths, comma-separated (default 512,2048,8192)")
     p.add_argument("--max-tpot-ms", type=positive_float, default=None,
                    help="per-request TPOT SLA in ms")
@@ -62,8 +63,26 @@ def run_plan(args: argparse.Namespace) -> int:
 
     d = deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
-    return emit(args, plan.to_dict, lambda: print_plan(plan),
-                lambda path: save_plan_plot(plan, path, args.max_tpot_ms))
+    rc = emit(args, plan.to_dict, lambda: print_plan(plan),
+              lambda path: save_plan_plot(plan, path, args.max_tpot_ms))
+    return rc or sla_unmet_status(
+        [(cp.context_tokens, cp.tpot_batch1_s) for cp in plan.contexts if cp.sla_unmet],
+        args.max_tpot_ms)
+
+
+# Exit status when --max-tpot-ms cannot be met by any batch (docs/contracts.md): the plan or
+# JSON is still printed, and stderr says what the floor is.
+EXIT_SLA_UNMET = 3
+
+
+def sla_unmet_status(unmet: list[tuple[int, float | None]], max_tpot_ms: float | None) -> int:
+    """EXIT_SLA_UNMET and one stderr line per context whose SLA no batch meets, else 0."""
+    for ctx, floor_s in unmet:
+        floor = f"{floor_s * 1e3:.2f} ms at batch 1" if floor_s is not None else "unknown"
+        print(f"bstar: error: TPOT <= {max_tpot_ms:g} ms cannot be met on this hardware at "
+              f"{ctx} tokens: the floor is {floor}; use faster GPUs, more GPUs or a looser "
+              "SLO", file=sys.stderr)
+    return EXIT_SLA_UNMET if unmet else 0
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -71,8 +90,11 @@ def run_compare(args: argparse.Namespace) -> int:
     from bstar.report.text import print_compare
 
     rows = compare_rows(args)
-    return emit(args, lambda: rows, lambda: print_compare(rows),
-                lambda path: save_compare_plot(rows, path))
+    rc = emit(args, lambda: rows, lambda: print_compare(rows),
+              lambda path: save_compare_plot(rows, path))
+    unmet = [(r["context_tokens"], r["tpot_batch1_ms"] / 1e3) for r in rows
+             if r["fits"] and r["recommendation"]["bound"] == "sla-unmet"]
+    return rc or sla_unmet_status(unmet, args.max_tpot_ms)
 
 
 def compare_rows(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -4,16 +4,18 @@ No computation here; the commands call these through `commands/emit.py`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.table import Table
-
-from bstar.plan import Plan
-from bstar.units import GB, GiB, KiB, fmt_bytes, fmt_count, fmt_ms, sparkline
+from bstar.units import GB, GiB, KiB, fmt_bytes, fmt_count
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from bstar.loadgen.sweep import SweepResult
+    from bstar.plan import Plan
     from bstar.sim.study import Study
 
 _REGIME_STYLE = {"weight-dominated": "green", "kv-dominated": "yellow",
@@ -23,127 +25,295 @@ _REGIME_STYLE = {"weight-dominated": "green", "kv-dominated": "yellow",
 def console() -> Console:
     import sys
 
+    from rich.console import Console
+
     # Piped output would wrap at rich's 80-column default and break tables; widen it.
     width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
-def print_plan(plan: Plan, out: Console | None = None) -> None:
-    c = out or console()
+def _styler(stream: Any) -> Callable[[str, str], str]:
+    """ANSI styles for a terminal (none when piped or NO_COLOR is set)."""
+    import os
+
+    on = bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+    codes = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33",
+             "magenta": "35", "bold green": "1;32", "bold red": "1;31"}
+
+    def style(text: str, name: str) -> str:
+        return f"\x1b[{codes[name]}m{text}\x1b[0m" if on and name in codes else text
+    return style
+
+
+def fmt_b_star(b: float) -> str:
+    """B* with two decimals wherever it is printed beside a batch (14.96, not 15.0)."""
+    return f"{b:.2f}"
+
+
+def _plain_table(headers: list[tuple[str, str]], rows: list[list[tuple[str, str]]],
+                 right: list[bool], indent: str = "  ") -> list[str]:
+    """Plain-text columns: two header lines, cells (text, style name) never cut."""
+    widths = [max(len(h[0]), len(h[1]), *(len(r[i][0]) for r in rows))
+              for i, h in enumerate(headers)]
+
+    def cell(text: str, i: int) -> str:
+        return text.rjust(widths[i]) if right[i] else text.ljust(widths[i])
+
+    out = [indent + "  ".join(cell(h[k], i) for i, h in enumerate(headers)).rstrip()
+           for k in (0, 1)]
+    for r in rows:
+        out.append(indent + "  ".join(cell(t, i) for i, (t, _) in enumerate(r)).rstrip())
+    return out
+
+
+def _table(**kw: Any) -> Table:
+    from rich.table import Table
+
+    return Table(**kw)
+
+
+def _defaults_line(defaults: tuple[dict[str, Any], ...], b_mem: int,
+                   st: Callable[[str, str], str]) -> str:
+    """Each engine's own default cap in one line; a warning when one is above B_mem or far
+    from the recommendation (`plan.engine_defaults`)."""
+    by = {e["engine"]: e for e in defaults}
+    v, s = by.get("vllm"), by.get("sglang")
+    parts = []
+    if v is not None:
+        parts.append(f"vLLM {v['max_num_seqs']}")
+    if s is not None:
+        parts.append(f"SGLang ~{s['max_num_seqs']:,} (KV tokens / 2)")
+    if "tgi" in by:
+        parts.append("TGI none (token budget)")
+    text = "engine defaults without the flag: " + ", ".join(parts)
+    if v is not None and v.get("note"):
+        return text + "\n    " + st(v["note"], "yellow")
+    return text
+
+
+def print_plan(plan: Plan, out: TextIO | None = None) -> None:
+    """`bstar plan` as plain text (no rich: the plan path stays light to import)."""
+    import sys
+
+    from bstar.units import GiB, KiB, fmt_count, fmt_ms, sparkline
+
+    stream = out or sys.stdout
+    st = _styler(stream)
+    lines: list[str] = []
+    put = lines.append
     d = plan.deployment
     m, g, e = d.model, d.gpu, d.eff
-    c.print(f"[bold]{m.name}[/] ({fmt_count(m.num_params)} params"
-            + (f", {fmt_count(m.num_active_params)} active" if m.is_moe else "")
-            + f", {m.attention_kind}, {m.num_layers} layers) on "
-            f"[bold]{d.num_gpus} x {g.name}[/] ({g.id})")
-    c.print(f"  weights W        {fmt_bytes(plan.weight_bytes)} in {d.weight.name}"
-            + (f"; {fmt_bytes(plan.weight_bytes_per_gpu)} per GPU" if d.num_gpus > 1 else ""))
-    c.print(f"  KV per token     {plan.kv_bytes_per_token:,} bytes "
-            f"({plan.kv_bytes_per_token / KiB:.1f} KiB) in {d.kv.name}")
-    c.print(f"  GPU memory       {fmt_bytes(g.memory_bytes)} x util {d.gpu_util:g} - weights - "
-            f"reserve {d.reserve_bytes / GiB:.2f} GiB = KV pool {fmt_bytes(plan.kv_pool_bytes)}"
-            " per GPU")
-    c.print(f"  HBM bandwidth    {g.hbm_bandwidth_bytes_s / 1e12:.3f} TB/s x {e.bandwidth:g}; "
-            f"peak {d.weight.compute} {g.peak_flops(d.weight.compute) / 1e12:.1f} TFLOP/s x "
-            f"{e.compute:g}; ridge {g.ridge_flops_per_byte:.1f} FLOP/byte; overhead "
-            f"{e.overhead_s * 1e3:g} ms + {e.overhead_per_seq_s * 1e6:g} us/seq per step")
+    put(st(m.name, "bold") + f" ({fmt_count(m.num_params)} params"
+        + (f", {fmt_count(m.num_active_params)} active" if m.is_moe else "")
+        + f", {m.attention_kind}, {m.num_layers} layers) on "
+        + st(f"{d.num_gpus} x {g.name}", "bold") + f" ({g.id})")
+    put(f"  weights W        {fmt_bytes(plan.weight_bytes)} in {d.weight.name}"
+        + (f"; {fmt_bytes(plan.weight_bytes_per_gpu)} per GPU" if d.num_gpus > 1 else ""))
+    put(f"  KV per token     {plan.kv_bytes_per_token:,} bytes "
+        f"({plan.kv_bytes_per_token / KiB:.1f} KiB) in {d.kv.name}")
+    put(f"  GPU memory       {fmt_bytes(g.memory_bytes)} x util {d.gpu_util:g} - weights - "
+        f"reserve {d.reserve_bytes / GiB:.2f} GiB = KV pool {fmt_bytes(plan.kv_pool_bytes)}"
+        " per GPU")
+    put(f"  HBM bandwidth    {g.hbm_bandwidth_bytes_s / 1e12:.3f} TB/s x {e.bandwidth:g}; "
+        f"peak {d.weight.compute} {g.peak_flops(d.weight.compute) / 1e12:.1f} TFLOP/s x "
+        f"{e.compute:g}; ridge {g.ridge_flops_per_byte:.1f} FLOP/byte; overhead "
+        f"{e.overhead_s * 1e3:g} ms + {e.overhead_per_seq_s * 1e6:g} us/seq per step")
     prof = plan.to_dict().get("engine_profile")
     if prof:
-        c.print(f"  engine priors    {prof['name']} ({prof['basis']}; --engine, "
-                "docs/cost-model.md; a --profile replaces them)")
+        put(f"  engine priors    {prof['name']} ({prof['basis']}; --engine, "
+            "docs/cost-model.md; a --profile replaces them)")
     elif d.engine == "ideal":
-        c.print("  engine priors    none (--ideal: the pure roofline, cost model 1)")
+        put("  engine priors    none (--ideal: the pure roofline, cost model 1)")
+    queued_any = False
     for cp in plan.contexts:
-        c.print()
+        put("")
         cross = (f"{cp.compute_crossover_batch:.1f}" if cp.compute_crossover_batch is not None
                  else "none (memory-bound at any batch)")
-        c.print(f"[bold]context {cp.context_tokens} tokens[/]: KV per sequence "
-                f"{fmt_bytes(cp.kv_bytes_per_seq)}")
+        put(st(f"context {cp.context_tokens} tokens", "bold") + ": KV per sequence "
+            f"{fmt_bytes(cp.kv_bytes_per_seq)}")
         for w in cp.warnings:
-            c.print(f"  [yellow]warning: {w}[/]")
-        c.print(f"  B* = W / kv_per_seq = [bold]{cp.b_star:.1f}[/]   B_mem = [bold]{cp.b_mem}"
-                f"[/]   compute crossover = {cross}")
-        c.print(f"  amortized time/token floor (kv_per_seq / BW) = "
-                f"{cp.tpot_floor_s * 1e3:.4f} ms; prefill of {cp.context_tokens} tokens ~ "
-                f"{cp.prefill_s * 1e3:.1f} ms")
-        t = Table(show_edge=False, pad_edge=False, box=None)
-        for col in ("batch", "TPOT ms\n(per request)", "amortized\nms/token",
-                    "throughput\ntok/s", "AI\nFLOP/B", "regime"):
-            t.add_column(col, justify="right" if col != "regime" else "left")
+            put("  " + st(f"warning: {w}", "yellow"))
+        put(f"  B* = W / kv_per_seq = {st(fmt_b_star(cp.b_star), 'bold')}   B_mem = "
+            f"{st(str(cp.b_mem), 'bold')}   compute crossover = {cross}")
+        br = cp.b_star_read
+        if br is not None and abs(br - cp.b_star) > 0.005 * cp.b_star:
+            # The regime column compares the bytes actually read per step, B* the resident
+            # weights: say where each switches (docs/cost-model.md, "B* and the regimes").
+            put(f"  the regime turns kv-dominated at B = {fmt_b_star(br)}, where KV reads "
+                "pass the weight bytes actually read per step (B* counts all resident "
+                "weights" + (", every expert" if m.is_moe else "")
+                + ("; an untied embedding table is not read" if not m.tie_word_embeddings
+                   else "") + ")")
+        put(f"  amortized time/token floor (kv_per_seq / BW) = "
+            f"{cp.tpot_floor_s * 1e3:.4f} ms; prefill of {cp.context_tokens} tokens ~ "
+            f"{cp.prefill_s * 1e3:.1f} ms")
         cv = cp.curve
+        rows: list[list[tuple[str, str]]] = []
         for i in range(cv.batch.size):
             r = cv.regime[i]
-            t.add_row(str(int(cv.batch[i])), fmt_ms(float(cv.tpot_s[i])),
-                      fmt_ms(float(cv.amortized_s_per_token[i])),
-                      f"{cv.throughput_tok_s[i]:,.0f}", f"{cv.arithmetic_intensity[i]:.1f}",
-                      f"[{_REGIME_STYLE[r]}]{r}[/]")
-        c.print(t)
-        c.print(f"  throughput {sparkline([float(x) for x in cv.throughput_tok_s])}")
+            b, run = int(cv.batch[i]), int(cv.running_batch[i])
+            if b > run:
+                # What the engine does past B_mem: B_mem sequences run, the rest wait in
+                # its queue (vLLM's "waiting"); the running ones keep B_mem's TPOT.
+                queued_any = True
+                label, name = f"queued: {run} run, {b - run} wait", "red"
+            else:
+                label, name = r, _REGIME_STYLE[r]
+            rows.append([(str(b), ""), (fmt_ms(float(cv.step_s[i])), ""),
+                         (fmt_ms(float(cv.amortized_s_per_token[i])), ""),
+                         (f"{cv.throughput_tok_s[i]:,.0f}", ""),
+                         (f"{cv.arithmetic_intensity[i]:.1f}", ""), (label, name)])
+        table = _plain_table([("batch", ""), ("TPOT ms", "(per request)"),
+                              ("amortized", "ms/token"), ("throughput", "tok/s"),
+                              ("AI", "FLOP/B"), ("regime", "")],
+                             rows, [True, True, True, True, True, False])
+        for k, row in enumerate(table):
+            if k >= 2:
+                label, name = rows[k - 2][-1]
+                row = row[: len(row) - len(label)] + st(label, name)
+            put(row)
+        put(f"  throughput {sparkline([float(x) for x in cv.throughput_tok_s])}")
         rec = cp.recommendation
-        c.print(f"  [bold green]max_num_seqs = {rec.max_num_seqs}[/]: {rec.reason}")
+        put("  " + st(f"max_num_seqs = {rec.max_num_seqs}", "bold green") + f": {rec.reason}")
+        at = cp.at_recommendation
+        if at is not None:
+            put(f"    at {at['batch']}: TPOT {at['tpot_ms']:.2f} ms per request, "
+                f"{at['throughput_tok_s']:,.0f} tok/s, {at['regime']} (B* "
+                f"{fmt_b_star(cp.b_star)}, B_mem {cp.b_mem})")
+        if cp.sla_unmet and cp.tpot_batch1_s is not None:
+            put("    " + st(f"the SLO cannot be met on this hardware: the TPOT floor is "
+                           f"{cp.tpot_batch1_s * 1e3:.2f} ms (batch 1)", "bold red"))
         for engine, flags in cp.flags.items():
-            c.print(f"    {engine:<13} {flags}")
-    c.print()
-    c.print("[dim]GB = 1e9 bytes, GiB = 2^30. TPOT is per request (= step time); amortized "
-            "ms/token = step / batch (seed 000's 'TPOT' curve).[/]")
+            put(f"    {engine:<13} {flags}")
+        put("    " + _defaults_line(cp.engine_defaults, cp.b_mem, st))
+    put("")
+    put(st("GB = 1e9 bytes, GiB = 2^30. TPOT is per request (= step time); amortized "
+           "ms/token = step / batch (seed 000's 'TPOT' curve).", "dim"))
+    if queued_any:
+        put(st("queued: past B_mem the engine runs B_mem sequences and keeps the rest "
+               "waiting (vLLM's queue); TPOT is the running requests', the waiting ones "
+               "add queueing time before their first token.", "dim"))
+    stream.write("\n".join(lines) + "\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """A column of a catalog table: `keep` columns (ids, numbers) are never cut or wrapped;
+    the others wrap, and columns with a `drop` rank leave (lowest rank first) when the
+    table does not fit the terminal."""
+
+    name: str
+    right: bool = False
+    keep: bool = True
+    drop: int | None = None
+
+
+def _fit_table(c: Console, cols: list[Col], rows: list[list[str]], **kw: Any) -> Table:
+    """A rich table that fits `c.width` without cutting a `keep` cell: wrap the rest, and
+    leave out droppable columns while the narrowest layout is still too wide."""
+    from rich.text import Text
+
+    def plain(cell: str) -> str:
+        return Text.from_markup(cell).plain
+
+    mins = []
+    for i, col in enumerate(cols):
+        cells = [plain(r[i]) for r in rows]
+        head = max(len(w) for w in col.name.split("\n"))
+        if col.keep:
+            mins.append(max([head, *(len(x) for x in cells)]))
+        else:  # wraps at spaces: its longest word
+            mins.append(max([head, 1, *(len(w) for x in cells for w in x.split())]))
+    shown = list(range(len(cols)))
+    # Heavy box with edges: a bar before each column and one after, padding 1 each side.
+    while sum(mins[i] + 3 for i in shown) + 1 > c.width:
+        droppable = [i for i in shown if cols[i].drop is not None]
+        if not droppable:
+            break
+        shown.remove(min(droppable, key=lambda i: cols[i].drop or 0))
+    t = _table(**kw)
+    for i in shown:
+        col = cols[i]
+        t.add_column(col.name, justify="right" if col.right else "left", no_wrap=col.keep,
+                     min_width=mins[i] if col.keep else None, overflow="fold")
+    for r in rows:
+        t.add_row(*(r[i] for i in shown))
+    return t
 
 
 def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = Table(title="B* = W / kv_per_seq and B_mem per model, GPU and context")
-    for col in ("model", "gpu", "attn", "W GB", "KV/token KiB", "context", "KV/seq MiB",
-                "B*", "B_mem", "crossover", "TPOT@1 ms", "max_num_seqs", "bound"):
-        t.add_column(col, justify="left" if col in ("model", "gpu", "attn", "bound")
-                     else "right", no_wrap=col in ("model", "gpu"))
+    cols = [Col("model"), Col("gpu"), Col("attn", drop=1), Col("W\nGB", True, drop=4),
+            Col("KV/token\nKiB", True, drop=2), Col("context", True),
+            Col("KV/seq\nMiB", True, drop=3), Col("B*", True), Col("B_mem", True),
+            Col("crossover", True, drop=5), Col("TPOT@1\nms", True, drop=6),
+            Col("max_num\n_seqs", True), Col("bound", keep=False, drop=7)]
+    cells = []
     for r in rows:
-        sizes = (r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
+        sizes = [r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
                  f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
-                 str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}",
-                 f"{r['b_star']:.1f}")
+                 str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / 2**20:.0f}"]
         if not r["fits"]:
-            need = r["min_num_gpus"]
-            t.add_row(*sizes, "[red]0[/]", "-", "-", "-",
-                      f"[red]does not fit; --num-gpus {need}[/]" if need else
-                      "[red]does not fit[/]")
+            # No B* or B_mem for a deployment that cannot hold one sequence: say so, and
+            # the smallest GPU count that does.
+            need = r.get("min_num_gpus")
+            cells.append([*sizes, "-", "[red]no fit[/]", "-", "-",
+                          f"[red]--num-gpus {need}[/]" if need else "[red]none[/]",
+                          "[red]does not fit[/]"])
             continue
         cross = r["compute_crossover_batch"]
-        t.add_row(*sizes, str(r["b_mem"]), f"{cross:.0f}" if cross is not None else "-",
-                  f"{r['tpot_batch1_ms']:.2f}", str(r["recommendation"]["max_num_seqs"]),
-                  r["recommendation"]["bound"])
-    c.print(t)
+        cells.append([*sizes, fmt_b_star(r["b_star"]), str(r["b_mem"]),
+                      f"{cross:.0f}" if cross is not None else "-",
+                      f"{r['tpot_batch1_ms']:.2f}", str(r["recommendation"]["max_num_seqs"]),
+                      r["recommendation"]["bound"]])
+    c.print(_fit_table(c, cols, cells,
+                       title="B* = W / kv_per_seq and B_mem per model, GPU and context"))
     for r in rows:
+        if not r["fits"]:
+            need = r.get("min_num_gpus")
+            c.print(f"[red]{r['model']} on {r['num_gpus']} x {r['gpu']} at "
+                    f"{r['context_tokens']} tokens does not fit[/]: "
+                    + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
+                       if need else "no tensor-parallel size up to 64 fits"))
         for w in r.get("warnings") or ():
             c.print(f"[yellow]warning ({r['model']}, {r['context_tokens']} tokens): {w}[/]")
     c.print("[dim]GB = 1e9 bytes; KiB/MiB = 2^10/2^20. crossover: batch where compute "
-            "overtakes memory ('-': never).[/]")
+            "overtakes memory ('-': never). Columns that do not fit the terminal are left "
+            "out; --json has them all.[/]")
 
 
 def print_models(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = Table(title="Bundled model presets (parameters computed from config.json)")
-    for col in ("id", "params", "published", "active", "attention", "layers", "dtype",
-                "hf repo"):
-        t.add_column(col)
+    cols = [Col("id"), Col("params", True), Col("published", True, drop=2),
+            Col("active", True), Col("attention"), Col("layers", True, drop=3),
+            Col("dtype"), Col("hf repo", keep=False, drop=1)]
+    cells = [[r["id"], fmt_count(r["params"]), fmt_count(r["published_params"]),
+              fmt_count(r["active_params"]) if r["moe"] else "", r["attention"],
+              str(r["layers"]), r["dtype"], r["hf_repo"]] for r in rows]
+    c.print(_fit_table(c, cols, cells,
+                       title="Bundled model presets (parameters computed from config.json)"))
+    c.print("[bold]sources[/] (each preset's config.json):")
     for r in rows:
-        t.add_row(r["id"], fmt_count(r["params"]), fmt_count(r["published_params"]),
-                  fmt_count(r["active_params"]) if r["moe"] else "", r["attention"],
-                  str(r["layers"]), r["dtype"], r["hf_repo"])
-    c.print(t)
+        c.print(f"  {r['id']}: {r['source'] or r['hf_repo']}", overflow="fold")
 
 
 def print_gpus(rows: list[dict[str, Any]], out: Console | None = None) -> None:
     c = out or console()
-    t = Table(title="GPU catalog (memory as the device reports it; rates dense, decimal)")
-    for col in ("id", "name", "memory", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s",
-                "ridge", "interconnect GB/s"):
-        t.add_column(col, justify="left" if col in ("id", "name") else "right")
+    cols = [Col("id"), Col("name", keep=False, drop=1), Col("memory\nGiB", True),
+            Col("HBM\nTB/s", True), Col("BF16\nTFLOP/s", True), Col("FP8\nTFLOP/s", True),
+            Col("ridge", True, drop=2), Col("interconnect\nGB/s", True, drop=3)]
+    cells = [[r["id"], r["name"], f"{r['memory_bytes'] / GiB:.2f}",
+              f"{r['hbm_bandwidth_bytes_s'] / 1e12:.3f}", f"{r['bf16_flops'] / 1e12:.1f}",
+              f"{r['fp8_flops'] / 1e12:.1f}" if r["fp8_flops"] else "-",
+              f"{r['bf16_flops'] / r['hbm_bandwidth_bytes_s']:.0f}",
+              f"{r['interconnect_bytes_s'] / 1e9:.0f}"] for r in rows]
+    c.print(_fit_table(c, cols, cells, title="GPU catalog (memory as the device reports it; "
+                                             "rates dense, decimal)"))
+    c.print("[bold]sources[/] (datasheets; memory as the device reports it):")
     for r in rows:
-        t.add_row(r["id"], r["name"], f"{r['memory_bytes'] / GiB:.2f} GiB",
-                  f"{r['hbm_bandwidth_bytes_s'] / 1e12:.3f}", f"{r['bf16_flops'] / 1e12:.1f}",
-                  f"{r['fp8_flops'] / 1e12:.1f}" if r["fp8_flops"] else "-",
-                  f"{r['bf16_flops'] / r['hbm_bandwidth_bytes_s']:.0f}",
-                  f"{r['interconnect_bytes_s'] / 1e9:.0f}")
-    c.print(t)
+        mem = f"; memory: {r['memory_source']}" if r.get("memory_source") else ""
+        c.print(f"  {r['id']}: {r.get('source') or r.get('provenance') or '-'}{mem}",
+                overflow="fold")
 
 
 def print_runs(runs: list[dict[str, Any]], title: str, out: Console) -> None:
@@ -151,7 +321,7 @@ def print_runs(runs: list[dict[str, Any]], title: str, out: Console) -> None:
     if not runs:
         out.print(f"no runs in {title}")
         return
-    t = Table(show_edge=False, pad_edge=False, title=title, title_justify="left")
+    t = _table(show_edge=False, pad_edge=False, title=title, title_justify="left")
     for c in ("run", "when (UTC)", "status", "url", "model", "levels done"):
         t.add_column(c)
     for r in runs:
@@ -164,7 +334,7 @@ def print_runs_compare(cmp: dict[str, Any], out: Console) -> None:
     """`bstar runs compare` (`loadgen.sweep.compare_results`): a column per run, the
     throughput ratio for two, then each run's recommendation."""
     names = cmp["runs"]
-    t = Table(show_edge=False, pad_edge=False)
+    t = _table(show_edge=False, pad_edge=False)
     t.add_column("level")
     for run_id in names:
         t.add_column(f"{run_id}\ntok/s | TPOT p50 | TTFT p99", justify="right")
@@ -219,7 +389,7 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
     has_pred = any(lv.get("predicted") for lv in levels)
     has_srv = any(lv.get("preemptions") is not None or lv.get("kv_cache_usage_max") is not None
                   or lv.get("running_max") is not None for lv in levels)
-    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    t = _table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for col, just in (("level", "left"), ("reqs", "right"), ("err", "right"),
                       ("tok/s", "right"), ("TTFT p50/p99 ms", "right"),
                       ("TPOT p50/p99 ms", "right"), ("ITL p50/p99 ms", "right")):
@@ -275,6 +445,8 @@ def wide_console(**kw: Any) -> Console:
     stream = kw.get("file") or (sys.stderr if kw.get("stderr") else sys.stdout)
     if not stream.isatty():
         kw.setdefault("width", 200)
+    from rich.console import Console
+
     return Console(**kw)
 
 
@@ -341,6 +513,7 @@ class Progress:
     """Rich progress bars (on stderr) fed by run_sweep's events."""
 
     def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
@@ -391,7 +564,6 @@ def print_fit(r: Any, spec: dict[str, Any] | None = None) -> None:
     """Render a FitResult (bstar.fit) as text and rich tables."""
 
     from bstar.fit import INTERVAL_PCT, LOSS, LOSS_SCALE
-    from bstar.units import fmt_bytes
 
     spec = spec or {}
     c = console()
@@ -513,7 +685,6 @@ def print_simulation(study: Study) -> None:
 
     from bstar import roofline as rl
     from bstar.sim.traffic import parse_lengths
-    from bstar.units import fmt_bytes
 
     c = console()
     d, rows, advice, arrivals = study.deployment, study.rows, study.advice, study.arrivals

@@ -8,6 +8,7 @@ DeepSeek-V2/V3 with MLA, Gemma-2, OPT); unknown families that use Llama-style ke
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -114,6 +115,30 @@ class ModelSpec:
             return "MHA"
         return "MQA" if self.num_kv_heads == 1 else f"GQA-{self.num_heads // self.num_kv_heads}"
 
+    def tensor_parallel_problem(self, tp: int) -> str | None:
+        """Why vLLM refuses `--tensor-parallel-size tp` for this model, or None when it
+        shards: attention heads split evenly (num_attention_heads % tp == 0); KV heads split
+        evenly or replicate evenly (num_kv_heads % tp == 0 or tp % num_kv_heads == 0; MLA's
+        latent replicates); every MLP width, each expert's included, splits evenly."""
+        if tp <= 1:
+            return None
+        if self.num_heads % tp:
+            return f"its {self.num_heads} attention heads do not divide by {tp}"
+        if not self.is_mla and self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return (f"its {self.num_kv_heads} KV heads do not divide by {tp}, and {tp} is "
+                    f"not a multiple of {self.num_kv_heads}")
+        dense_mlp = not self.is_moe or self.num_dense_layers > 0
+        if dense_mlp and self.intermediate_size % tp:
+            return f"its MLP width {self.intermediate_size} does not divide by {tp}"
+        if self.is_moe and self.moe_intermediate_size % tp:
+            return (f"each of its {self.num_experts} experts' MLP width "
+                    f"{self.moe_intermediate_size} does not divide by {tp}")
+        return None
+
+    def tensor_parallel_sizes(self, limit: int = 64) -> list[int]:
+        """The tensor-parallel sizes up to `limit` that `tensor_parallel_problem` accepts."""
+        return [n for n in range(1, limit + 1) if self.tensor_parallel_problem(n) is None]
+
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
@@ -212,8 +237,12 @@ class ModelSpec:
 
         Linear weights take the weight precision; embeddings, norms and biases stay in the
         16-bit activation dtype, as AWQ/GPTQ/fp8 checkpoints keep them. A tied embedding is
-        also the LM head, so under quantization it stays 16-bit too.
+        also the LM head, so under quantization it stays 16-bit too. Cached: every decode
+        step of a curve asks (a plan asks a few hundred times).
         """
+        return _weight_bytes_parts(self, weight)
+
+    def _weight_bytes_parts(self, weight: Precision) -> tuple[int, int, int]:
         act = get_precision("fp16" if self.default_dtype == "fp16" else "bf16")
         dense = expert = embed = 0
         for t in self.tensors():
@@ -465,3 +494,9 @@ def fetch_hub_config(repo_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BstarError(f"{url}: config must be a JSON object")
     return data
+
+
+@functools.lru_cache(maxsize=256)
+def _weight_bytes_parts(spec: ModelSpec, weight: Precision) -> tuple[int, int, int]:
+    # Keyed by the spec's compared fields (its raw config is not one) and the precision.
+    return spec._weight_bytes_parts(weight)

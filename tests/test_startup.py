@@ -1,0 +1,39 @@
+"""Issue 12, item 12: `bstar plan` keeps rich, scipy, aiohttp and matplotlib off its path,
+and `bstar --help` imports no command module (bench/startup.py measures the time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("rich", "scipy", "aiohttp", "matplotlib", "jinja2")
+
+
+def loaded_after(argv: list[str]) -> list[str]:
+    code = ("import contextlib, io, json, sys\nfrom bstar.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(" + repr(argv) + ")\n    except SystemExit:\n        pass\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_plan_imports_no_heavy_module() -> None:
+    mods = loaded_after(["plan"])
+    assert "bstar.plan" in mods and "numpy" in mods  # it did plan (numpy: the cost model)
+    assert [m for m in mods if m.split(".")[0] in HEAVY] == []
+
+
+def test_help_imports_no_command_module() -> None:
+    mods = loaded_after(["--help"])
+    assert [m for m in mods if m.startswith("bstar.commands.")] == []
+    assert "numpy" not in mods
+
+
+def test_a_command_registers_only_its_own_flags() -> None:
+    mods = loaded_after(["gpus", "--json"])
+    assert [m for m in mods if m.startswith("bstar.commands.")] == ["bstar.commands.common",
+                                                                    "bstar.commands.emit",
+                                                                    "bstar.commands.plan"]
