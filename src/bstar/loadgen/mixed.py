@@ -1,0 +1,397 @@
+"""Mixed prefill + decode steps, measured black-box on a live OpenAI-compatible server.
+
+A chunked-prefill engine runs a prompt's chunk in the same step as the sequences already
+decoding. From outside, that step is the gap the decoding streams see while the prompt is
+prefilled. The recipe, engine-agnostic (no step log, no metrics endpoint):
+
+- decode: B streams with long outputs (ignore_eos) run at steady state; the median gap
+  between their tokens over a window is the decode step at B;
+- mixed: while they decode, one request with a prompt of n tokens and max_tokens 1 is
+  sent; its first token leaves the engine with the decoding streams' tokens of the step
+  that ran its chunk, so in each decoding stream the gap ending at the token nearest that
+  first token is the step "B decode + one chunk of n" (one chunk when n + B fits the
+  engine's token budget, `--max-num-batched-tokens` on vLLM); the median over the streams
+  is the sample;
+- prefill (B = 0): the TTFT of a lone request with a prompt of n tokens, minus the
+  network and API time, estimated as the TTFT of a lone one-token prompt minus the decode
+  step at B = 1 (that step does the same engine work as a one-token prefill).
+
+Each (B, n) is repeated and the median kept, with the spread. `StepSample.point()` turns a
+sample into a `bstar.calibrate.Point`; `write_csv` / `read_csv` are the points file that
+`bstar calibrate` reads (columns batch, context_tokens, chunk_tokens, chunk_start, step_ms).
+
+The decoding streams' context at a step is exact: a stream that received its m-th token
+from the step holds prompt + m - 1 tokens of KV after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bstar.errors import BstarError
+from bstar.loadgen.client import OpenAIClient, RequestSpec
+
+CSV_COLUMNS = ("kind", "batch", "context_tokens", "chunk_tokens", "chunk_start", "step_ms",
+               "samples", "min_ms", "max_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step kind: `batch` sequences decoding at about `context_tokens` (after
+    the step) plus, when `chunk_tokens` > 0, one prompt chunk of that many tokens on top of
+    `chunk_start` cached ones; `step_s` is the median of `samples_s`."""
+
+    kind: str  # "decode", "mixed" or "prefill"
+    batch: int
+    context_tokens: int
+    chunk_tokens: int
+    chunk_start: int
+    step_s: float
+    samples_s: tuple[float, ...]
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repeats."""
+        return (max(self.samples_s) - min(self.samples_s)) / self.step_s
+
+    def point(self) -> Any:
+        from bstar.calibrate import Point
+
+        label = f"{self.kind} B={self.batch}" + (f" n={self.chunk_tokens}"
+                                                  if self.chunk_tokens else "")
+        return Point(self.batch, max(1, self.context_tokens), self.step_s, label,
+                     self.chunk_tokens, self.chunk_start)
+
+
+@dataclass(frozen=True, slots=True)
+class MixedConfig:
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    chunk_tokens: tuple[int, ...] = (32, 128, 384)
+    decode_prompt_tokens: int = 16
+    repeats: int = 5
+    warm_steps: int = 8  # tokens each stream receives before anything is measured
+    decode_steps: int = 24  # the decode window, in steps
+    settle_steps: int = 3  # plain decode steps between two injections
+    max_tokens: int = 1500  # decoding streams' output cap (they are stopped before)
+    prefill: bool = True  # also the B = 0 points (lone prompts)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.batches or min(self.batches) < 1:
+            raise BstarError("batches must be at least 1")
+        if not self.chunk_tokens or min(self.chunk_tokens) < 2:
+            raise BstarError("chunk tokens must be at least 2 (one token is a decode)")
+        if self.repeats < 1 or self.decode_steps < 2 or self.warm_steps < 1:
+            raise BstarError("repeats, decode_steps and warm_steps must be positive")
+        needed = self.warm_steps + self.decode_steps + len(self.chunk_tokens) * self.repeats * (
+            self.settle_steps + 2) + 8
+        if self.max_tokens < needed:
+            raise BstarError(f"max_tokens {self.max_tokens} is too short for the schedule "
+                             f"(needs about {needed} steps per batch)")
+
+
+# ---- the pure part: which gap is the mixed step -----------------------------------------
+def gap_at(times: Sequence[float], t: float) -> tuple[int, float] | None:
+    """In one stream's token arrival times, the token nearest `t` (0-based index) and the
+    gap that ends at it; None when that token is the stream's first (no gap)."""
+    if len(times) < 2:
+        return None
+    i = min(range(len(times)), key=lambda k: abs(times[k] - t))
+    if i < 1:
+        return None
+    return i, times[i] - times[i - 1]
+
+
+def mixed_gap(streams: Sequence[Sequence[float]], t_first: float,
+              prompt_tokens: Sequence[int]) -> tuple[float, int] | None:
+    """The step that ran a chunk whose request's first token came at `t_first`: the median
+    over the decoding streams of the gap ending at each one's token nearest `t_first`, and
+    their mean context after that step (prompt + m - 1 for the m-th token)."""
+    gaps, ctx = [], []
+    for times, p in zip(streams, prompt_tokens, strict=True):
+        g = gap_at(times, t_first)
+        if g is None:
+            return None
+        gaps.append(g[1])
+        ctx.append(p + (g[0] + 1) - 1)
+    return statistics.median(gaps), round(statistics.fmean(ctx))
+
+
+def window_gaps(streams: Sequence[Sequence[float]], first: int, last: int,
+                prompt_tokens: Sequence[int]) -> tuple[list[float], int]:
+    """Every gap ending at tokens first..last (0-based) of every stream, and the streams'
+    mean context over those steps."""
+    gaps, ctx = [], []
+    for times, p in zip(streams, prompt_tokens, strict=True):
+        for i in range(max(1, first), min(last, len(times) - 1) + 1):
+            gaps.append(times[i] - times[i - 1])
+            ctx.append(p + i)
+    if not gaps:
+        raise BstarError("no decode gaps in the window (streams ended early?)")
+    return gaps, round(statistics.fmean(ctx))
+
+
+# ---- the live part ----------------------------------------------------------------------
+@dataclass(slots=True)
+class _Stream:
+    """One long decoding stream: arrival times (perf_counter) of its token events."""
+
+    prompt_tokens: int
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+    done: bool = False
+
+
+async def _decode_stream(client: OpenAIClient, spec: RequestSpec, st: _Stream,
+                         stop: asyncio.Event) -> None:
+    """Stream `spec` until `stop` is set (closing the connection aborts the request)."""
+    import aiohttp
+
+    # The client's session and headers: one connection pool for the whole measurement.
+    session, headers = client._session, client._headers
+    body = json.dumps(client.body_for(spec))
+    try:
+        async with session.post(client.base_url + client.path, data=body,
+                                headers=headers) as resp:
+            if resp.status != 200:
+                st.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return
+            async for raw in resp.content:
+                if stop.is_set():
+                    return
+                if not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    continue
+                for choice in event.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if choice.get("text") or delta.get("content"):
+                        st.times.append(time.perf_counter())
+                        break
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        st.error = f"{type(e).__name__}: {e}"
+    finally:
+        st.done = True
+
+
+async def _wait_tokens(streams: Sequence[_Stream], count: int, timeout_s: float) -> None:
+    """Until every stream has `count` tokens; raises if one ended or it takes too long."""
+    t_end = time.monotonic() + timeout_s
+    while True:
+        if all(len(s.times) >= count for s in streams):
+            return
+        for s in streams:
+            if s.done and len(s.times) < count:
+                raise BstarError(f"a decoding stream ended after {len(s.times)} tokens"
+                                 + (f": {s.error}" if s.error else ""))
+        if time.monotonic() > t_end:
+            raise BstarError(f"decoding streams did not reach {count} tokens in "
+                             f"{timeout_s:g} s")
+        await asyncio.sleep(0.002)
+
+
+class _Prompts:
+    """Prompts of exact token counts (the server's tokenizer, as the sweep's workload)."""
+
+    def __init__(self, client: OpenAIClient, seed: int) -> None:
+        from bstar.loadgen.workload import TokenCounter
+
+        self.counter = TokenCounter(client)
+        self.seed = seed
+        self.cpt = 1.0
+        self.n = 0
+
+    async def setup(self) -> None:
+        from bstar.loadgen.workload import random_text
+
+        await self.counter.setup(chat=False)
+        probe = random_text(random.Random(self.seed), 200)
+        self.cpt = 200 / max(1, await self.counter.count(probe))
+
+    async def make(self, tokens: int) -> tuple[str, int]:
+        from bstar.loadgen.workload import fit_prompt
+
+        self.n += 1
+        rng = random.Random(f"mixed:{self.seed}:{self.n}")
+
+        async def count(t: str) -> int:
+            return await self.counter.count(t)
+
+        return await fit_prompt(count, rng, tokens, self.cpt)
+
+
+async def _lone_ttft(client: OpenAIClient, prompt: str) -> float:
+    rec = await client.send(RequestSpec(0, 1, prompt=prompt))
+    if not rec.ok or rec.ttft_s is None:
+        raise BstarError(f"a lone request failed: {rec.error_kind}: {rec.error}")
+    return rec.ttft_s
+
+
+async def _with_streams(client: OpenAIClient, prompts: _Prompts, cfg: MixedConfig, b: int,
+                        say: Callable[[str], None]) -> list[StepSample]:
+    """B decoding streams: their decode step, then one mixed step per chunk x repeat."""
+    specs, lens = [], []
+    for _ in range(b):
+        text, n = await prompts.make(cfg.decode_prompt_tokens)
+        specs.append(RequestSpec(0, cfg.max_tokens, prompt=text))
+        lens.append(n)
+    streams = [_Stream(n) for n in lens]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(_decode_stream(client, s, st, stop))
+             for s, st in zip(specs, streams, strict=True)]
+    out: list[StepSample] = []
+    try:
+        first = cfg.warm_steps
+        await _wait_tokens(streams, first + cfg.decode_steps + 1, 600.0)
+        gaps, ctx = window_gaps([s.times for s in streams], first + 1,
+                                first + cfg.decode_steps, lens)
+        out.append(StepSample("decode", b, ctx, 0, 0, statistics.median(gaps), tuple(gaps)))
+        say(f"  decode B={b}: {out[-1].step_s * 1e3:.2f} ms at context {ctx}")
+        # Prompts first (tokenizing costs the server CPU), then the injections.
+        inject = [(n, await prompts.make(n)) for n in cfg.chunk_tokens
+                  for _ in range(cfg.repeats)]
+        samples: dict[int, list[tuple[float, int]]] = {}
+        chunk_len: dict[int, int] = {}
+        for n, (text, got) in inject:
+            base = min(len(s.times) for s in streams)
+            await _wait_tokens(streams, base + cfg.settle_steps, 600.0)
+            t0 = time.perf_counter()
+            ttft = await _lone_ttft(client, text)
+            t_first = t0 + ttft
+            await _wait_tokens(streams, max(len(s.times) for s in streams) + 1, 600.0)
+            g = mixed_gap([s.times for s in streams], t_first, lens)
+            if g is not None:
+                samples.setdefault(n, []).append(g)
+                chunk_len[n] = got
+        for n, gs in samples.items():
+            steps = tuple(x for x, _ in gs)
+            ctx = round(statistics.fmean(c for _, c in gs))
+            out.append(StepSample("mixed", b, ctx, chunk_len[n], 0, statistics.median(steps),
+                                  steps))
+            say(f"  mixed B={b} n={chunk_len[n]}: {out[-1].step_s * 1e3:.2f} ms "
+                f"({len(steps)} repeats, spread {out[-1].spread:.0%})")
+    finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return out
+
+
+async def measure_steps_async(client: OpenAIClient, cfg: MixedConfig,
+                              say: Callable[[str], None] = lambda s: None) -> list[StepSample]:
+    """Decode, mixed and (cfg.prefill) prefill samples from the server behind `client`
+    (entered: `async with client`). The server must run at least max(batches) + 1
+    sequences at once."""
+    prompts = _Prompts(client, cfg.seed)
+    await prompts.setup()
+    # Warm the server up (first requests pay one-off costs).
+    for _ in range(2):
+        await _lone_ttft(client, (await prompts.make(cfg.decode_prompt_tokens))[0])
+    out: list[StepSample] = []
+    for b in cfg.batches:
+        out += await _with_streams(client, prompts, cfg, b, say)
+    if cfg.prefill:
+        decode1 = [s for s in out if s.kind == "decode" and s.batch == 1]
+        if decode1:
+            step1 = decode1[0].step_s
+        else:
+            step1 = next(s for s in await _with_streams(
+                client, prompts, MixedConfig((1,), cfg.chunk_tokens[:1], cfg.decode_prompt_tokens,
+                                             1, cfg.warm_steps, cfg.decode_steps,
+                                             cfg.settle_steps, cfg.max_tokens, False, cfg.seed),
+                1, say) if s.kind == "decode").step_s
+        one = [await _lone_ttft(client, (await prompts.make(1))[0])
+               for _ in range(cfg.repeats)]
+        network_s = max(0.0, statistics.median(one) - step1)
+        say(f"  network + API per request: {network_s * 1e3:.2f} ms (TTFT of a one-token "
+            f"prompt {statistics.median(one) * 1e3:.2f} ms - decode step at B=1)")
+        for n in cfg.chunk_tokens:
+            ttfts, got = [], n
+            for _ in range(cfg.repeats):
+                text, got = await prompts.make(n)
+                ttfts.append(await _lone_ttft(client, text) - network_s)
+            steps = tuple(ttfts)
+            out.append(StepSample("prefill", 0, got, got, 0, statistics.median(steps), steps))
+            say(f"  prefill n={got}: {out[-1].step_s * 1e3:.2f} ms")
+    return out
+
+
+def measure_steps(url: str, model: str, cfg: MixedConfig | None = None, *,
+                  endpoint: str = "completions", api_key: str | None = None,
+                  say: Callable[[str], None] = lambda s: None) -> list[StepSample]:
+    """Blocking wrapper: connect to `url` (served model `model`) and measure."""
+    cfg = cfg or MixedConfig()
+
+    async def run() -> list[StepSample]:
+        async with OpenAIClient(url, model, endpoint="completions" if endpoint != "chat"
+                                else "chat", api_key=api_key,
+                                extra_body={"ignore_eos": True}) as client:
+            return await measure_steps_async(client, cfg, say)
+
+    return asyncio.run(run())
+
+
+# ---- the points file ---------------------------------------------------------------------
+def to_csv(samples: Sequence[StepSample]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for s in samples:
+        w.writerow([s.kind, s.batch, s.context_tokens, s.chunk_tokens, s.chunk_start,
+                    f"{s.step_s * 1e3:.4f}", len(s.samples_s),
+                    f"{min(s.samples_s) * 1e3:.4f}", f"{max(s.samples_s) * 1e3:.4f}"])
+    return buf.getvalue()
+
+
+def points_from_rows(rows: Sequence[dict[str, Any]], where: Sequence[str]) -> list[Any]:
+    """calibrate Points from rows with batch, context_tokens, step_ms (or tpot_ms) and
+    optional chunk_tokens, chunk_start (empty = 0). Other columns are ignored."""
+    from bstar.calibrate import Point
+
+    def num(row: dict[str, Any], key: str, w: str, default: float | None = None) -> float:
+        raw = row.get(key)
+        if raw in (None, ""):
+            if default is None:
+                raise BstarError(f"{w}: no {key}")
+            return default
+        try:
+            return float(str(raw))
+        except ValueError:
+            raise BstarError(f"{w}: {key} {raw!r} is not a number") from None
+
+    out = []
+    for row, w in zip(rows, where, strict=True):
+        ms_key = "step_ms" if row.get("step_ms") not in (None, "") else "tpot_ms"
+        label = str(row.get("kind") or "") or w
+        out.append(Point(int(num(row, "batch", w)), int(num(row, "context_tokens", w)),
+                         num(row, ms_key, w) / 1e3, label,
+                         int(num(row, "chunk_tokens", w, 0.0)),
+                         int(num(row, "chunk_start", w, 0.0))))
+    if not out:
+        raise BstarError("no points")
+    return out
+
+
+def read_csv(path: str | Path) -> list[Any]:
+    """calibrate Points from a points CSV (`#` lines are comments)."""
+    p = Path(path)
+    lines = [ln for ln in p.read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    rows = list(csv.DictReader(lines))
+    return points_from_rows(rows, [f"{p}: row {i + 1}" for i in range(len(rows))])
