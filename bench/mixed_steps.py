@@ -32,11 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-steps", type=int, default=24)
     p.add_argument("--no-prefill", action="store_true", help="skip the B = 0 points")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--statistic", choices=("min", "median"), default="min",
+                   help="of the repeats: min (default; a shared machine only slows a step "
+                        "down) or median")
     p.add_argument("-o", "--output", type=Path, default=None)
     a = p.parse_args(argv)
     cfg = MixedConfig(tuple(a.batches), tuple(a.chunk_tokens), a.decode_prompt_tokens,
                       a.repeats, decode_steps=a.decode_steps, prefill=not a.no_prefill,
-                      seed=a.seed)
+                      seed=a.seed, statistic=a.statistic)
     samples = measure_steps(a.url, a.served_model, cfg,
                             say=lambda s: print(s, file=sys.stderr, flush=True))
     text = to_csv(samples)

@@ -6,10 +6,14 @@
 #
 # Run it on a quiet machine: `pgrep -af vllm.entrypoints` empty, nothing else busy.
 # Server: the default tiny model (bstar.tinymodel, ~95M), float32, eager, --max-num-seqs 16,
-# --max-num-batched-tokens 256 (chunked prefill, vLLM V1's default scheduler), 1 GiB of KV.
+# --max-num-batched-tokens 256 (chunked prefill, vLLM V1's default scheduler), 1 GiB of KV,
+# VLLM_THREADS (default "0": one OpenMP thread on core 0; on a machine shared with other
+# jobs, two threads that spin-wait on each other stall for whole time slices).
 set -euo pipefail
 OUT=${1:?usage: vllm_cpu_mixed.sh OUTDIR [RATES]}
-RATES=${2:-0.25,0.5,0.75}
+RATES=${2:-0.2,0.4,0.6}
+THREADS=${VLLM_THREADS:-0}
+NTHREADS=$(python3 -c "from bstar.servers import _count_cpus; print(_count_cpus('$THREADS'))")
 PY=${BSTAR_VLLM_PYTHON:?set BSTAR_VLLM_PYTHON to vLLM-on-CPU\'s python}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=$ROOT/src
@@ -23,15 +27,15 @@ GPU=$OUT/probe.toml
 DEPLOY=(--model "$HF/config.json" --gpu "$GPU" --dtype fp32 --kv-dtype fp32)
 
 date -u +"start %Y-%m-%dT%H:%M:%SZ, load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/load.txt"
-python3 -m bstar.cli probe -o "$GPU" --device cpu | tee "$OUT/probe.txt"
+python3 -m bstar.cli probe -o "$GPU" --device cpu --threads "$NTHREADS" | tee "$OUT/probe.txt"
 
-CMD=$(python3 - "$PY" "$HF" "$PORT" "$SEQS" "$BUDGET" <<'EOF'
+CMD=$(python3 - "$PY" "$HF" "$PORT" "$SEQS" "$BUDGET" "$THREADS" <<'EOF'
 import shlex, sys
 from bstar.servers import vllm_cpu_command, vllm_cpu_env
-py, hf, port, seqs, budget = sys.argv[1:]
+py, hf, port, seqs, budget, threads = sys.argv[1:]
 cmd = vllm_cpu_command(py, hf, port=int(port), max_num_seqs=int(seqs), max_model_len=2048)
 cmd += ["--max-num-batched-tokens", budget]
-print(shlex.join(["env", *[f"{k}={v}" for k, v in vllm_cpu_env().items()], *cmd]))
+print(shlex.join(["env", *[f"{k}={v}" for k, v in vllm_cpu_env(threads).items()], *cmd]))
 EOF
 )
 echo "$CMD" > "$OUT/server-cmd.txt"
@@ -46,14 +50,14 @@ done
 "$PY" -c "import vllm; print('vllm', vllm.__version__)" 2>/dev/null | tail -1 > "$OUT/vllm-version.txt" || true
 
 python3 "$ROOT/bench/mixed_steps.py" --url "$URL" --batches 1,2,4,8 \
-  --chunk-tokens 32,128,240 --repeats 5 -o "$OUT/mixed.csv" 2> "$OUT/mixed.log"
+  --chunk-tokens 32,128,240 --repeats 4 -o "$OUT/mixed.csv" 2> "$OUT/mixed.log"
 cat "$OUT/mixed.log"
 DB=$OUT/runs.db
 python3 -m bstar.cli sweep --url "$URL" --served-model tiny --concurrency 1,2,4,8 \
   --input-len 16 --output-len 96 --num-requests 8 --db "$DB" --quiet --json \
   "${DEPLOY[@]}" > "$OUT/decode-sweep.json"
 python3 -m bstar.cli sweep --url "$URL" --served-model tiny --rate "$RATES" \
-  --input-len 192 --output-len 64 --num-requests 20 --seed 1 --db "$DB" --quiet --json \
+  --input-len 192 --output-len 64 --num-requests 16 --seed 1 --db "$DB" --quiet --json \
   "${DEPLOY[@]}" > "$OUT/rate-sweep.json"
 date -u +"end %Y-%m-%dT%H:%M:%SZ, load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/load.txt"
 kill -- -$SRV 2>/dev/null || true

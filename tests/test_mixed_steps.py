@@ -21,7 +21,7 @@ from bstar.loadgen.mixed import (
     mixed_gap,
     read_csv,
     to_csv,
-    window_gaps,
+    window_means,
 )
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -46,11 +46,14 @@ def test_mixed_gap_is_the_median_over_streams_with_exact_context() -> None:
     assert mixed_gap([a, [0.0]], 0.3, [16, 16]) is None
 
 
-def test_window_gaps() -> None:
-    times = [0.0, 0.1, 0.2, 0.35, 0.45]
-    gaps, ctx = window_gaps([times], 1, 3, [10])
-    assert gaps == pytest.approx([0.1, 0.1, 0.15])
-    assert ctx == 12  # tokens 1..3 after a 10-token prompt: KV 11, 12, 13
+def test_window_means() -> None:
+    # A token read 30 ms late (index 3) lengthens its gap and shortens the next: the window
+    # mean is the step. Two streams in lockstep; prompts of 10 tokens.
+    a = [0.0, 0.1, 0.2, 0.33, 0.4, 0.5, 0.6, 0.7, 0.8]
+    b = [0.0, 0.1, 0.2, 0.30, 0.4, 0.5, 0.6, 0.7, 0.8]
+    means, ctx = window_means([a, b], 1, 8, 4, [10, 10])
+    assert means == pytest.approx([0.1, 0.1])
+    assert ctx == round(sum(10 + i for i in range(1, 9)) / 8)
 
 
 def test_config_checks_the_schedule_fits_the_output_cap() -> None:
@@ -157,37 +160,24 @@ def test_vllm_mixed_step_costs_more_than_decode(tiny_model: Any, tmp_path: Path)
 CPU_DATA = Path(__file__).resolve().parents[1] / "data" / "cpu"
 
 
-def cpu_deployment() -> rl.Deployment:
-    """The tiny model as vLLM-on-CPU ran it: fp32 weights and KV cache, on the probed CPU."""
+def cpu_deployment(tag: str) -> rl.Deployment:
+    """The tiny model as vLLM-on-CPU ran it: fp32 weights and KV cache, on the CPU probed at
+    the start of run `tag` (data/cpu/probe-TAG.toml)."""
     from bstar.specs.gpu import load_gpu_file
     from bstar.specs.model import from_hf_config
 
     cfg = json.loads((CPU_DATA / "tiny-config.json").read_text())
-    return rl.Deployment(from_hf_config(cfg, name="tiny"), load_gpu_file(CPU_DATA / "probe.toml"),
+    return rl.Deployment(from_hf_config(cfg, name="tiny"), load_gpu_file(CPU_DATA / f"probe-{tag}.toml"),
                          weight_dtype="fp32", kv_dtype="fp32")
 
 
-def mixed_errors(path: Path) -> dict[str, Any]:
-    """Calibrate on the decode points only, then on all: each fit's relative errors on the
-    mixed (and prefill) points, and the measurement's own noise (half the repeats' range
-    over their median, per mixed point)."""
+def repeat_noise(path: Path) -> list[float]:
+    """Per chunked point of a points file: half the repeats' range over their median."""
     import csv
 
-    pts = read_csv(path)
-    decode = [p for p in pts if not p.mixed]
-    chunked = [p for p in pts if p.mixed]
-    d = cpu_deployment()
-    dec = cal.calibrate(d, decode)
-    dec_err = [p.rel_error for p in cal.check(d, dec.eff, chunked, dec.bandwidth_scale,
-                                              dec.compute_scale)]
-    joint = cal.calibrate(d, pts)
-    joint_err = [p.rel_error for p in joint.points if p.chunk_tokens]
-    rows = [r for r in csv.DictReader(ln for ln in path.read_text().splitlines()
-                                      if not ln.startswith("#"))
-            if int(r["chunk_tokens"])]
-    noise = [(float(r["max_ms"]) - float(r["min_ms"])) / (2 * float(r["step_ms"]))
-             for r in rows]
-    return {"decode_only": dec_err, "joint": joint_err, "noise": noise, "joint_cal": joint}
+    rows = csv.DictReader(ln for ln in path.read_text().splitlines() if not ln.startswith("#"))
+    return [(float(r["max_ms"]) - float(r["min_ms"])) / (2 * float(r["median_ms"]))
+            for r in rows if int(r["chunk_tokens"])]
 
 
 @pytest.mark.parametrize("path", sorted(CPU_DATA.glob("vllm-mixed-*.csv")),
@@ -197,9 +187,11 @@ def test_recorded_cpu_mixed_steps(path: Path) -> None:
     noise: the joint fit's median |error| on the mixed points is at most the median
     half-range of their repeats; and fitting the mixed points does better on them than a
     decode-only calibration."""
-    e = mixed_errors(path)
-    joint = float(np.median(np.abs(e["joint"])))
-    decode_only = float(np.median(np.abs(e["decode_only"])))
-    tolerance = float(np.median(e["noise"]))
-    assert joint <= tolerance, (joint, tolerance)
-    assert joint < decode_only, (joint, decode_only)
+    from bstar.steperrors import decode_vs_joint
+
+    tag = path.stem.removeprefix("vllm-mixed-")
+    e = decode_vs_joint(cpu_deployment(tag), read_csv(path))
+    tolerance = float(np.median(repeat_noise(path)))
+    assert len(e.points) >= 6
+    assert e.joint_median <= tolerance, (e.joint_median, tolerance)
+    assert e.joint_median < e.decode_only_median, (e.joint_median, e.decode_only_median)

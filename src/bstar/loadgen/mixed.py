@@ -42,14 +42,16 @@ from bstar.errors import BstarError
 from bstar.loadgen.client import OpenAIClient, RequestSpec
 
 CSV_COLUMNS = ("kind", "batch", "context_tokens", "chunk_tokens", "chunk_start", "step_ms",
-               "samples", "min_ms", "max_ms")
+               "samples", "min_ms", "median_ms", "max_ms")
+STATISTICS = ("min", "median")
 
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
     """One measured step kind: `batch` sequences decoding at about `context_tokens` (after
     the step) plus, when `chunk_tokens` > 0, one prompt chunk of that many tokens on top of
-    `chunk_start` cached ones; `step_s` is the median of `samples_s`."""
+    `chunk_start` cached ones; `step_s` is the min (or the median, MixedConfig.statistic)
+    of `samples_s`."""
 
     kind: str  # "decode", "mixed" or "prefill"
     batch: int
@@ -60,9 +62,13 @@ class StepSample:
     samples_s: tuple[float, ...]
 
     @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    @property
     def spread(self) -> float:
         """(max - min) / median of the repeats."""
-        return (max(self.samples_s) - min(self.samples_s)) / self.step_s
+        return (max(self.samples_s) - min(self.samples_s)) / self.median_s
 
     def point(self) -> Any:
         from bstar.calibrate import Point
@@ -81,10 +87,14 @@ class MixedConfig:
     repeats: int = 5
     warm_steps: int = 8  # tokens each stream receives before anything is measured
     decode_steps: int = 24  # the decode window, in steps
+    window_steps: int = 4  # the decode window's samples: mean gaps over this many steps
     settle_steps: int = 3  # plain decode steps between two injections
     max_tokens: int = 1500  # decoding streams' output cap (they are stopped before)
     prefill: bool = True  # also the B = 0 points (lone prompts)
     seed: int = 0
+    # A shared machine only ever slows a step down: "min" (the default) keeps the fastest
+    # repeat, the step undisturbed; "median" the typical one.
+    statistic: str = "min"
 
     def __post_init__(self) -> None:
         if not self.batches or min(self.batches) < 1:
@@ -93,6 +103,10 @@ class MixedConfig:
             raise BstarError("chunk tokens must be at least 2 (one token is a decode)")
         if self.repeats < 1 or self.decode_steps < 2 or self.warm_steps < 1:
             raise BstarError("repeats, decode_steps and warm_steps must be positive")
+        if not 1 <= self.window_steps <= self.decode_steps:
+            raise BstarError("window_steps must be in 1..decode_steps")
+        if self.statistic not in STATISTICS:
+            raise BstarError(f"statistic must be one of {', '.join(STATISTICS)}")
         needed = self.warm_steps + self.decode_steps + len(self.chunk_tokens) * self.repeats * (
             self.settle_steps + 2) + 8
         if self.max_tokens < needed:
@@ -127,18 +141,28 @@ def mixed_gap(streams: Sequence[Sequence[float]], t_first: float,
     return statistics.median(gaps), round(statistics.fmean(ctx))
 
 
-def window_gaps(streams: Sequence[Sequence[float]], first: int, last: int,
-                prompt_tokens: Sequence[int]) -> tuple[list[float], int]:
-    """Every gap ending at tokens first..last (0-based) of every stream, and the streams'
-    mean context over those steps."""
-    gaps, ctx = [], []
-    for times, p in zip(streams, prompt_tokens, strict=True):
-        for i in range(max(1, first), min(last, len(times) - 1) + 1):
-            gaps.append(times[i] - times[i - 1])
-            ctx.append(p + i)
-    if not gaps:
-        raise BstarError("no decode gaps in the window (streams ended early?)")
-    return gaps, round(statistics.fmean(ctx))
+def window_means(streams: Sequence[Sequence[float]], first: int, last: int, window: int,
+                 prompt_tokens: Sequence[int]) -> tuple[list[float], int]:
+    """The decode step over tokens first..last (0-based) of every stream, as consecutive
+    windows of `window` steps: per window the mean gap (its duration / window: a token the
+    client read late shortens the next gap as much as it lengthened its own, so only the
+    window's ends carry client jitter), the median over the streams (in lockstep: the
+    same steps). Also the streams' mean context over those steps."""
+    n = min(len(t) for t in streams)
+    last = min(last, n - 1)
+    samples = []
+    a = max(1, first) - 1
+    while a + window <= last:
+        samples.append(statistics.median((t[a + window] - t[a]) / window for t in streams))
+        a += window
+    if not samples:
+        raise BstarError("no decode window (streams ended early?)")
+    ctx = statistics.fmean(p + i for p in prompt_tokens for i in range(max(1, first), a + 1))
+    return samples, round(ctx)
+
+
+def pick(samples: Sequence[float], statistic: str) -> float:
+    return min(samples) if statistic == "min" else statistics.median(samples)
 
 
 # ---- the live part ----------------------------------------------------------------------
@@ -258,9 +282,10 @@ async def _with_streams(client: OpenAIClient, prompts: _Prompts, cfg: MixedConfi
     try:
         first = cfg.warm_steps
         await _wait_tokens(streams, first + cfg.decode_steps + 1, 600.0)
-        gaps, ctx = window_gaps([s.times for s in streams], first + 1,
-                                first + cfg.decode_steps, lens)
-        out.append(StepSample("decode", b, ctx, 0, 0, statistics.median(gaps), tuple(gaps)))
+        means, ctx = window_means([s.times for s in streams], first + 1,
+                                  first + cfg.decode_steps, cfg.window_steps, lens)
+        out.append(StepSample("decode", b, ctx, 0, 0, pick(means, cfg.statistic),
+                              tuple(means)))
         say(f"  decode B={b}: {out[-1].step_s * 1e3:.2f} ms at context {ctx}")
         # Prompts first (tokenizing costs the server CPU), then the injections.
         inject = [(n, await prompts.make(n)) for n in cfg.chunk_tokens
@@ -281,8 +306,8 @@ async def _with_streams(client: OpenAIClient, prompts: _Prompts, cfg: MixedConfi
         for n, gs in samples.items():
             steps = tuple(x for x, _ in gs)
             ctx = round(statistics.fmean(c for _, c in gs))
-            out.append(StepSample("mixed", b, ctx, chunk_len[n], 0, statistics.median(steps),
-                                  steps))
+            out.append(StepSample("mixed", b, ctx, chunk_len[n], 0,
+                                  pick(steps, cfg.statistic), steps))
             say(f"  mixed B={b} n={chunk_len[n]}: {out[-1].step_s * 1e3:.2f} ms "
                 f"({len(steps)} repeats, spread {out[-1].spread:.0%})")
     finally:
@@ -314,20 +339,22 @@ async def measure_steps_async(client: OpenAIClient, cfg: MixedConfig,
             step1 = next(s for s in await _with_streams(
                 client, prompts, MixedConfig((1,), cfg.chunk_tokens[:1], cfg.decode_prompt_tokens,
                                              1, cfg.warm_steps, cfg.decode_steps,
-                                             cfg.settle_steps, cfg.max_tokens, False, cfg.seed),
+                                             cfg.window_steps, cfg.settle_steps,
+                                             cfg.max_tokens, False, cfg.seed, cfg.statistic),
                 1, say) if s.kind == "decode").step_s
         one = [await _lone_ttft(client, (await prompts.make(1))[0])
                for _ in range(cfg.repeats)]
-        network_s = max(0.0, statistics.median(one) - step1)
+        network_s = max(0.0, pick(one, cfg.statistic) - step1)
         say(f"  network + API per request: {network_s * 1e3:.2f} ms (TTFT of a one-token "
-            f"prompt {statistics.median(one) * 1e3:.2f} ms - decode step at B=1)")
+            f"prompt {pick(one, cfg.statistic) * 1e3:.2f} ms - decode step at B=1)")
         for n in cfg.chunk_tokens:
             ttfts, got = [], n
             for _ in range(cfg.repeats):
                 text, got = await prompts.make(n)
                 ttfts.append(await _lone_ttft(client, text) - network_s)
             steps = tuple(ttfts)
-            out.append(StepSample("prefill", 0, got, got, 0, statistics.median(steps), steps))
+            out.append(StepSample("prefill", 0, got, got, 0, pick(steps, cfg.statistic),
+                                  steps))
             say(f"  prefill n={got}: {out[-1].step_s * 1e3:.2f} ms")
     return out
 
@@ -354,8 +381,8 @@ def to_csv(samples: Sequence[StepSample]) -> str:
     w.writerow(CSV_COLUMNS)
     for s in samples:
         w.writerow([s.kind, s.batch, s.context_tokens, s.chunk_tokens, s.chunk_start,
-                    f"{s.step_s * 1e3:.4f}", len(s.samples_s),
-                    f"{min(s.samples_s) * 1e3:.4f}", f"{max(s.samples_s) * 1e3:.4f}"])
+                    f"{s.step_s * 1e3:.4f}", len(s.samples_s), f"{min(s.samples_s) * 1e3:.4f}",
+                    f"{s.median_s * 1e3:.4f}", f"{max(s.samples_s) * 1e3:.4f}"])
     return buf.getvalue()
 
 
