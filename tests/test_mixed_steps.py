@@ -167,7 +167,8 @@ def cpu_deployment(tag: str) -> rl.Deployment:
     from bstar.specs.model import from_hf_config
 
     cfg = json.loads((CPU_DATA / "tiny-config.json").read_text())
-    return rl.Deployment(from_hf_config(cfg, name="tiny"), load_gpu_file(CPU_DATA / f"probe-{tag}.toml"),
+    return rl.Deployment(from_hf_config(cfg, name="tiny"),
+                         load_gpu_file(CPU_DATA / f"probe-{tag}.toml"),
                          weight_dtype="fp32", kv_dtype="fp32")
 
 
