@@ -34,7 +34,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -336,12 +336,10 @@ async def measure_steps_async(client: OpenAIClient, cfg: MixedConfig,
         if decode1:
             step1 = decode1[0].step_s
         else:
-            step1 = next(s for s in await _with_streams(
-                client, prompts, MixedConfig((1,), cfg.chunk_tokens[:1], cfg.decode_prompt_tokens,
-                                             1, cfg.warm_steps, cfg.decode_steps,
-                                             cfg.window_steps, cfg.settle_steps,
-                                             cfg.max_tokens, False, cfg.seed, cfg.statistic),
-                1, say) if s.kind == "decode").step_s
+            one_batch = replace(cfg, batches=(1,), chunk_tokens=cfg.chunk_tokens[:1], repeats=1,
+                                prefill=False)
+            step1 = next(s for s in await _with_streams(client, prompts, one_batch, 1, say)
+                         if s.kind == "decode").step_s
         one = [await _lone_ttft(client, (await prompts.make(1))[0])
                for _ in range(cfg.repeats)]
         network_s = max(0.0, pick(one, cfg.statistic) - step1)
