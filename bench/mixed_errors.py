@@ -16,8 +16,7 @@ import sys
 
 from bstar.commands.common import add_deployment_arguments
 from bstar.commands.plan import deployment_from_args
-from bstar.loadgen.mixed import read_csv
-from bstar.steperrors import decode_vs_joint
+from bstar.loadgen.mixed import decode_vs_joint, read_csv
 
 
 def main(argv: list[str] | None = None) -> int:

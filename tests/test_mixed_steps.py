@@ -188,7 +188,7 @@ def test_recorded_cpu_mixed_steps(path: Path) -> None:
     noise: the joint fit's median |error| on the mixed points is at most the median
     half-range of their repeats; and fitting the mixed points does better on them than a
     decode-only calibration."""
-    from bstar.steperrors import decode_vs_joint
+    from bstar.loadgen.mixed import decode_vs_joint
 
     tag = path.stem.removeprefix("vllm-mixed-")
     e = decode_vs_joint(cpu_deployment(tag), read_csv(path))

@@ -420,3 +420,52 @@ def read_csv(path: str | Path) -> list[Any]:
              if ln.strip() and not ln.lstrip().startswith("#")]
     rows = list(csv.DictReader(lines))
     return points_from_rows(rows, [f"{p}: row {i + 1}" for i in range(len(rows))])
+
+
+# ---- how well the cost model predicts them ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MixedErrors:
+    points: tuple[Any, ...]  # the chunked ones (mixed and prefill), in order
+    decode_only: tuple[float, ...]  # relative errors, calibrated on the decode points
+    joint: tuple[float, ...]  # calibrated on every point
+    decode_cal: Any  # bstar.calibrate.Calibration
+    joint_cal: Any
+
+    @staticmethod
+    def _median(x: Sequence[float]) -> float:
+        return statistics.median(abs(v) for v in x)
+
+    @property
+    def decode_only_median(self) -> float:
+        return self._median(self.decode_only)
+
+    @property
+    def joint_median(self) -> float:
+        return self._median(self.joint)
+
+    @property
+    def decode_only_max(self) -> float:
+        return max(abs(v) for v in self.decode_only)
+
+    @property
+    def joint_max(self) -> float:
+        return max(abs(v) for v in self.joint)
+
+
+def decode_vs_joint(d: Any, points: Sequence[Any]) -> MixedErrors:
+    """Errors on the points with a prompt chunk, calibrated on the decode points alone and
+    on all points (calibrate's default parameters in both: the chunk terms join the
+    joint fit). `d`: the deployment (bstar.roofline.Deployment); `points`: calibrate
+    Points."""
+    from bstar import calibrate as cal
+
+    decode = [p for p in points if not p.mixed]
+    chunked = [p for p in points if p.mixed]
+    dec = cal.calibrate(d, decode)
+    dec_err = tuple(p.rel_error for p in cal.check(d, dec.eff, chunked, dec.bandwidth_scale,
+                                                   dec.compute_scale))
+    joint = cal.calibrate(d, points)
+    joint_err = tuple(p.rel_error for p in cal.check(d, joint.eff, chunked,
+                                                     joint.bandwidth_scale,
+                                                     joint.compute_scale))
+    return MixedErrors(tuple(chunked), dec_err, joint_err, dec, joint)
