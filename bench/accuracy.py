@@ -381,13 +381,47 @@ def knee_report(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
+def bstar_report() -> list[dict[str, Any]]:
+    """Seed 000's B* against the knee of the measured H200 decode curves: where the measured
+    throughput stops gaining 15% per doubling (seed 004), and what B* leaves unused."""
+    out = []
+    print("\nB* against the measured knee (H200 decode curves, seed 004's doubling rule)")
+    for g in h200_groups(get_engine("torch-graph").efficiency()):
+        if "@" in g.label:
+            continue
+        by_ctx: dict[int, list[Point]] = defaultdict(list)
+        for p in g.points:
+            if not p.mixed:
+                by_ctx[p.context_tokens].append(p)
+        for ctx, pts in sorted(by_ctx.items()):
+            pts = sorted({p.batch: p for p in pts}.values(), key=lambda p: p.batch)
+            grid = [p.batch for p in pts]
+            if len(grid) < 5 or grid[-1] < 8 * grid[0]:
+                continue
+            tput = [p.batch / p.step_s for p in pts]
+            knee = doubling_knee(grid, tput).batch
+            bstar = rl.b_star(g.deployment, ctx)
+            if not grid[0] <= bstar <= grid[-1]:
+                continue  # B* off the measured curve: nothing to compare
+            at_bstar = float(np.interp(math.log2(bstar), np.log2(grid), tput))
+            at_knee = tput[-1] if knee is None else float(np.interp(math.log2(knee),
+                                                                     np.log2(grid), tput))
+            r = {"model": g.label, "context": ctx, "b_star": bstar, "measured_knee": knee,
+                 "largest_batch": grid[-1], "throughput_at_b_star_vs_knee": at_bstar / at_knee}
+            out.append(r)
+            print(f"  {g.label:12} context {ctx:5d}: B* {bstar:6.1f}, measured knee "
+                  f"{knee if knee is not None else '> ' + str(grid[-1]):>6}; throughput at B* "
+                  f"is {at_bstar / at_knee:.0%} of the knee's")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit-profiles", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     report = {"h200": h200_report(args.fit_profiles),
-              "published": published_report(args.fit_profiles)}
+              "published": published_report(args.fit_profiles), "b_star": bstar_report()}
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     return 0

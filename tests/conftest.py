@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN_SERVER = ROOT / "bench" / "token_server.py"
 # Slots of the shared llama.cpp server: its cap on concurrent sequences (llama.cpp's
 # max_num_seqs). Four slots cap the batch early, so a sweep over 1, 4, 8 streams sees the
-# rise (1 -> 4: REAL-SERVERS.md measured 53 -> 103 tok/s) and the flat part past the slots.
+# rise (1 -> 4: docs/real-servers.md measured 53 -> 103 tok/s) and the flat part past the slots.
 LLAMACPP_SLOTS = 4
 
 

@@ -46,7 +46,10 @@ def test_runs_list_show_export_compare(token_server: TokenServerFactory, tmp_pat
     assert [r["id"] for r in listed] == [b["run_id"], a["run_id"]]  # newest first
     assert all(r["levels_done"] == 2 and r["status"] == "completed" for r in listed)
 
-    assert main(["runs", "--db", str(db), "show", a["run_id"][:17]]) == 0  # unique prefix
+    # A unique prefix (two runs started in the same second share up to their random part).
+    n = next(i for i in range(1, len(a["run_id"]) + 1)
+             if not b["run_id"].startswith(a["run_id"][:i]))
+    assert main(["runs", "--db", str(db), "show", a["run_id"][:n]]) == 0
     shown = capsys.readouterr().out
     assert a["run_id"] in shown and "recommendation" in shown
 

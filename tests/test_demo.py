@@ -37,6 +37,13 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert html.count('<figure class="plot"') == 3
     assert Path(d["report"]).with_name("this-cpu.toml").is_file()  # the probed "GPU" file
     assert all(lv["predicted"] for lv in d["levels"])  # the cost model ran for each level
+    # The cost model was calibrated on the demo's own levels before it predicted, and the
+    # calibration improved on the priors (the profile file is there to reuse).
+    cal = d["calibration"]
+    assert Path(cal["profile"]).is_file()
+    assert cal["median_abs_error"] <= cal["uncalibrated_median_abs_error"]
+    # The fit extrapolates the quantity the sweep measured: output tokens, prefill included.
+    assert d["fit"]["throughput_kind"].startswith("output, prefill included")
     assert d["run_id"] in html
     # The stored run reports on its own too.
     assert main(["report", "run", d["run_id"], "--db", d["db"], "-o",

@@ -286,3 +286,40 @@ def test_make_points_and_fit_arguments() -> None:
         fit_points(pts, critical_batch=0)
     with pytest.raises(BstarError, match="at least 1"):
         fit_points(pts, predict=[0])
+
+
+def test_knee_rules_object_matches_the_keywords() -> None:
+    from bstar.fit import KneeRules
+
+    pts = load_points(SEED001)
+    by_obj = fit_points(pts, critical_batch=128, n_bootstrap=20,
+                        knees=KneeRules(doubling=0.2, max_tpot_ms=30))
+    by_kw = fit_points(pts, critical_batch=128, n_bootstrap=20, knee_doubling=0.2,
+                       max_tpot_ms=30)
+    assert by_obj.to_dict() == by_kw.to_dict()
+    # The fit's knee: the earlier of the doubling rule's and the SLA's on the fitted curve.
+    fired = [k for name, k in by_obj.knees_fitted.items()
+             if name in ("doubling", "sla") and k.batch is not None]
+    assert fired and by_obj.knee_batch == min(k.batch for k in fired)
+    with pytest.raises(TypeError, match="knee_stepp"):
+        fit_points(pts, knee_stepp=0.1)
+
+
+def test_with_prefill_predicts_the_closed_loop_output_throughput() -> None:
+    # A closed loop of B streams: each request waits TTFT(B) = 40 + 30 B ms, then O - 1
+    # steps of the fitted TPOT; its output throughput is B x O / (TTFT + (O - 1) TPOT).
+    from bstar.fit import with_prefill
+
+    batch = [1, 2, 4, 8]
+    tpot = [10.0, 10.5, 11.5, 13.5]
+    base = fit_points(make_points(batch, tpot_ms=tpot), predict=[16, 32])
+    out_len = 32
+    ttft = [40 + 30 * b for b in batch]
+    fit = with_prefill(base, batch, ttft, out_len)
+    for p in fit.predictions:
+        want = 1e3 * p.batch * out_len / (40 + 30 * p.batch + (out_len - 1) * p.tpot_ms)
+        assert p.throughput_tok_s == pytest.approx(want, rel=1e-9)
+        # Prefill makes it smaller than the decode-only B / TPOT the plain fit reports.
+        assert p.throughput_tok_s < 1e3 * p.batch / p.tpot_ms
+    assert fit.throughput_kind.startswith("output, prefill included")
+    assert base.throughput_kind == "decode only (B / TPOT)"

@@ -37,7 +37,9 @@ def test_child_starts_llamacpp_with_polling_off(monkeypatch: pytest.MonkeyPatch)
     ppids = itertools.count(1000)
     monkeypatch.setattr(servers.os, "getppid", lambda: next(ppids))
     monkeypatch.setattr(servers.signal, "signal", lambda *a: None)
-    assert servers.main(["llamacpp", "--model", "m.gguf", "--port", "1", "--threads", "2"]) == 0
+    from bstar.commands import host  # the child's entry point (python -m bstar.commands.host)
+
+    assert host.main(["llamacpp", "--model", "m.gguf", "--port", "1", "--threads", "2"]) == 0
     (p,) = made
     assert p.cpuparams.poll == 0 and p.cpuparams_batch.poll == 0
     assert p.cpuparams.n_threads == 2

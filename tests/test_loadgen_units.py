@@ -13,11 +13,12 @@ import pytest
 
 from bstar.errors import BstarError
 from bstar.loadgen.client import RequestRecord
-from bstar.loadgen.metrics import dist_ms, parse_slo, percentile, summarize
+from bstar.loadgen.metrics import dist_ms, percentile, summarize
 from bstar.loadgen.scrape import kv_capacity_seqs, parse_prometheus, snapshot
 from bstar.loadgen.store import Store, default_db_path, scrub
 from bstar.loadgen.sweep import LevelPlan, SweepConfig
 from bstar.loadgen.workload import fit_prompt, load_prompts_jsonl, random_text
+from bstar.slo import Slo, parse_slo
 
 np = pytest.importorskip("numpy")
 
@@ -64,7 +65,9 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
 
 
 def test_parse_slo_rejects_bad_input() -> None:
-    assert parse_slo("ttft:500, tpot_ms:50,e2e:3000") == {"ttft": 500, "tpot": 50, "e2e": 3000}
+    assert parse_slo("ttft:500, tpot_ms:50,e2e:3000").by_metric() == {
+        "ttft": 500, "tpot": 50, "e2e": 3000}
+    assert parse_slo("ttft:500, tpot_ms:50,e2e:3000") == Slo(500, 50, 3000)
     for bad in ("ttft", "itl:5", "tpot:x", "tpot:-1"):
         with pytest.raises(BstarError):
             parse_slo(bad)

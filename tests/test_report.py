@@ -21,7 +21,7 @@ from bstar import roofline as rl
 from bstar.cli import main
 from bstar.errors import BstarError
 from bstar.plan import make_plan
-from bstar.report import plots
+from bstar.report import charts as plots
 from bstar.report.views import plan_view
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -234,10 +234,11 @@ def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
     html = out.read_text(encoding="utf-8")
     assert re.findall(r'data-plot="([^"]+)"', html) == ["fit", "signature"]
     from bstar.cli import build_parser
+    from bstar.commands.common import deployment_options
     from bstar.commands.fit import fit_from_args
 
     ns = build_parser().parse_args(["fit", *args])
-    v = fit_signature(fit_from_args(ns)[0], ns)
+    v = fit_signature(fit_from_args(ns)[0], deployment_options(ns), ns.context)
     assert v is not None and v["plan"]["context_tokens"] == 1024
     d = bstar.Deployment(model=bstar.get_model("llama-2-7b"), gpu=bstar.get_gpu("h100-sxm"))
     assert v["plan"]["b_mem"] == rl.b_mem(d, 1024)
@@ -272,11 +273,9 @@ def stored_sweep(token_server: Any, db: Path) -> dict[str, Any]:
                       output_len=16, num_requests=16, warmup_requests=0,
                       request_timeout_s=30, level_time_limit_s=30, scrape_interval_s=0.1,
                       model="llama-3-8b", gpu="a100-80gb-sxm")
-    from bstar.cli import build_parser
-    from bstar.commands.plan import deployment_from_args
+    from bstar.deployment import DeploymentOptions
 
-    args = build_parser().parse_args(["plan"])
-    d = deployment_from_args(args, "llama-3-8b", "a100-80gb-sxm")
+    d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm").build()
     return run_sweep(cfg, db=db, deployment=d).to_dict()
 
 

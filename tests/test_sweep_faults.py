@@ -1,6 +1,9 @@
-"""Faults injected by the local token server (bench/token_server.py): each must be recorded
-per request with its reason, the run's status must say what happened, nothing measured may
-be lost; Ctrl-C then --resume completes; --server-cmd restarts the server per max_num_seqs.
+"""Faults injected by the local token server (bench/token_server.py), or by its in-process
+fake (tests/fake_openai.py) where a real process adds nothing: each must be recorded per
+request with its reason, the run's status must say what happened, nothing measured may be
+lost; Ctrl-C then --resume completes; --server-cmd restarts the server per max_num_seqs.
+Real processes stay where they matter: a clean run, a dying or killed server, Ctrl-C,
+--server-cmd, and the API key through the CLI.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from bstar.servers import free_port
 pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
 from conftest import TOKEN_SERVER, TokenServerFactory
+from fake_openai import FakeServer
 
 FAST = {"interval_ms": 2}
 
@@ -80,17 +84,19 @@ def test_unreachable_url(tmp_path: Path) -> None:
     assert res.levels[0].status == "server_failed"
 
 
-def test_wrong_model(token_server: TokenServerFactory, tmp_path: Path) -> None:
-    srv = token_server(**FAST)
-    res = run_sweep(cfg(srv.url, served_model="nope"), db=tmp_path / "r.db")
+def test_wrong_model(tmp_path: Path) -> None:
+    srv = FakeServer(**FAST)
+    res = run_sweep(cfg(srv.url, served_model="nope"), db=tmp_path / "r.db",
+                    session_factory=srv.session)
     assert res.status == "failed"
     assert "'nope' is not served" in res.run["status_detail"]
 
 
-def test_404_on_wrong_path(token_server: TokenServerFactory, tmp_path: Path) -> None:
-    srv = token_server(**FAST)
+def test_404_on_wrong_path(tmp_path: Path) -> None:
+    srv = FakeServer(**FAST)
     db = tmp_path / "r.db"
-    res = run_sweep(cfg(srv.url + "/wrong", num_requests=40), db=db)
+    res = run_sweep(cfg(srv.url + "/wrong", num_requests=40), db=db,
+                    session_factory=srv.session)
     assert res.status == "failed"
     assert res.levels[0].status == "stopped_errors"
     errs = kinds(db, res.run_id)
@@ -127,10 +133,10 @@ def test_401_and_api_key_never_stored(token_server: TokenServerFactory, tmp_path
 @pytest.mark.parametrize(("fault", "kind"), [("429", "http_429"), ("500", "http_5xx"),
                                              ("reset", "reset"), ("malformed", "malformed_sse")])
 def test_intermittent_faults_are_recorded_and_level_continues(
-        token_server: TokenServerFactory, tmp_path: Path, fault: str, kind: str) -> None:
-    srv = token_server(fault=fault, fault_every=3, **FAST)
+        tmp_path: Path, fault: str, kind: str) -> None:
+    srv = FakeServer(fault=fault, fault_every=3, **FAST)
     db = tmp_path / "r.db"
-    res = run_sweep(cfg(srv.url, num_requests=12), db=db)
+    res = run_sweep(cfg(srv.url, num_requests=12), db=db, session_factory=srv.session)
     lv = res.levels[0]
     assert lv.status == "completed"  # 1 in 3 is under --max-error-rate 0.5
     assert res.status == "completed_with_errors"
@@ -153,12 +159,12 @@ def test_server_dying_mid_level(token_server: TokenServerFactory, tmp_path: Path
     assert len(res.levels) == 1  # the sweep stopped: no point loading a dead server
 
 
-def test_level_time_limit(token_server: TokenServerFactory, tmp_path: Path) -> None:
-    srv = token_server(fault="hang", fault_every=4, **FAST)
+def test_level_time_limit(tmp_path: Path) -> None:
+    srv = FakeServer(fault="hang", fault_every=4, **FAST)
     db = tmp_path / "r.db"
     t0 = time.monotonic()
     res = run_sweep(cfg(srv.url, concurrency=[2], num_requests=40, level_time_limit_s=2.0),
-                    db=db)
+                    db=db, session_factory=srv.session)
     assert time.monotonic() - t0 < 20
     lv = res.levels[0]
     assert lv.status == "time_limit"
@@ -233,11 +239,11 @@ def test_server_cmd_restarts_per_max_num_seqs(tmp_path: Path) -> None:
         assert f"--max-seqs {mns}" in log.read_text()
 
 
-def test_chat_endpoint_counts_template_tokens(token_server: TokenServerFactory,
-                                              tmp_path: Path) -> None:
-    srv = token_server(**FAST)
+def test_chat_endpoint_counts_template_tokens(tmp_path: Path) -> None:
+    srv = FakeServer(**FAST)
     db = tmp_path / "r.db"
-    res = run_sweep(cfg(srv.url, endpoint="chat", input_len=40), db=db)
+    res = run_sweep(cfg(srv.url, endpoint="chat", input_len=40), db=db,
+                    session_factory=srv.session)
     assert res.status == "completed"
     con = sqlite3.connect(db)
     got = con.execute("SELECT DISTINCT prompt_tokens, expected_prompt_tokens FROM requests"
@@ -248,10 +254,10 @@ def test_chat_endpoint_counts_template_tokens(token_server: TokenServerFactory,
     assert (res.levels[0].stats or {})["client_cpu_pct"] is not None
 
 
-def test_open_loop_rate_levels(token_server: TokenServerFactory, tmp_path: Path) -> None:
-    srv = token_server(**FAST)
+def test_open_loop_rate_levels(tmp_path: Path) -> None:
+    srv = FakeServer(**FAST)
     res = run_sweep(cfg(srv.url, concurrency=None, rate=[20.0, 80.0], num_requests=40),
-                    db=tmp_path / "r.db")
+                    db=tmp_path / "r.db", session_factory=srv.session)
     assert res.status == "completed"
     d = res.to_dict()
     assert [lv["rate"] for lv in d["levels"]] == [20.0, 80.0]
@@ -278,11 +284,10 @@ def test_managed_server_killed_mid_level(tmp_path: Path) -> None:
     assert "server_died" in res.run["status_detail"]
 
 
-def test_prompt_lengths_from_usage_without_tokenize(token_server: TokenServerFactory,
-                                                    tmp_path: Path) -> None:
-    srv = token_server(no_tokenize=True, **FAST)
+def test_prompt_lengths_from_usage_without_tokenize(tmp_path: Path) -> None:
+    srv = FakeServer(no_tokenize=True, **FAST)
     db = tmp_path / "r.db"
-    res = run_sweep(cfg(srv.url, input_len=37), db=db)
+    res = run_sweep(cfg(srv.url, input_len=37), db=db, session_factory=srv.session)
     assert res.status == "completed"
     con = sqlite3.connect(db)
     got = con.execute("SELECT DISTINCT prompt_tokens FROM requests").fetchall()
@@ -291,13 +296,14 @@ def test_prompt_lengths_from_usage_without_tokenize(token_server: TokenServerFac
     assert (res.levels[0].stats or {})["prompt_token_count_method"] == "usage"
 
 
-def test_prompts_from_jsonl(token_server: TokenServerFactory, tmp_path: Path) -> None:
-    srv = token_server(**FAST)
+def test_prompts_from_jsonl(tmp_path: Path) -> None:
+    srv = FakeServer(**FAST)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": "p" * n, "output_len": 3 + n % 2})
                                  for n in (5, 6, 7)) + "\n")
     db = tmp_path / "r.db"
-    res = run_sweep(cfg(srv.url, prompts_file=str(prompts), num_requests=6), db=db)
+    res = run_sweep(cfg(srv.url, prompts_file=str(prompts), num_requests=6), db=db,
+                    session_factory=srv.session)
     assert res.status == "completed"
     con = sqlite3.connect(db)
     got = con.execute("SELECT prompt_tokens, output_tokens FROM requests WHERE warmup = 0 "

@@ -26,6 +26,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("fit", "fit", "fit measured points, extrapolate past the compute roof, find the knee"),
     ("simulate", "simulate", "continuous batching with paged KV and preemption, by the cost "
                              "model; a sweep over --max-num-seqs finds the knee"),
+    ("search", "search", "the cheapest deployment that meets the SLO: GPUs x TP x engine limits, "
+                         "simulated in parallel (processes or Ray), resumable"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
     ("report", "report", "a self-contained HTML report of a plan, comparison, fit, sweep run "
                          "or simulation"),

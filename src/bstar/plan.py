@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, DeploymentOptions
 from bstar.errors import BstarError
-from bstar.recommend import Recommendation, engine_flags, recommend
+from bstar.knee import Knee
+from bstar.recommend import Recommendation, engine_flags
 
-DEFAULT_MODEL = "llama-3-8b"
-DEFAULT_GPU = "a100-80gb-sxm"
+__all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
+           "compare", "make_plan"]
 DEFAULT_CONTEXTS = (512, 2048, 8192)
 MAX_CONTEXT = 10_000_000
 MAX_BATCH = 1_000_000
@@ -59,7 +62,10 @@ class ContextPlan:
             "recommendation": {"max_num_seqs": self.recommendation.max_num_seqs,
                                "reason": self.recommendation.reason,
                                "bound": self.recommendation.bound,
-                               "flags": self.flags},
+                               "flags": self.flags,
+                               "b_star": self.b_star,
+                               "knees": {k: v.to_dict()
+                                         for k, v in self.recommendation.knees.items()}},
         }
 
 
@@ -90,12 +96,35 @@ class Plan:
             "efficiency": {"bandwidth": e.bandwidth, "compute": e.compute,
                            "overhead_ms": e.overhead_s * 1e3,
                            "overhead_per_seq_ms": e.overhead_per_seq_s * 1e3,
-                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3},
+                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3,
+                           # cost model 2's terms (docs/cost-model.md)
+                           "kv_bandwidth": e.kv_bandwidth,
+                           "attention_compute": e.attention_compute,
+                           "layer_ms": e.layer_s * 1e3,
+                           "decode_layer_ms": e.decode_layer_s * 1e3,
+                           "chunk_layer_ms": e.chunk_layer_s * 1e3,
+                           "score_bytes": e.score_bytes,
+                           "roof_sharpness": (None if np.isinf(e.roof_sharpness)
+                                              else e.roof_sharpness),
+                           "fp8_weight_stream": e.fp8_weight_stream,
+                           "int4_weight_stream": e.int4_weight_stream,
+                           "grouped": e.grouped},
+            "engine_profile": _engine_dict(d.engine),
             "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": 2**30,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
                                                 "(seed 000's 'TPOT' curve)"},
         }
+
+
+def _engine_dict(name: str) -> dict[str, str] | None:
+    """Which bundled engine priors the efficiencies started from, and on what basis."""
+    from bstar.engines import engine_profiles
+
+    p = engine_profiles().get(name)
+    if p is None:
+        return None
+    return {"name": p.name, "title": p.title, "basis": p.basis, "source": p.source}
 
 
 def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:
@@ -151,7 +180,9 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             ok = np.flatnonzero(tp <= max_tpot_ms)
             sla_b = int(grid[ok[-1]]) if ok.size else None
             tpot1 = float(tp[0])
-        rec = recommend(bstar, bm, cross, sla_b, max_tpot_ms, tpot1)
+        knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
+        rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
+                                             knees)
         warnings = []
         max_pos = d.model.config.get("max_position_embeddings")
         if isinstance(max_pos, int) and ctx > max_pos:
@@ -167,3 +198,67 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))
+
+
+def predicted_knees(d: rl.Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:
+    """Knees of the predicted throughput curve at one context: seed 004's doubling rule on
+    a fine grid (four points per doubling, up to twice B_mem, where the running batch stops
+    growing and throughput flattens), and seed 000's 5%-per-step rule on powers of two."""
+    from bstar.knee import doubling_knee, step_knee
+
+    top = max(2, 2 * b_mem)
+    fine = np.unique(np.round(2.0 ** (np.arange(0, 4 * np.log2(top) + 1) / 4)).astype(int))
+    pow2 = 2 ** np.arange(0, int(np.log2(top)) + 1)
+    return {"doubling": doubling_knee(fine, rl.curve(d, fine, context_tokens).throughput_tok_s),
+            "step": step_knee(pow2, rl.curve(d, pow2, context_tokens).throughput_tok_s)}
+
+
+def compare(options: DeploymentOptions, models: list[str] | None = None,
+            gpus: list[str] | None = None, contexts: tuple[int, ...] | list[int] | None = None,
+            max_tpot_ms: float | None = None,
+            warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per model x GPU x context (`bstar compare --json`), each deployment the
+    `options` with that model and GPU. A model that does not fit gets a row saying so."""
+    rows = []
+    for m in models or [DEFAULT_MODEL]:
+        for g in gpus or [DEFAULT_GPU]:
+            d = options.with_target(m, g).build(warn=warn)
+            for ctx in tuple(contexts or DEFAULT_CONTEXTS):
+                try:
+                    p = make_plan(d, (ctx,), [1], max_tpot_ms)
+                except BstarError as e:
+                    if rl.b_mem(d, ctx) >= 1:
+                        raise
+                    # One model that does not fit must not hide the rest of the table.
+                    rows.append(no_fit_row(d, ctx, rl.min_gpus_that_fit(d, ctx), str(e)))
+                    continue
+                rows.append(compare_row(p, p.contexts[0]))
+    return rows
+
+
+def compare_row(plan: Plan, c: ContextPlan) -> dict[str, Any]:
+    d = plan.deployment
+    return {"model": d.model.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "attention": d.model.attention_kind, "weight_bytes": plan.weight_bytes,
+            "kv_bytes_per_token": plan.kv_bytes_per_token,
+            "context_tokens": c.context_tokens, "kv_bytes_per_seq": c.kv_bytes_per_seq,
+            "b_star": c.b_star, "b_mem": c.b_mem,
+            "compute_crossover_batch": c.compute_crossover_batch,
+            "tpot_floor_ms": c.tpot_floor_s * 1e3,
+            "tpot_batch1_ms": float(c.curve.tpot_s[0] * 1e3),
+            "warnings": list(c.warnings),
+            "recommendation": {"max_num_seqs": c.recommendation.max_num_seqs,
+                               "reason": c.recommendation.reason,
+                               "bound": c.recommendation.bound},
+            "fits": True}
+
+
+def no_fit_row(d: rl.Deployment, ctx: int, min_gpus: int | None,
+               message: str) -> dict[str, Any]:
+    return {"model": d.model.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "attention": d.model.attention_kind, "weight_bytes": rl.weight_bytes(d),
+            "kv_bytes_per_token": rl.kv_bytes_per_token(d), "context_tokens": ctx,
+            "kv_bytes_per_seq": rl.kv_bytes_per_seq(d, ctx), "b_star": rl.b_star(d, ctx),
+            "b_mem": 0, "compute_crossover_batch": None, "tpot_floor_ms": None,
+            "tpot_batch1_ms": None, "recommendation": None, "fits": False,
+            "min_num_gpus": min_gpus, "error": message}

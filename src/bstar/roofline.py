@@ -152,6 +152,7 @@ class Deployment:
     reserve_bytes: int = 2 * GiB
     block_tokens: int = 16  # vLLM's default KV block size
     eff: Efficiency = field(default_factory=Efficiency)
+    engine: str = ""  # the engine profile the efficiencies started from (a label)
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:

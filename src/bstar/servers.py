@@ -8,13 +8,12 @@ log file that is kept for post-mortems and quoted in `ServerStartError`.
 Only the standard library is used here: the health polling must work in the lightest
 install, and the sweep reuses `ManagedServer` for arbitrary `--server-cmd` commands.
 
-Run as a module, it is the child that hosts llama.cpp (through `xllamacpp`):
-    python -m bstar.servers llamacpp --model tiny.gguf --port 8080 ...
+The child that hosts llama.cpp (through `xllamacpp`) is `run_llamacpp`, started as
+    python -m bstar.commands.host llamacpp --model tiny.gguf --port 8080 ...
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import os
@@ -274,7 +273,7 @@ class LlamaCppServer(ManagedServer):
         cmd = [
             python or sys.executable,
             "-m",
-            "bstar.servers",
+            "bstar.commands.host",
             "llamacpp",
             "--model",
             str(self.gguf_path),
@@ -299,7 +298,8 @@ class LlamaCppServer(ManagedServer):
         )
 
 
-def _run_llamacpp(args: argparse.Namespace) -> int:
+def run_llamacpp(gguf_path: str, port: int, *, n_parallel: int = 16, ctx_per_slot: int = 2048,
+                 threads: int = 2, alias: str = "tiny", poll: int = 0) -> int:
     """Child-process body: host llama.cpp until SIGTERM or until our parent dies."""
     try:
         import xllamacpp
@@ -312,24 +312,24 @@ def _run_llamacpp(args: argparse.Namespace) -> int:
         return 2
 
     p = xllamacpp.CommonParams()
-    p.model.path = args.model
-    p.model_alias = {args.alias}
+    p.model.path = gguf_path
+    p.model_alias = {alias}
     p.hostnames = [HOST]
-    p.port = args.port
-    p.n_parallel = args.n_parallel
+    p.port = port
+    p.n_parallel = n_parallel
     # n_ctx is the total over all slots; each slot gets n_ctx / n_parallel.
-    p.n_ctx = args.n_parallel * args.ctx_per_slot
+    p.n_ctx = n_parallel * ctx_per_slot
     p.cont_batching = True
     p.endpoint_metrics = True
     p.endpoint_slots = True
     p.use_jinja = True
-    p.cpuparams.n_threads = args.threads
-    p.cpuparams_batch.n_threads = args.threads
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
     # llama.cpp's worker threads spin ("poll", 0-100, default 50) waiting for the next
     # graph instead of sleeping. On a few shared cores that spinning takes CPU from
     # everything else (the client measuring it, other servers, other tests); 0 sleeps.
-    p.cpuparams.poll = args.poll
-    p.cpuparams_batch.poll = args.poll
+    p.cpuparams.poll = poll
+    p.cpuparams_batch.poll = poll
     # Do not let llama.cpp shrink the context to "fit" memory: the slot sizes are
     # part of the experiment. No web UI, no network look-ups.
     p.fit_params = False
@@ -346,7 +346,7 @@ def _run_llamacpp(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_term)
     parent = os.getppid()
     server = xllamacpp.Server(p)  # serves in background threads until deleted
-    print(f"bstar: llama.cpp serving {args.model} on http://{HOST}:{args.port}", flush=True)
+    print(f"bstar: llama.cpp serving {gguf_path} on http://{HOST}:{port}", flush=True)
     # If the parent is killed hard, no SIGTERM comes: reparenting is the sign to go.
     while not stop and os.getppid() == parent:
         time.sleep(0.2)
@@ -458,25 +458,3 @@ def vllm_cpu_server(
         timeout_s=timeout_s,
         log_path=log_path,
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bstar.servers")
-    sub = ap.add_subparsers(dest="kind", required=True)
-    lc = sub.add_parser("llamacpp", help="host llama.cpp's server (xllamacpp) on 127.0.0.1")
-    lc.add_argument("--model", required=True, help="GGUF file")
-    lc.add_argument("--port", type=int, required=True)
-    lc.add_argument("--n-parallel", type=int, default=16)
-    lc.add_argument("--ctx-per-slot", type=int, default=2048)
-    lc.add_argument("--threads", type=int, default=2)
-    lc.add_argument("--alias", default="tiny")
-    lc.add_argument("--poll", type=int, default=0,
-                    help="llama.cpp thread polling level 0-100 (default 0: sleep, not spin)")
-    args = ap.parse_args(argv)
-    if args.kind == "llamacpp":
-        return _run_llamacpp(args)
-    return 2  # pragma: no cover - argparse rejects other kinds
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ Two tiny random-weight Llamas of different sizes (bstar.tinymodel) are served by
 llama.cpp server (bstar.servers.LlamaCppServer) on the CPU. Model A is swept at a short
 context; the cost model is calibrated on that sweep alone; then it predicts model A at a
 longer context and model B at the short one, and those are swept too. The per-level error
-of the predictions is the figure of merit. `python -m bstar.transfer` prints it; the slow
+of the predictions is the figure of merit. `python -m bstar.commands.transfer` prints it; the slow
 test asserts a bound on it.
 
 Modelled as llama.cpp runs these files: weights float32 as written in the GGUF ("fp32"),
@@ -16,11 +16,10 @@ not describe.
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,19 +184,3 @@ def format_result(r: TransferResult) -> str:
                          f"{p.measured_ms:8.3f} ms  predicted {p.predicted_ms:8.3f} ms  "
                          f"{p.rel_error:+6.1%}  (uncalibrated {p.uncalibrated_rel_error:+6.1%})")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m bstar.transfer", description=__doc__)
-    p.add_argument("workdir", type=Path)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    r = run_transfer(args.workdir, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

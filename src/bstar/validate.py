@@ -18,7 +18,6 @@ engine and then predict the held-out row, so no row is predicted from itself.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.calibrate import PARAMS, fit_efficiency
 from bstar.errors import BstarError
+from bstar.fit.points import read_table
 
 REQUIRED = ("model", "gpu", "num_gpus", "engine", "input_len", "output_len", "batch",
             "metric", "value", "source")
@@ -62,12 +62,10 @@ class Row:
 
 def rows_from_csv(text: str, where: str = "table") -> list[Row]:
     """Parse the table (header row; lines starting with # are comments)."""
-    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
+    table = read_table(text, where)
+    if table is None:
         raise BstarError(f"{where}: empty table")
-    reader = csv.reader([ln for _, ln in lines])
-    header = [h.strip() for h in next(reader)]
+    header = table.header
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise BstarError(f"{where}: missing column(s) {', '.join(missing)}")
@@ -75,11 +73,8 @@ def rows_from_csv(text: str, where: str = "table") -> list[Row]:
     if unknown:
         raise BstarError(f"{where}: unknown column(s) {', '.join(unknown)}")
     rows = []
-    for (lineno, _), cells in zip(lines[1:], reader, strict=True):
-        at = f"{where}: line {lineno}"
-        if len(cells) != len(header):
-            raise BstarError(f"{at}: {len(cells)} cells for {len(header)} columns")
-        r = {h: c.strip() for h, c in zip(header, cells, strict=True)}
+    for cells, at in table.rows():
+        r = {h: c.strip() for h, c in cells.items()}
         if r["metric"] not in METRICS:
             raise BstarError(f"{at}: metric {r['metric']!r} is not one of {', '.join(METRICS)}")
         if not r["source"]:

@@ -26,8 +26,8 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"parameters to fit, the rest keep the flags' values (default "
                         f"{FIT_DEFAULT}, plus attention_compute,chunk_layer_s when the "
                         "points hold mixed prefill + decode steps)")
-    p.add_argument("--engine", default="", help="engine the points come from (e.g. vllm)")
-    p.add_argument("--engine-version", default="", help="its version")
+    p.add_argument("--engine-version", default="",
+                   help="version of the engine the points come from (--engine names it)")
     p.add_argument("--vllm-log", type=Path, default=None,
                    help="a vLLM start-up log: its KV cache size calibrates the reserve "
                         "(and so B_mem)")
@@ -94,16 +94,12 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
 
 
 def _rows_with_context(path: Path) -> list[tuple[dict[str, object], str]] | None:
-    """The file's rows with labels when it has a context_tokens column, else None."""
-    import csv
+    """The file's rows with labels when it has a context_tokens column, else None (read by
+    bstar.fit.points, the one reader of points files)."""
+    from bstar.fit.points import is_json, read_table, read_text
 
-    from bstar.errors import BstarError
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BstarError(f"{path}: cannot read: {e}") from None
-    if path.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{")):
+    text = read_text(path)
+    if is_json(path, text):
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
@@ -113,22 +109,10 @@ def _rows_with_context(path: Path) -> list[tuple[dict[str, object], str]] | None
                 and any("context_tokens" in r for r in items)):
             return None
         return [(dict(r), f"{path}: point {i + 1}") for i, r in enumerate(items)]
-    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
+    table = read_table(text, str(path))
+    if table is None or "context_tokens" not in table.header:
         return None
-    reader = csv.reader([ln for _, ln in lines])
-    header = [h.strip() for h in next(reader)]
-    if "context_tokens" not in header:
-        return None
-    out = []
-    for (lineno, _), cells in zip(lines[1:], reader, strict=True):
-        if len(cells) != len(header):
-            raise BstarError(f"{path}: line {lineno}: {len(cells)} cells for "
-                             f"{len(header)} columns")
-        out.append(({h: c for h, c in zip(header, cells, strict=True)},
-                    f"{path}: line {lineno}"))
-    return out
+    return [(dict(r), where) for r, where in table.rows()]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -1,10 +1,15 @@
-"""Argument helpers shared by commands. Standard library only: imported at start-up."""
+"""Argument helpers shared by commands. Standard library only at top level: imported at
+start-up (the library types they map flags onto load inside the functions)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from bstar.deployment import DeploymentOptions
+    from bstar.roofline import Deployment
 
 T = TypeVar("T")
 
@@ -71,7 +76,8 @@ def positive_int(s: str) -> int:
 
 
 def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
-    """--model/--gpu/--num-gpus/precision/memory/efficiency flags (DESIGN.md contract)."""
+    """--model/--gpu/--num-gpus/precision/memory/efficiency flags, the fields of
+    `bstar.deployment.DeploymentOptions` (`deployment_options` maps them)."""
     g = p.add_argument_group("model and hardware")
     if many:
         g.add_argument("--model", type=str_list, default=None,
@@ -100,15 +106,62 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    help="KV cache block size in tokens (default 16)")
     e = p.add_argument_group("efficiency (stated defaults; replace by calibration)")
     e.add_argument("--bw-eff", type=positive_float, default=None,
-                   help="achieved fraction of peak HBM bandwidth (default 0.70)")
+                   help="achieved fraction of peak HBM bandwidth by the weight stream "
+                        "(default 0.80)")
     e.add_argument("--flops-eff", type=positive_float, default=None,
-                   help="achieved fraction of dense peak FLOP/s (default 0.60)")
+                   help="achieved fraction of dense peak FLOP/s (default 0.70)")
     e.add_argument("--overhead-ms", type=non_negative_float, default=None,
-                   help="per-step overhead, ms (default 0.5)")
+                   help="per-step engine CPU overhead, ms (default: the engine profile's)")
     e.add_argument("--overhead-per-seq-us", type=non_negative_float, default=None,
-                   help="per-step overhead per sequence, us (default 5)")
+                   help="per-step overhead per running sequence, us (default: the engine "
+                        "profile's)")
+    e.add_argument("--engine", default="", metavar="NAME",
+                   help="engine whose priors the cost model starts from: vllm (default), "
+                        "vllm-v0, sglang, trt-llm, lmdeploy, llama.cpp, torch-graph "
+                        "(docs/cost-model.md)")
     e.add_argument("--ideal", action="store_true",
                    help="pure roofline: efficiencies 1, no overhead (the seeds' arithmetic)")
     e.add_argument("--profile", default=None, metavar="FILE",
                    help="calibration profile from `bstar calibrate`: its efficiencies, "
                         "overheads and reserve (flags above still override)")
+
+
+def deployment_options(args: argparse.Namespace, model: str | None = None,
+                       gpu: str | None = None) -> DeploymentOptions:
+    """The deployment flags as `DeploymentOptions` (flags a command lacks keep the type's
+    defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
+    from bstar.deployment import DeploymentOptions
+
+    flags = {"model": model or _single(getattr(args, "model", None)),
+             "gpu": gpu or _single(getattr(args, "gpu", None)),
+             "num_gpus": getattr(args, "num_gpus", None),
+             "weight_dtype": getattr(args, "dtype", None),
+             "kv_dtype": getattr(args, "kv_dtype", None),
+             "gpu_util": getattr(args, "gpu_util", None),
+             "reserve_gib": getattr(args, "reserve_gib", None),
+             "block_size": getattr(args, "block_size", None),
+             "bw_eff": getattr(args, "bw_eff", None),
+             "flops_eff": getattr(args, "flops_eff", None),
+             "overhead_ms": getattr(args, "overhead_ms", None),
+             "overhead_per_seq_us": getattr(args, "overhead_per_seq_us", None),
+             "ideal": getattr(args, "ideal", None),
+             "profile": getattr(args, "profile", None),
+             "engine": getattr(args, "engine", None)}
+    return DeploymentOptions.from_dict(flags)
+
+
+def _single(value: object) -> str | None:
+    # compare's --model/--gpu are lists; its callers pass one entry as model/gpu.
+    return value if isinstance(value, str) else None
+
+
+def warn(message: str) -> None:
+    import sys
+
+    print(f"bstar: warning: {message}", file=sys.stderr)
+
+
+def build_deployment(args: argparse.Namespace, model: str | None = None,
+                     gpu: str | None = None) -> Deployment:
+    """`deployment_options(args, model, gpu).build()`, warnings to stderr."""
+    return deployment_options(args, model, gpu).build(warn=warn)

@@ -12,7 +12,9 @@ from typing import Any
 
 from bstar.commands import fit as fit_cmd
 from bstar.commands import plan as plan_cmd
+from bstar.commands import search as search_cmd
 from bstar.commands import simulate as sim_cmd
+from bstar.commands.common import deployment_options
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -50,6 +52,11 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                         description="Report of `bstar simulate` with the same flags.")
     sim_cmd.add_simulate_arguments(sm)
     _add_output(sm)
+    ss = sub.add_parser("search", help="the cheapest deployment that meets the SLO (takes "
+                                       "`bstar search`'s flags)",
+                        description="Report of `bstar search` with the same flags.")
+    search_cmd.add_search_arguments(ss)
+    _add_output(ss)
 
 
 def _command_line() -> str:
@@ -80,6 +87,8 @@ def run_report(args: argparse.Namespace) -> int:
         return _report_simulate(args)
     if source == "run":
         return _report_run(args)
+    if source == "search":
+        return _report_search(args)
     raise AssertionError(source)  # argparse only lets the sources above through
 
 
@@ -109,7 +118,8 @@ def _report_fit(args: argparse.Namespace) -> int:
     from bstar.report import save_fit_plot, write_fit_report
 
     result, _spec = fit_cmd.fit_from_args(args)
-    path = write_fit_report(result, args.output, _command_line(), args)
+    path = write_fit_report(result, args.output, _command_line(), deployment_options(args),
+                            args.context)
     if getattr(args, "plot", None):
         save_fit_plot(result, args.plot)
     return _done(args, path, {"knee_batch": result.knee_batch})
@@ -118,12 +128,26 @@ def _report_fit(args: argparse.Namespace) -> int:
 def _report_simulate(args: argparse.Namespace) -> int:
     from bstar.report import save_simulate_plot, write_simulate_report
 
-    _d, rows, advice, _arrivals, tokens = sim_cmd.simulate_from_args(args)
-    objs = sim_cmd.simulate_objects(rows, advice, tokens, args)
+    study = sim_cmd.simulate_from_args(args)
+    objs = study.to_objects()
+    advice = study.advice
     path = write_simulate_report(objs, args.output, _command_line())
     if getattr(args, "plot", None):
         save_simulate_plot(objs, args.plot)
     return _done(args, path, {"max_num_seqs": advice.max_num_seqs if advice else None})
+
+
+def _report_search(args: argparse.Namespace) -> int:
+    from bstar.report import save_search_plot, write_search_report
+
+    result = search_cmd.search_from_args(args, quiet=True)
+    obj = result.to_dict()
+    path = write_search_report(obj, args.output, _command_line())
+    if getattr(args, "plot", None):
+        save_search_plot(obj, args.plot)
+    winners = {m: {"gpus_total": w["gpus_total"], "gpu": w["gpu"],
+                   "cost_per_mtok": w["cost_per_mtok"]} for m, w in obj["winners"].items()}
+    return _done(args, path, {"search_id": obj["search_id"], "winners": winners})
 
 
 def _report_run(args: argparse.Namespace) -> int:

@@ -4,10 +4,10 @@ model; several --max-num-seqs run the sweep in simulation and apply the knee rul
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from bstar.commands.common import add_deployment_arguments, int_list
+from bstar.commands.common import add_deployment_arguments, build_deployment, int_list
+from bstar.commands.emit import emit
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,170 +59,34 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    d, rows, advice, arrivals, tokens = simulate_from_args(args)
-    if getattr(args, "plot", None):
-        import sys
+    from bstar.report import save_simulate_plot
+    from bstar.report.text import print_simulation
 
-        from bstar.report import save_simulate_plot
+    study = simulate_from_args(args)
 
-        # stderr: --json keeps stdout to the simulate object(s).
-        print(f"plot written to "
-              f"{save_simulate_plot(simulate_objects(rows, advice, tokens, args), args.plot)}",
-              file=sys.stderr)
-    if args.json:
-        objs = simulate_objects(rows, advice, tokens, args)
-        print(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2))
-        return 0
-    print_simulation(d, rows, advice, arrivals, args, tokens)
-    return 0
+    def data() -> Any:
+        objs = study.to_objects()
+        return objs[0] if len(objs) == 1 else objs
+
+    return emit(args, data, lambda: print_simulation(study),
+                lambda path: save_simulate_plot(study.to_objects(), path))
 
 
-def simulate_objects(rows: list[Any], advice: Any, tokens: int,
-                     args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The simulate JSON contract, one object per level (shared with `bstar report`)."""
-    objs = [r.to_dict() for r in rows]
-    for o in objs:
-        o["max_num_batched_tokens"] = tokens
-        o["preemption_mode"] = args.preemption
-        if advice is not None:
-            o["recommended"] = o["max_num_seqs"] == advice.max_num_seqs
-            o["sweep"] = advice.to_dict()
-    return objs
+def study_options(args: argparse.Namespace) -> Any:
+    """The simulate flags as `bstar.sim.study.StudyOptions`."""
+    from bstar.sim.study import StudyOptions
+
+    return StudyOptions(
+        max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
+        max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
+        swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
+        trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
+        output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
+        slo=args.slo, max_sim_time_s=args.max_sim_time_s)
 
 
-def simulate_from_args(args: argparse.Namespace) -> tuple[Any, list[Any], Any, Any, int]:
-    """Deployment, per-level summaries, advice (None for one level), arrivals, token budget."""
-    from pathlib import Path
+def simulate_from_args(args: argparse.Namespace) -> Any:
+    """The `bstar.sim.study.Study` these flags ask for (shared with `bstar report`)."""
+    from bstar.sim.study import run_study
 
-    from bstar.commands.plan import deployment_from_args
-    from bstar.errors import BstarError
-    from bstar.sim import (
-        ClosedLoop,
-        Poisson,
-        SchedulerConfig,
-        SimConfig,
-        parse_lengths,
-        parse_slo,
-        parse_trace,
-        simulate_levels,
-        vllm_server_defaults,
-    )
-    from bstar.sim.advice import advise
-
-    d = deployment_from_args(args)
-    if args.rate is None and args.concurrency is None and args.trace is None:
-        raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
-                         "or --trace FILE")
-    arrivals: Any
-    if args.trace is not None:
-        try:
-            text = Path(args.trace).read_text()
-        except OSError as e:
-            raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
-        arrivals = parse_trace(text)
-    elif args.rate is not None:
-        arrivals = Poisson(args.rate)
-    else:
-        arrivals = ClosedLoop(args.concurrency, args.think_time_s, random_think=True)
-    default_seqs, default_tokens = vllm_server_defaults(d.gpu.memory_bytes,
-                                                        f"{d.gpu.id} {d.gpu.name}")
-    levels = sorted(set(args.max_num_seqs or [default_seqs]))
-    tokens = args.max_num_batched_tokens or default_tokens
-    if args.swap_space_gib < 0:
-        raise BstarError("--swap-space-gib must not be negative")
-    cfg = SimConfig(SchedulerConfig(levels[0], tokens, args.preemption),
-                    swap_space_bytes=round(args.swap_space_gib * 2**30),
-                    max_sim_time_s=args.max_sim_time_s)
-    slo = parse_slo(args.slo) if args.slo else None
-    num_requests = args.num_requests
-    if num_requests is None:
-        num_requests = len(arrivals.arrival_s) if args.trace is not None else 1000
-    rows = simulate_levels(d, levels, arrivals, parse_lengths(args.input_len),
-                           parse_lengths(args.output_len), num_requests, args.seed,
-                           cfg, slo)
-    advice = advise(rows, slo) if len(rows) > 1 else None
-    return d, rows, advice, arrivals, tokens
-
-
-def print_simulation(d: Any, rows: list[Any], advice: Any, arrivals: Any,
-                     args: argparse.Namespace, tokens: int) -> None:
-    from rich.table import Table
-
-    from bstar import roofline as rl
-    from bstar.console import console
-    from bstar.sim.traffic import parse_lengths
-    from bstar.units import fmt_bytes, sparkline
-
-    c = console()
-    first = rows[0]
-    inp, out = parse_lengths(args.input_len), parse_lengths(args.output_len)
-    c.print(f"[bold]{d.model.name}[/] on [bold]{d.num_gpus} x {d.gpu.name}[/] ({d.gpu.id}): "
-            f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU = {first.kv_blocks:,} blocks "
-            f"of {first.block_size} tokens ({first.kv_blocks * first.block_size:,} tokens)")
-    lengths = "lengths from the trace" if args.trace is not None else \
-        f"input {inp.describe()}, output {out.describe()}"
-    c.print(f"  traffic: {arrivals.describe()}, {lengths}, {first.requests_total:,} requests, "
-            f"seed {args.seed}; "
-            f"max_num_batched_tokens {tokens}, preemption {args.preemption}")
-    t = Table(show_edge=False, pad_edge=False, box=None)
-    cols = ["max_num_seqs", "done", "out tok/s", "req/s"]
-    if first.goodput_req_s is not None:
-        cols.append("goodput\nreq/s")
-    cols += ["TTFT ms\np50", "TTFT ms\np99", "TPOT ms\np50", "TPOT ms\np99", "ITL ms\np99",
-             "E2E s\np99", "preempt", "KV peak", "queue\nmax", "running\nmax"]
-    for col in cols:
-        t.add_column(col, justify="right")
-
-    def f(v: float | None, scale: float = 1.0, nd: int = 1) -> str:
-        return "-" if v is None else f"{v * scale:,.{nd}f}"
-
-    for r in rows:
-        mark = " *" if advice is not None and r.max_num_seqs == advice.max_num_seqs else ""
-        cells = [f"{r.max_num_seqs}{mark}",
-                 f"{r.requests}/{r.requests_total}" if r.truncated else str(r.requests),
-                 f"{r.throughput_tok_s:,.0f}", f"{r.request_throughput_req_s:.2f}"]
-        if first.goodput_req_s is not None:
-            cells.append(f(r.goodput_req_s, nd=2))
-        cells += [f(r.ttft_ms["p50"]), f(r.ttft_ms["p99"]), f(r.tpot_ms["p50"], nd=2),
-                  f(r.tpot_ms["p99"], nd=2), f(r.itl_ms["p99"], nd=2),
-                  f(r.e2e_ms["p99"], 1e-3, 2),
-                  f"[red]{r.preemptions}[/]" if r.preemptions else "0",
-                  f"{r.kv_utilization_max * 100:.0f}%", str(r.queue_max), str(r.running_max)]
-        t.add_row(*cells)
-    c.print(t)
-    if len(rows) > 1:
-        c.print(f"  throughput {sparkline([r.throughput_tok_s for r in rows])}")
-    queue_top = max(max(r.queue_max for r in rows), 1)
-    c.print(f"  over time, peak per bin (KV: 0..100% of the pool; queue: 0..{queue_top}):")
-    for r in rows:
-        tl = r.timeline
-        span = tl["time_s"][-1] if tl["time_s"] else 0.0
-        c.print(f"    {r.max_num_seqs:>6}  KV {_bars(tl['kv_utilization'][::2], 1.0):<50} "
-                f"queue {_bars(tl['num_waiting'][::2], queue_top):<50} 0..{span:,.0f} s")
-    rate = getattr(arrivals, "rate_per_s", None)
-    best = max(r.request_throughput_req_s for r in rows)
-    if rate is not None and best < 0.95 * rate:
-        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, at most {best:.2f} req/s served "
-                "at any level; the queue grows for the whole run and TTFT is mostly waiting "
-                "(its tail grows with --num-requests)[/]")
-    for r in rows:
-        if r.truncated:
-            c.print(f"  [yellow]max_num_seqs {r.max_num_seqs}: stopped at "
-                    f"{args.max_sim_time_s:g} s simulated with requests unfinished[/]")
-    if advice is not None:
-        for k in advice.knees.values():
-            c.print(f"  knee ({k.rule}): "
-                    + (f"[bold]{k.batch}[/]" if k.batch is not None else "none")
-                    + f" - {k.reason}")
-        c.print(f"  [bold green]max_num_seqs = {advice.max_num_seqs}[/] ({advice.bound}): "
-                f"{advice.reason}")
-    c.print("[dim]TPOT per request = (E2E - TTFT)/(output - 1); ITL = gaps between tokens; "
-            "out tok/s = output tokens / time to the last finish (vLLM benchmark "
-            "definitions). Step times from the cost model; * = recommended.[/]")
-
-
-def _bars(values: list[float], top: float) -> str:
-    """A bar per value on a fixed scale 0..top (so levels compare; units.sparkline rescales
-    each series to its own range)."""
-    bars = " ▁▂▃▄▅▆▇█"
-    return "".join(bars[min(8, max(0, round(v / top * 8)))] for v in values)
+    return run_study(build_deployment(args), study_options(args))

@@ -6,17 +6,19 @@ Standard library only at top level (start-up stays light); aiohttp and rich load
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    deployment_options,
     float_list,
     int_list,
     positive_float,
     positive_int,
+    warn,
 )
+from bstar.commands.emit import emit
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,25 +73,14 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
 
 
-_DEPLOYMENT_KEYS = ("num_gpus", "dtype", "kv_dtype", "gpu_util", "reserve_gib", "block_size",
-                    "bw_eff", "flops_eff", "overhead_ms", "overhead_per_seq_us", "ideal")
-
-
-def _deployment(args: argparse.Namespace, model: str | None, gpu: str | None) -> object:
-    if not (model or gpu):
-        return None
-    from bstar.commands.plan import deployment_from_args
-
-    return deployment_from_args(args, model, gpu)
-
-
 def run_sweep(args: argparse.Namespace) -> int:
+    from bstar.deployment import DeploymentOptions
     from bstar.errors import BstarError
     from bstar.loadgen import sweep as sw
-    from bstar.loadgen.metrics import parse_slo
+    from bstar.slo import parse_slo
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
-    model, gpu = args.model, args.gpu
+    options = deployment_options(args)
     if args.resume:
         from bstar.loadgen.store import Store
 
@@ -97,11 +88,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             run = st.get_run(args.resume)
         if run is None:
             raise BstarError(f"no run {args.resume!r} in {args.db or 'the default DB'}")
-        opts = run["options"] or {}
-        model = model or opts.get("model")
-        gpu = gpu or opts.get("gpu")
-        for k, v in (opts.get("deployment_args") or {}).items():
-            setattr(args, k, v)
+        # The stored deployment (--profile included); --model/--gpu given now override.
+        options = DeploymentOptions.from_sweep_options(run["options"] or {}).with_target(
+            args.model, args.gpu)
         cfg = None
     else:
         cfg = sw.SweepConfig(
@@ -111,15 +100,16 @@ def run_sweep(args: argparse.Namespace) -> int:
             num_requests=args.num_requests, warmup_requests=args.warmup_requests,
             level_time_limit_s=args.level_time_limit, request_timeout_s=args.request_timeout,
             health_timeout_s=args.health_timeout, seed=args.seed, prompts_file=args.prompts,
-            slo=parse_slo(args.slo), max_error_rate=args.max_error_rate,
-            ignore_eos=not args.no_ignore_eos, model=model, gpu=gpu,
-            deployment_args={k: getattr(args, k, None) for k in _DEPLOYMENT_KEYS})
+            slo=parse_slo(args.slo).by_metric(), max_error_rate=args.max_error_rate,
+            ignore_eos=not args.no_ignore_eos, model=options.model, gpu=options.gpu,
+            deployment=options.to_dict())
         cfg.validate()
-    deployment = _deployment(args, model, gpu)
+    # A cost model to predict each level with, when the run names a model or a GPU.
+    deployment = options.build(warn=warn) if (options.model or options.gpu) else None
 
     from rich.console import Console
 
-    from bstar.loadgen.render import Progress, print_result, wide_console
+    from bstar.report.text import Progress, print_result, wide_console
 
     err = Console(stderr=True)
     try:
@@ -133,13 +123,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     except sw.SweepInterrupted as e:
         print(f"bstar: {e}", file=sys.stderr)  # one unwrapped line: it holds a command
         return 130
-    if args.plot:
-        from bstar.report import save_sweep_plot
+    from bstar.report import save_sweep_plot
 
-        # stderr: --json keeps stdout to the one JSON object.
-        err.print(f"plot written to {save_sweep_plot(result.to_dict(), args.plot)}")
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print_result(result, wide_console())
+    emit(args, result.to_dict, lambda: print_result(result, wide_console()),
+         lambda path: save_sweep_plot(result.to_dict(), path))
     return 0 if result.status in ("completed", "completed_with_errors") else 1

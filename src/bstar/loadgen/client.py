@@ -104,7 +104,8 @@ def _short(text: str, n: int = 300) -> str:
 
 
 class OpenAIClient:
-    """One aiohttp session to `base_url`; `send()` streams one request into a record.
+    """One aiohttp session to `base_url` (or the `session` given); `send()` streams one
+    request into a record.
 
     `extra_body` is merged into every request body (e.g. {"ignore_eos": True,
     "min_tokens": 64} to force output lengths). Use as `async with OpenAIClient(...)`.
@@ -120,6 +121,7 @@ class OpenAIClient:
         request_timeout_s: float = 600.0,
         extra_body: dict[str, Any] | None = None,
         connect_timeout_s: float = 10.0,
+        session: Any = None,
     ) -> None:
         self.base_url = server_root(base_url)
         self.model = model
@@ -130,7 +132,10 @@ class OpenAIClient:
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: Any = None
+        # An injected session (aiohttp.ClientSession or anything with its request/post
+        # interface, e.g. a test's in-process fake) is the caller's: used, never closed.
+        self._own_session = session is None
+        self._session: Any = session
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
@@ -140,6 +145,8 @@ class OpenAIClient:
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
 
     async def __aenter__(self) -> OpenAIClient:
+        if not self._own_session:
+            return self
         import aiohttp
 
         # trust_env=False: proxies in the environment must never see local traffic.
@@ -152,7 +159,7 @@ class OpenAIClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
+        if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
 
@@ -227,6 +234,9 @@ class OpenAIClient:
 
     async def _send_once(self, spec: RequestSpec, *,
                          deadline: float | None = None) -> RequestRecord:
+        """Long on purpose: one streaming state machine (timeouts, status, SSE events, usage,
+        the error taxonomy) whose timing variables must stay in one frame; split, the
+        per-token timestamps would cross function calls on the measured path."""
         import aiohttp
 
         rec = RequestRecord(

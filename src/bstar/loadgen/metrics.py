@@ -18,33 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bstar.errors import BstarError
 from bstar.loadgen.client import RequestRecord
-
-SLO_KEYS = ("ttft", "tpot", "e2e")
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft:500,tpot:50,e2e:3000' -> {'ttft': 500.0, ...} (milliseconds)."""
-    if not text:
-        return {}
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, val = part.partition(":")
-        key = key.strip().lower().removesuffix("_ms")
-        if not sep or key not in SLO_KEYS:
-            raise BstarError(f"bad --slo item {part!r}: expected ttft:MS, tpot:MS or e2e:MS")
-        try:
-            ms = float(val)
-        except ValueError:
-            raise BstarError(f"bad --slo value {val!r} for {key}: expected milliseconds") from None
-        if not ms > 0:
-            raise BstarError(f"--slo {key} must be positive, got {val}")
-        out[key] = ms
-    return out
+from bstar.slo import Slo
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -130,8 +105,10 @@ class LevelStats:
 
 
 def summarize(records: Iterable[RequestRecord], duration_s: float,
-              slo: Mapping[str, float] | None = None) -> LevelStats:
-    """Statistics of one level's measured phase lasting `duration_s` seconds."""
+              slo: Slo | Mapping[str, float] | None = None) -> LevelStats:
+    """Statistics of one level's measured phase lasting `duration_s` seconds; goodput
+    counts the requests meeting every objective of `slo` (an Slo, or {"ttft": ms, ...})."""
+    slo = Slo.coerce(slo).by_metric()
     recs = [r for r in records if not r.warmup]
     ok = [r for r in recs if r.ok]
     kinds = Counter(r.error_kind or "unknown" for r in recs if not r.ok)

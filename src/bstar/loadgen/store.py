@@ -198,7 +198,8 @@ class Store:
         return rid
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        allowed = {"status", "status_detail", "finished_at", "server_version", "result"}
+        allowed = {"status", "status_detail", "finished_at", "server_version", "served_model",
+                   "result"}
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"cannot update run fields {sorted(bad)}")

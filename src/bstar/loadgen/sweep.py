@@ -17,10 +17,6 @@ DB and its path stored with the level.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
-import shlex
-import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -28,19 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
-from bstar.loadgen.client import OpenAIClient, RequestRecord, server_root
-from bstar.loadgen.metrics import summarize
-from bstar.loadgen.scrape import Scraper
+from bstar.loadgen.runner import DONE_STATUSES, EventFn, _Runner, predict_level
 from bstar.loadgen.store import LevelRow, Store, utc_now
-from bstar.loadgen.worker import drive
-from bstar.loadgen.workload import TokenCounter, Workload, build_requests
+from bstar.recommend import Recommendation, SlaBound
 
-# Level statuses that count as done: resume skips them. A level stopped by the error-rate
-# rule or its time limit still measured what it measured; re-running would not change why.
-DONE_STATUSES = ("completed", "stopped_errors", "time_limit")
-_CONNECTION_KINDS = ("connect", "reset")
-
-EventFn = Callable[[str, dict[str, Any]], None]
+__all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
+           "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
 
 
 @dataclass
@@ -73,7 +62,8 @@ class SweepConfig:
     scrape_interval_s: float = 0.5
     model: str | None = None  # cost-model preset/config (for predictions)
     gpu: str | None = None
-    deployment_args: dict[str, Any] = field(default_factory=dict)
+    # `DeploymentOptions.to_dict()` of the cost model's deployment (with model and gpu).
+    deployment: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.endpoint not in ("completions", "chat"):
@@ -120,7 +110,13 @@ class SweepConfig:
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> SweepConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in known})
+        out = {k: v for k, v in options.items() if k in known}
+        if "deployment_args" in options and "deployment" not in options:
+            from bstar.deployment import DeploymentOptions
+
+            # A run stored before `deployment`: its flags by their argparse names.
+            out["deployment"] = DeploymentOptions.from_sweep_options(options).to_dict()
+        return cls(**out)
 
 
 @dataclass(frozen=True)
@@ -290,40 +286,21 @@ def verdict(levels: list[LevelResult], slo: dict[str, float]) -> tuple[dict[str,
     knees = knee_mod.all_knees(batches, tput, tpot)
     out["rules"] = {k: v.to_dict() for k, v in knees.items()}
     # SLA: every SLO must hold at p99 (TPOT, TTFT, E2E); the bound is the tightest.
-    sla: list[Any] = []
+    sla: list[SlaBound] = []
     for key in ("tpot", "ttft", "e2e"):
         if key not in slo:
             continue
         vals = [(by_batch[b].stats[f"{key}_ms"] or {}).get("p99") for b in batches]
         if any(v is None or not v > 0 for v in vals):
             continue
-        sla.append(knee_mod.sla_knee(batches, vals, slo[key], what=f"p99 {key.upper()}"))
+        sla.append(SlaBound(knee_mod.sla_knee(batches, vals, slo[key],
+                                              what=f"p99 {key.upper()}")))
     if sla:
-        bound = min(sla, key=lambda k: -1 if k.batch is None else k.batch)
+        bound = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch).knee
         out["rules"]["sla"] = bound.to_dict()
         out["sla_batch"] = bound.batch
-    # The seeds' two rules (000: step under 5%, 004: doubling under 15%); the earlier
-    # knee wins, since past it throughput is flat within the rule and only latency grows.
-    fired = [k for k in (knees["step"], knees["doubling"]) if k.batch is not None]
-    if fired:
-        k = min(fired, key=lambda k: k.batch or 0)
-        rec = {"max_num_seqs": k.batch, "reason": f"measured knee ({k.rule} rule): {k.reason}",
-               "bound": "knee"}
-    else:
-        step = knees["step"]
-        rec = {"max_num_seqs": batches[-1],
-               "reason": f"no knee within the sweep ({step.reason}); the largest level "
-                         f"measured, B={batches[-1]}; sweep further to find the knee",
-               "bound": "sweep_end"}
-    if sla:
-        if out.get("sla_batch") is None:
-            rec = {"max_num_seqs": batches[0], "reason": f"no level meets the SLO: "
-                   f"{bound.reason}", "bound": "sla-unmet"}
-        elif out["sla_batch"] < rec["max_num_seqs"]:
-            rec = {"max_num_seqs": out["sla_batch"],
-                   "reason": f"SLO: {bound.reason} (unconstrained: {rec['max_num_seqs']})",
-                   "bound": "sla"}
-    return out, rec
+    rec = Recommendation.from_curve("measured", batches, knees, sla)
+    return out, rec.to_dict()
 
 
 def load_result(db: str | Path | Store, run_id: str) -> SweepResult:
@@ -341,291 +318,14 @@ def load_result(db: str | Path | Store, run_id: str) -> SweepResult:
             store.close()
 
 
-# ---- cost model -----------------------------------------------------------------------------
-
-
-def predict_level(deployment: Any, batch: int | None, context_tokens: int) -> dict[str, Any]:
-    """The cost model's decode step at this level's batch (None fields when no batch)."""
-    from bstar import roofline as rl
-
-    if not batch:
-        return {}
-    c = rl.curve(deployment, [batch], context_tokens)
-    return {
-        "batch": batch,
-        "context_tokens": context_tokens,
-        "tpot_ms": float(c.tpot_s[0]) * 1e3,
-        "throughput_tok_s": float(c.throughput_tok_s[0]),
-        "regime": c.regime[0],
-        "b_mem": int(rl.b_mem(deployment, context_tokens)),
-        "b_star": float(rl.b_star(deployment, context_tokens)),
-    }
-
-
-# ---- running --------------------------------------------------------------------------------
-
-
-class _Runner:
-    def __init__(self, cfg: SweepConfig, store: Store, run_id: str, api_key: str | None,
-                 on_event: EventFn | None, deployment: Any) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.run_id = run_id
-        self.api_key = api_key
-        self.on_event = on_event or (lambda kind, data: None)
-        self.deployment = deployment
-        self.server: Any = None
-        self.served_model = cfg.served_model
-        self.fatal: str | None = None
-
-    def emit(self, kind: str, **data: Any) -> None:
-        with contextlib.suppress(Exception):  # a display error must not lose a run
-            self.on_event(kind, data)
-
-    def _start_server(self, lv: LevelPlan, level_id: int, attempt: int) -> str:
-        from bstar.servers import ManagedServer, free_port
-
-        cfg = self.cfg
-        assert cfg.server_cmd is not None
-        port = None
-        if cfg.url:
-            port = urllib.parse.urlsplit(cfg.url).port
-        port = port or free_port()
-        cmd = cfg.server_cmd.format(max_num_seqs=lv.max_num_seqs, port=port)
-        log = (self.store.logs_dir / self.run_id /
-               f"level{lv.idx}-mns{lv.max_num_seqs}-a{attempt}.log")
-        self.store.set_level_log(level_id, str(log))
-        url = f"http://127.0.0.1:{port}"
-        self.emit("server_start", level=lv.idx, cmd=cmd, log=str(log))
-        self.server = ManagedServer(shlex.split(cmd), health_url=url + "/health",
-                                    timeout_s=cfg.health_timeout_s, log_path=log, url=url)
-        self.server.start()
-        self.emit("server_ready", level=lv.idx, start_s=self.server.start_time_s)
-        return url
-
-    def _stop_server(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-    def run(self, levels: list[LevelPlan]) -> None:
-        done = {r.idx for r in self.store.levels(self.run_id) if r.status in DONE_STATUSES}
-        for lv in levels:
-            if lv.idx in done:
-                continue
-            if self.fatal:
-                break
-            level_id, attempt = self.store.start_level(
-                self.run_id, lv.idx, concurrency=lv.concurrency, rate=lv.rate,
-                max_num_seqs=lv.max_num_seqs)
-            try:
-                url = self.cfg.url or ""
-                if self.cfg.server_cmd:
-                    from bstar.servers import ServerStartError
-
-                    try:
-                        url = self._start_server(lv, level_id, attempt)
-                    except ServerStartError as e:
-                        first = str(e).splitlines()[0]
-                        self.store.finish_level(level_id, status="server_failed",
-                                                status_detail=first)
-                        self.emit("level_end", level=lv.idx, status="server_failed",
-                                  detail=first)
-                        continue
-                asyncio.run(self._level(lv, level_id, attempt, url))
-            except BaseException as e:
-                with contextlib.suppress(Exception):
-                    status = ("interrupted" if isinstance(e, KeyboardInterrupt |
-                                                          asyncio.CancelledError) else "failed")
-                    self.store.finish_level(level_id, status=status,
-                                            status_detail=f"{type(e).__name__}: {e}"[:300])
-                raise
-            finally:
-                self._stop_server()
-
-    async def _discover(self, client: OpenAIClient) -> str | None:
-        """Model name and server version; None on success, else why the server is unusable."""
-        status, body = await client.get_json("/v1/models")
-        if status == 0:
-            return f"server unreachable at {client.base_url}: {body}"
-        if status in (401, 403):
-            return f"HTTP {status} from /v1/models: check --api-key / OPENAI_API_KEY"
-        if status == 200 and isinstance(body, dict):
-            ids = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
-            if self.served_model is None:
-                if not ids:
-                    return "/v1/models lists no model; give --served-model"
-                self.served_model = ids[0]
-                self.store.conn.execute("UPDATE runs SET served_model = ? WHERE id = ?",
-                                        (self.served_model, self.run_id))
-                self.store.conn.commit()
-            elif ids and self.served_model not in ids:
-                return (f"model {self.served_model!r} is not served here; /v1/models "
-                        f"lists {ids}")
-        elif self.served_model is None:
-            return (f"{client.base_url}/v1/models answered HTTP {status}; give "
-                    f"--served-model")
-        run = self.store.get_run(self.run_id) or {}
-        if not run.get("server_version"):
-            version = None
-            st, v = await client.get_json("/version")
-            if st == 200 and isinstance(v, dict) and v.get("version"):
-                version = f"vllm {v['version']}" if "vllm" not in str(v) else str(v["version"])
-            else:
-                st, p = await client.get_json("/props")
-                if st == 200 and isinstance(p, dict) and p.get("build_info"):
-                    version = f"llama.cpp {p['build_info']}"
-            if version:
-                self.store.update_run(self.run_id, server_version=version)
-        return None
-
-    async def _level(self, lv: LevelPlan, level_id: int, attempt: int, url: str) -> None:
-        cfg = self.cfg
-        wl = Workload(cfg.input_len, cfg.output_len, cfg.seed or 0, cfg.endpoint,
-                      cfg.prompts_file, cfg.ignore_eos)
-        async with OpenAIClient(url, cfg.served_model or "", endpoint=wl.endpoint,  # type: ignore[arg-type]
-                                api_key=self.api_key, request_timeout_s=cfg.request_timeout_s,
-                                extra_body=wl.extra_body()) as client:
-            problem = await self._discover(client)
-            if problem:
-                self.fatal = problem
-                self.store.finish_level(level_id, status="server_failed", status_detail=problem)
-                self.emit("level_end", level=lv.idx, status="server_failed", detail=problem)
-                return
-            client.model = self.served_model or ""
-            counter = TokenCounter(client)
-            await counter.setup(chat=wl.endpoint == "chat")
-            streams = lv.concurrency or max(1, math.ceil(lv.rate or 1))
-            n_warm = cfg.warmup_requests if cfg.warmup_requests is not None else streams
-            # Seeds differ per level and attempt: no prompt repeats across levels, so a
-            # prefix cache cannot serve a level from an earlier one.
-            seed = (cfg.seed or 0) * 1_000_003 + lv.idx * 1009 + attempt
-            warm = await build_requests(client, wl, num=n_warm, first_index=-n_warm,
-                                        seed=seed, counter=counter, warmup=True)
-            reqs = await build_requests(client, wl, num=cfg.num_requests, first_index=0,
-                                        seed=seed, counter=counter)
-            self.store.add_prompts(level_id, warm + reqs)
-            self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
-                      warmup=n_warm, token_count=counter.method)
-            if warm:
-                async for rec in drive(client, warm, concurrency=lv.concurrency or streams):
-                    self.store.add_request(level_id, rec)
-            scraper = Scraper(client, interval_s=cfg.scrape_interval_s,
-                              tokens_per_seq=cfg.input_len + cfg.output_len)
-            await scraper.start()
-            stop = asyncio.Event()
-            t0 = time.monotonic()
-            cpu0 = time.process_time()
-            deadline = t0 + cfg.level_time_limit_s
-            recs: list[RequestRecord] = []
-            status, detail = "completed", None
-            async for rec in drive(client, reqs, concurrency=lv.concurrency, rate=lv.rate,
-                                   deadline=deadline, stop=stop, seed=seed):
-                self.store.add_request(level_id, rec)
-                recs.append(rec)
-                errors = sum(1 for r in recs if not r.ok)
-                self.emit("request", level=lv.idx, ok=rec.ok, done=len(recs), errors=errors,
-                          output_tokens=rec.output_tokens, elapsed_s=time.monotonic() - t0,
-                          error_kind=rec.error_kind)
-                if (not stop.is_set() and len(recs) >= cfg.min_requests_for_error_rule
-                        and errors / len(recs) > cfg.max_error_rate):
-                    stop.set()
-                    status = "stopped_errors"
-                    detail = (f"error rate {errors}/{len(recs)} over --max-error-rate "
-                              f"{cfg.max_error_rate:g}: {_kinds(recs)}")
-            duration = time.monotonic() - t0
-            client_cpu_s = time.process_time() - cpu0
-            server_stats = await scraper.stop()
-        if status == "completed" and len(recs) < cfg.num_requests:
-            status = "time_limit"
-            detail = (f"level time limit {cfg.level_time_limit_s:g} s reached after "
-                      f"{len(recs)} of {cfg.num_requests} requests")
-        elif status == "completed" and any(r.error_kind == "time_limit" for r in recs):
-            status = "time_limit"
-            detail = f"level time limit {cfg.level_time_limit_s:g} s cut requests in flight"
-        bad = [r for r in recs if not r.ok]
-        if recs and bad and all(r.error_kind in _CONNECTION_KINDS for r in bad[-3:]):
-            # The last failures were lost connections: is the server gone?
-            proc = self.server.process if self.server is not None else None
-            code = None
-            if proc is not None:
-                # The reset can reach us before the exit is reaped: wait a moment for it.
-                with contextlib.suppress(Exception):
-                    code = await asyncio.to_thread(proc.wait, 2.0)
-            if code is not None:
-                status, detail = "server_died", f"server exited (code {code}) mid-level"
-            elif not await _reachable(url):
-                status, detail = "server_died", f"server stopped answering at {url}"
-                if proc is None:  # a server bstar started is restarted for the next level
-                    self.fatal = detail
-        if status == "completed" and bad:
-            detail = f"{len(bad)} failed requests: {_kinds(recs)}"
-        if recs and len(bad) == len(recs) and all(r.http_status == 404 for r in recs):
-            # Every request got the same 404: the URL is wrong, not the load. Say which.
-            detail = (f"{detail or _kinds(recs)}; every request answered HTTP 404 from "
-                      f"{client.base_url}{client.path}: check --url (the server's root or "
-                      f"its /v1 base) and --served-model")
-        stats = summarize(recs, duration, cfg.slo).to_dict()
-        # The client's own CPU while it measured (bench/client_bench.py says how much load
-        # it sustains on how much CPU); a client near a full core distorts what it measures.
-        stats["client_cpu_s"] = client_cpu_s
-        # How prompt lengths were fitted: "tokenize", "usage" or "estimate" (see workload).
-        stats["prompt_token_count_method"] = counter.method
-        # What was sent: the level's prompt seed and a digest of its measured prompts (the
-        # prompts themselves are in the store's `prompts` table).
-        stats["prompt_seed"] = seed
-        stats["prompts_sha256"] = _digest(reqs)
-        cached = [r.cached_prompt_tokens for r in recs if r.cached_prompt_tokens is not None]
-        stats["cached_prompt_tokens"] = sum(cached) if cached else None
-        stats["client_cpu_pct"] = 100 * client_cpu_s / duration if duration > 0 else None
-        predicted = None
-        if self.deployment is not None:
-            batch = lv.batch
-            if batch is None and stats["e2e_ms"]["mean"]:
-                # Open loop: Little's law gives the mean number in the system.
-                batch = max(1, round(stats["request_rate_s"] * stats["e2e_ms"]["mean"] / 1e3))
-            ctx = cfg.input_len + cfg.output_len // 2
-            predicted = predict_level(self.deployment, batch, ctx) or None
-        self.store.finish_level(level_id, status=status, status_detail=detail,
-                                duration_s=duration, stats=stats,
-                                server=server_stats.to_dict(), predicted=predicted)
-        self.emit("level_end", level=lv.idx, status=status, detail=detail, stats=stats,
-                  server=server_stats.to_dict())
-
-
-def _digest(specs: list[Any]) -> str:
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    for sp in specs:
-        h.update(json.dumps([sp.index, sp.prompt, sp.messages]).encode())
-    return h.hexdigest()
-
-
-def _kinds(recs: list[RequestRecord]) -> str:
-    from collections import Counter
-
-    c = Counter(r.error_kind for r in recs if not r.ok)
-    return ", ".join(f"{k} x{n}" for k, n in c.most_common())
-
-
-async def _reachable(url: str) -> bool:
-    import aiohttp
-
-    try:
-        async with aiohttp.ClientSession(trust_env=False) as s, s.get(
-                server_root(url) + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return r.status < 500
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return False
-
-
 def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
               api_key: str | None = None, resume: str | None = None,
               on_event: EventFn | None = None, deployment: Any = None,
-              bstar_version: str | None = None) -> SweepResult:
-    """Run (or resume) a sweep; every request is stored as it finishes.
+              bstar_version: str | None = None,
+              session_factory: Callable[[], Any] | None = None) -> SweepResult:
+    """Run (or resume) a sweep; every request is stored as it finishes. `deployment`: the
+    cost model's, to predict each level; `session_factory`: the HTTP session each client
+    uses (None: aiohttp; tests pass an in-process fake server's).
 
     Raises SweepInterrupted on Ctrl-C (the run is marked interrupted and can be resumed).
     """
@@ -656,7 +356,7 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
                 model=cfg.model, gpu=cfg.gpu, options=cfg.to_options(),
                 bstar_version=bstar_version or __version__)
         levels = cfg.levels()
-        runner = _Runner(cfg, store, run_id, api_key, on_event, deployment)
+        runner = _Runner(cfg, store, run_id, api_key, on_event, deployment, session_factory)
         runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels))
         try:
             runner.run(levels)
@@ -690,9 +390,7 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
             status, detail = "completed", None
         store.update_run(run_id, status=status, status_detail=detail, finished_at=utc_now())
         if runner.served_model and not cfg.served_model:
-            store.conn.execute("UPDATE runs SET served_model = ? WHERE id = ?",
-                               (runner.served_model, run_id))
-            store.conn.commit()
+            store.update_run(run_id, served_model=runner.served_model)
         result = load_result(store, run_id)
         store.update_run(run_id, result={"knee": result.knee,
                                          "recommendation": result.recommendation})
@@ -700,3 +398,31 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
         return result
     finally:
         store.close()
+
+
+def _level_key(lv: dict[str, Any]) -> tuple[Any, ...]:
+    return (lv.get("max_num_seqs"), lv.get("concurrency"), lv.get("rate"))
+
+
+def compare_results(results: list[SweepResult]) -> dict[str, Any]:
+    """Runs side by side (`bstar runs compare --json`): one row per level key
+    (max_num_seqs, concurrency, rate) in the order first seen, each run's figures there or
+    None, and each run's recommendation."""
+    dicts = [r.to_dict() for r in results]
+    keys: list[tuple[Any, ...]] = []
+    for d in dicts:
+        keys += [k for k in map(_level_key, d["levels"]) if k not in keys]
+    rows = []
+    for k in keys:
+        row: dict[str, Any] = {"max_num_seqs": k[0], "concurrency": k[1], "rate": k[2],
+                               "runs": []}
+        for d in dicts:
+            lv = next((x for x in d["levels"] if _level_key(x) == k), None)
+            row["runs"].append(None if lv is None else {
+                "throughput_tok_s": lv["throughput_tok_s"],
+                "tpot_ms_p50": lv["tpot_ms"]["p50"], "tpot_ms_p99": lv["tpot_ms"]["p99"],
+                "ttft_ms_p99": lv["ttft_ms"]["p99"], "errors": lv["errors"],
+                "preemptions": lv["preemptions"]})
+        rows.append(row)
+    return {"runs": [d["run_id"] for d in dicts],
+            "recommendations": [d["recommendation"] for d in dicts], "levels": rows}

@@ -39,6 +39,8 @@ async def drive(
     request sent on arrival whatever is in flight (`concurrency`, if also given, caps
     the in-flight count). No request starts after `deadline` (time.monotonic) or once
     `stop` is set; requests in flight at the deadline end with error_kind "time_limit".
+    Long on purpose: one scheduler loop (closed loop, Poisson arrivals, deadline, stop)
+    whose tasks and queue must share one frame to yield records in completion order.
     """
     if concurrency is None and rate is None:
         raise ValueError("give concurrency, rate or both")

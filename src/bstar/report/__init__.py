@@ -12,17 +12,17 @@ from typing import Any
 
 def save_plan_plot(plan: Any, path: str | Path, max_tpot_ms: float | None = None) -> Path:
     """All of a plan on one PNG/SVG: latency and throughput per context, and the roofline."""
-    from bstar.report import plots
+    from bstar.report import charts
     from bstar.report.views import plan_view
 
-    return plots.plan_overview(plan_view(plan, max_tpot_ms)).save(path)
+    return charts.plan_overview(plan_view(plan, max_tpot_ms)).save(path)
 
 
 def save_compare_plot(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """B* and B_mem per model and context (rows: `bstar compare --json`)."""
-    from bstar.report import plots
+    from bstar.report import charts
 
-    return plots.compare_chart(rows).save(path)
+    return charts.compare_chart(rows).save(path)
 
 
 def write_plan_report(plan: Any, path: str | Path, max_tpot_ms: float | None = None,
@@ -63,35 +63,50 @@ def write_simulate_report(results: list[dict[str, Any]], path: str | Path,
 
 def save_fit_plot(result: Any, path: str | Path) -> Path:
     """Measured points, the fitted model, its extrapolation and predictions (a FitResult)."""
-    from bstar.report import plots
+    from bstar.report import charts
     from bstar.report.views import fit_view
 
-    return plots.fit_chart(fit_view(result)).save(path)
+    return charts.fit_chart(fit_view(result)).save(path)
 
 
 def write_fit_report(result: Any, path: str | Path, command: str = "",
-                     args: Any = None) -> Path:
-    """`args`: bstar fit's flags; with --model and --gpu the report also draws the fit
-    beside the cost model's prediction."""
+                     deployment: Any = None, context_tokens: int | None = None) -> Path:
+    """`deployment`: `DeploymentOptions`; naming a model and a GPU, the report also draws
+    the fit beside the cost model's prediction at `context_tokens`."""
     from bstar.report.build import fit_report
     from bstar.report.html import write_html
     from bstar.report.views import fit_signature, fit_view
 
-    signature = fit_signature(result, args) if args is not None else None
+    signature = fit_signature(result, deployment, context_tokens)
     return write_html(fit_report(fit_view(result), command, signature), path)
 
 
 def save_simulate_plot(results: list[dict[str, Any]], path: str | Path) -> Path:
     """Simulated throughput, latency percentiles and preemptions per max_num_seqs."""
-    from bstar.report import plots
+    from bstar.report import charts
 
-    return plots.simulate_chart(results).save(path)
+    return charts.simulate_chart(results).save(path)
 
 
 def save_sweep_plot(sweep: dict[str, Any], path: str | Path) -> Path:
     """Measured levels (p50, whiskers to p99) over the prediction, TTFT, preemptions and KV
     use (`sweep`: the sweep JSON contract)."""
-    from bstar.report import plots
+    from bstar.report import charts
     from bstar.report.views import sweep_view
 
-    return plots.sweep_chart(sweep_view(sweep)).save(path)
+    return charts.sweep_chart(sweep_view(sweep)).save(path)
+
+
+def save_search_plot(search: dict[str, Any], path: str | Path) -> Path:
+    """The search's Pareto charts (`search`: the search JSON contract)."""
+    from bstar.report import charts
+
+    return charts.search_chart(search).save(path)
+
+
+def write_search_report(search: dict[str, Any], path: str | Path, command: str = "") -> Path:
+    """`search` is the search JSON contract (`bstar search --json`)."""
+    from bstar.report.build import search_report
+    from bstar.report.html import write_html
+
+    return write_html(search_report(search, command), path)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bstar.report import plots
+from bstar.report import charts as ch
 from bstar.report.html import Card, Report, Section, Table
+from bstar.report.views import drawable_levels, level_x
 from bstar.units import fmt_bytes
 
 UNITS_NOTE = ("Bytes are exact integers; GB = 10^9 bytes and GiB = 2^30 bytes, and sizes are "
@@ -40,7 +41,10 @@ def _num(v: float | None, digits: int = 1) -> str:
 
 # ---- plan ----------------------------------------------------------------------------------
 def plan_report(p: dict[str, Any], command: str = "") -> Report:
-    """`p` is `bstar.report.views.plan_view(plan)`."""
+    """`p` is `bstar.report.views.plan_view(plan)`.
+
+    Long on purpose: a linear description of the page, section by section, in reading
+    order; splitting it would scatter one document over helpers."""
     gpus = (f"{p['num_gpus']} x " if p["num_gpus"] > 1 else "") + (p.get("gpu_name") or p["gpu"])
     r = Report("plan", f"Batch size plan: {p['model']} on {gpus}",
                f"weights {p['weight_dtype']}, KV cache {p['kv_dtype']}, contexts "
@@ -100,7 +104,7 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
                          f"{pt['throughput_tok_s']:,.0f}", f"{pt['arithmetic_intensity']:.1f}",
                          pt["regime"]])
             classes.append(pt["regime"])
-        charts = [ch for ch in plots.plan_charts_for_context(p, c)]
+        charts = list(ch.plan_charts_for_context(p, c))
         r.sections.append(Section(
             f"Context {ctx:,} tokens", f"ctx-{ctx}",
             f"Recommended max_num_seqs = {rec_b:,}. " + c["recommendation"]["reason"] + ".",
@@ -113,7 +117,7 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
                               "Attainable FLOP/s against arithmetic intensity. "
                               "AI(B) = FLOPs / (weights read + B · kv_per_seq) rises with "
                               "the batch toward FLOPs per token / kv_per_seq.",
-                              charts=[plots.roofline_chart(p)]))
+                              charts=[ch.roofline_chart(p)]))
     r.assumptions = [
         UNITS_NOTE, TPOT_NOTE, CONTEXT_NOTE, REGIME_NOTE,
         f"Efficiencies are stated defaults unless calibrated: bandwidth {e['bandwidth']:g}, "
@@ -156,7 +160,7 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
         "B* = W / kv_per_seq is where the KV read per step equals the weight read; B_mem is "
         "how many sequences' KV fits. A model with many KV heads (MHA) saturates at a small "
         "batch despite more parameters.",
-        charts=[plots.compare_chart(rows)],
+        charts=[ch.compare_chart(rows)],
         tables=[Table("Every combination", ["model", "GPU", "attention", "W GB", "KV/token KiB",
                                             "context", "KV/seq MiB", "B*", "B_mem", "crossover",
                                             "TPOT@1 ms", "max_num_seqs", "bound"],
@@ -179,7 +183,7 @@ def signature_section(v: dict[str, Any]) -> Section:
     present = [k for k in ("predicted", "fitted", "measured", "simulated") if v.get(k)]
     return Section("Predicted, fitted, measured, simulated", "signature",
                    SIGNATURE_INTRO + (" Shown here: " + ", ".join(present) + "."),
-                   charts=[plots.signature_chart(v)])
+                   charts=[ch.signature_chart(v)])
 
 
 def sweep_report(s: dict[str, Any], command: str = "",
@@ -199,11 +203,11 @@ def sweep_report(s: dict[str, Any], command: str = "",
                             rec.get("bound", ""), rec.get("flags", {}), "good"))
     knee = s.get("knee") or {}
     rows = []
-    for lv in plots.drawable_levels(levels):
+    for lv in drawable_levels(levels):
         def p(key: str, q: str, lv: dict[str, Any] = lv) -> str:
             return _ms((lv.get(key) or {}).get(q))
         pred = lv.get("predicted") or {}
-        rows.append([f"{plots.level_x(lv):,}", str(lv.get("requests", "")),
+        rows.append([f"{level_x(lv):,}", str(lv.get("requests", "")),
                      str(lv.get("errors", "")), f"{lv['throughput_tok_s']:,.1f}",
                      p("tpot_ms", "p50"), p("tpot_ms", "p99"), p("ttft_ms", "p50"),
                      p("ttft_ms", "p99"), p("e2e_ms", "p50"),
@@ -216,7 +220,7 @@ def sweep_report(s: dict[str, Any], command: str = "",
              if v is not None]
     knee_rows = [[k.get("rule", name), "–" if k.get("batch") is None else f"{k['batch']:,}",
                   k.get("reason", "")] for name, k in (knee.get("rules") or {}).items()]
-    skipped = len(levels) - len(plots.drawable_levels(levels))
+    skipped = len(levels) - len(drawable_levels(levels))
     if skipped:
         facts.append(("levels not drawn", f"{skipped} (failed, or no batch)"))
     if signature is not None:
@@ -228,7 +232,7 @@ def sweep_report(s: dict[str, Any], command: str = "",
         + ("; dashed lines are the cost model's prediction." if any(
             lv.get("predicted") for lv in levels) else
            ". (No cost-model prediction: the sweep ran without --model/--gpu.)"),
-        facts=facts, charts=[plots.sweep_chart(s)],
+        facts=facts, charts=[ch.sweep_chart(s)],
         tables=[Table("Per level (ms unless stated)",
                       [xname, "requests", "errors", "tok/s", "TPOT p50", "TPOT p99",
                        "TTFT p50", "TTFT p99", "E2E p50", "preemptions", "KV max",
@@ -284,7 +288,7 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
         "Simulation", "simulate",
         "A continuous-batching scheduler with paged KV, chunked prefill and preemption, "
         "stepping with the cost model's step times.", facts=facts,
-        charts=[plots.simulate_chart(rs)],
+        charts=[ch.simulate_chart(rs)],
         tables=[Table("Per max_num_seqs (ms)", ["max_num_seqs", "requests", "tok/s",
                                                 "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
                                                 "E2E p50", "E2E p99", "preemptions",
@@ -302,7 +306,10 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
 def fit_report(f: dict[str, Any], command: str = "",
                signature: dict[str, Any] | None = None) -> Report:
     """`f` is `bstar.report.views.fit_view(result)` (the fit JSON contract plus a curve);
-    `signature` the fit beside the cost model (`views.fit_signature`), drawn after it."""
+    `signature` the fit beside the cost model (`views.fit_signature`), drawn after it.
+
+    Long on purpose: a linear description of the page, section by section, in reading
+    order; splitting it would scatter one document over helpers."""
     pr = f["params"]
     r = Report("fit", "Fit of measured points", f"source: {f.get('source', '')}",
                command=command)
@@ -371,7 +378,7 @@ def fit_report(f: dict[str, Any], command: str = "",
         "Fit", "fit", "step(B) = overhead + max(a + b·B, c·B): a is the weight read and fixed "
         "costs per step, b each sequence's KV read and per-sequence work, c the compute per "
         "sequence once the roof binds. " + (pr.get("roof_note") or ""),
-        facts=facts, charts=[plots.fit_chart(f)], tables=tables))
+        facts=facts, charts=[ch.fit_chart(f)], tables=tables))
     if signature is not None:
         r.sections.append(signature_section(signature))
     notes = [*(f"warning: {w}" for w in f.get("warnings", [])), *f.get("notes", [])]
@@ -406,4 +413,77 @@ def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "",
         "The model is random-weight and tiny; the numbers describe this machine's CPU, not a "
         "GPU. The shape of the curve (a climb, then a knee) is the point.",
         *dict.fromkeys(s.assumptions + f.assumptions)]
+    return r
+
+
+# ---- search --------------------------------------------------------------------------------
+def search_report(s: dict[str, Any], command: str = "") -> Report:
+    """`s` is the search JSON contract (`bstar search --json`)."""
+    slo = ", ".join(f"{k.removesuffix('_ms')} p99 ≤ {v:g} ms" for k, v in s["slo"].items())
+    tr = s["traffic"]
+    n = s["counts"]
+    r = Report("search", "Search: the cheapest deployment that meets the SLO",
+               f"{', '.join(s['models'])} on {', '.join(s['gpus'])}; demand "
+               f"{s['demand_req_s']:g} req/s; {slo}", command=command)
+    cur = (s.get("prices") or {}).get("currency", "USD")
+    for model, w in (s.get("winners") or {}).items():
+        cost = (f"{w['cost_per_mtok']:.3f} {cur} per million output tokens; "
+                if w.get("cost_per_mtok") is not None else "")
+        r.cards.append(Card(
+            f"{model} → cheapest deployment",
+            f"{w['gpus_total']} × {w['gpu']}",
+            f"{cost}{w['instances']} instance(s) of {w['num_gpus']} GPUs, TP "
+            f"{w['tensor_parallel']} × DP {w['data_parallel']}, max_num_seqs "
+            f"{w['max_num_seqs']}, {w['rate_per_replica_req_s']:.2f} req/s per replica; "
+            f"binding: {w['reason']}", w["limit"], w["flags"], "good"))
+    if not s.get("winners"):
+        r.cards.append(Card("no deployment", "none meets the SLO",
+                            "loosen the SLO, or add GPUs or faster ones", tone="bad"))
+
+    def f(v: float | None, nd: int = 1) -> str:
+        return "–" if v is None else f"{v:,.{nd}f}"
+
+    ok = [x for x in s["candidates"] if x["status"] == "ok"]
+    rows = [[str(x["rank"]), x["model"], x["gpu"], str(x["num_gpus"]),
+             str(x["tensor_parallel"]), str(x["data_parallel"]), str(x["max_num_seqs"]),
+             str(x["max_num_batched_tokens"]), f(x["rate_per_replica_req_s"], 2),
+             str(x["gpus_total"]), f(x["tok_s_per_gpu"], 0), _ms(x["ttft_p99_ms"]),
+             _ms(x["tpot_p99_ms"]), f(x["cost_per_mtok"], 3), x["limit"], x["terms"]]
+            for x in ok]
+    rest = [[x["model"], x["gpu"], str(x["num_gpus"]), str(x["tensor_parallel"]),
+             str(x["max_num_seqs"] or "–"), x["status"], x["limit"], x["reason"]]
+            for x in s["candidates"] if x["status"] != "ok"]
+    charts = []
+    if ok:
+        charts.append(ch.search_chart(s))
+    p = s.get("prices")
+    facts = [("traffic", f"input {tr['input_len']['describe']}, output "
+                         f"{tr['output_len']['describe']}, {tr['num_requests']} requests per "
+                         f"simulation, seed {tr['seed']}"),
+             ("candidates", f"{n['candidates']} ({n['pruned']} pruned before simulating, "
+                            f"{n['infeasible']} infeasible, {n['feasible']} feasible)"),
+             ("simulated", f"{n['evaluations']} replica configurations, "
+                           f"{n['simulations']} simulations on {s['backend']}"),
+             ("prices", f"{p['path']} as of {p['as_of']} ({p['currency']}); the file's "
+                        "figures, not current quotes" if p else "none: ranked by GPUs")]
+    r.sections.append(Section(
+        "Candidates", "search",
+        "Each replica configuration's largest request rate within the SLO was found by "
+        "bisection with the simulator; replicas for the demand and the cost follow.",
+        facts=facts, charts=charts,
+        tables=[Table("Feasible, cheapest first", ["#", "model", "GPU", "GPUs/inst", "TP", "DP",
+                                                   "max seqs", "batched tokens",
+                                                   "req/s/replica", "GPUs", "tok/s/GPU",
+                                                   "TTFT p99", "TPOT p99",
+                                                   f"{cur}/Mtok", "binding", "terms"], rows),
+                *([Table("Not feasible", ["model", "GPU", "GPUs/inst", "TP", "max seqs",
+                                          "status", "limit", "reason"], rest,
+                         collapsed=True)] if rest else [])]))
+    r.assumptions = [
+        "Rates per replica are simulated with the cost model's step times and a vLLM-style "
+        "scheduler on the stated traffic; 'defaults' rows use the stated efficiencies, "
+        "'calibrated' rows a calibration profile.",
+        "Cost = GPUs bought (whole instances) × price per GPU-hour, over the output tokens the "
+        "demand asks for; prices are the user's file, never bstar's.",
+        TPOT_NOTE, UNITS_NOTE]
     return r

@@ -17,7 +17,7 @@ from typing import Any
 
 from bstar import __version__
 from bstar.errors import BstarError
-from bstar.report.plots import Chart
+from bstar.report.charts.base import Chart
 
 
 @dataclass

@@ -8,11 +8,15 @@ curve to draw smoothly, achieved FLOP/s); `plan_view` adds them from the cost mo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.errors import BstarError
+
+if TYPE_CHECKING:
+    from bstar.deployment import DeploymentOptions
 
 # Enough samples that a log2 axis shows a smooth curve; the plan's own points are markers.
 DENSE_SAMPLES = 240
@@ -110,7 +114,7 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     grid = np.unique(np.geomspace(1, top, DENSE_SAMPLES))
     step_ms = np.asarray(result.step_ms(grid), dtype=np.float64)
     out["dense"] = {"batch": [float(x) for x in grid], "tpot_ms": [float(x) for x in step_ms],
-                    "throughput_tok_s": [float(x) for x in grid / step_ms * 1e3],
+                    "throughput_tok_s": [float(x) for x in result.throughput_at(grid, step_ms)],
                     "last_measured_batch": float(max(p["batch"] for p in out["points"]))}
     out["max_tpot_ms"] = max_tpot_ms if max_tpot_ms is not None else getattr(
         result, "max_tpot_ms", None)
@@ -118,16 +122,11 @@ def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
 
 
 def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
-    """The cost model's deployment a sweep ran with (its stored --model, --gpu and
-    deployment flags over `bstar plan`'s defaults)."""
-    from bstar.cli import build_parser
-    from bstar.commands.plan import deployment_from_args
+    """The cost model's deployment a sweep ran with (its stored model, GPU and
+    `DeploymentOptions`; runs stored before those keep their flags as `deployment_args`)."""
+    from bstar.deployment import DeploymentOptions
 
-    args = build_parser().parse_args(["plan"])
-    for k, v in (options.get("deployment_args") or {}).items():
-        if v is not None:
-            setattr(args, k, v)
-    return deployment_from_args(args, options["model"], options["gpu"])
+    return DeploymentOptions.from_sweep_options(options).build()
 
 
 def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +139,7 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
     if not (opts.get("model") and opts.get("gpu") and preds
             and preds[0].get("context_tokens")):
         return out
-    from bstar.loadgen.sweep import predict_level
+    from bstar.loadgen.runner import predict_level
 
     d = sweep_deployment(opts)
     batches = [p["batch"] for p in preds if p.get("batch")]
@@ -158,8 +157,6 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
 
 def measured_series(sweep: dict[str, Any]) -> dict[str, Any]:
     """A sweep's completed levels as aligned lists (median and p99 per-request TPOT)."""
-    from bstar.report.plots import drawable_levels, level_x
-
     lv = drawable_levels(sweep["levels"])
     return {"batch": [level_x(x) for x in lv],
             "tpot_ms": [(x.get("tpot_ms") or {}).get("p50") for x in lv],
@@ -215,12 +212,13 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
     return out
 
 
-def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> dict[str, Any]:
+def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
+                  deployment: rl.Deployment | None = None) -> dict[str, Any]:
     """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
     or None), and, when the sweep named a cost model, the plan at the levels' context and
-    the simulator replaying the sweep's levels."""
+    the simulator replaying the sweep's levels, with `deployment` (e.g. calibrated on the
+    sweep itself) or the one the sweep stored."""
     from bstar.plan import make_plan
-    from bstar.report.plots import drawable_levels, sweep_knee
 
     meas = measured_series(sweep)
     fitted = fit_view(fit) if fit is not None else None
@@ -228,7 +226,7 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> di
     preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
     predicted, simulated = None, None
     if opts.get("model") and opts.get("gpu") and preds and preds[0].get("context_tokens"):
-        d = sweep_deployment(opts)
+        d = deployment or sweep_deployment(opts)
         ctx = int(preds[0]["context_tokens"])
         extra = [p["batch"] for p in (fitted or {}).get("predictions", [])]
         batches = sorted({*meas["batch"], *extra})
@@ -252,40 +250,90 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "") -> di
 def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | None:
     """bstar fit on a sweep's levels (through the fit's own sweep reader), predicting 2x and
     4x the largest level by default; None when the levels cannot be fitted (too few)."""
-    import json
-    import tempfile
-    from pathlib import Path
-
     from bstar.errors import BstarError
-    from bstar.fit import fit_points, load_points
+    from bstar.fit import fit_points
+    from bstar.fit.points import points_from_sweep
 
-    with tempfile.TemporaryDirectory(prefix="bstar-fit-") as tmp:
-        path = Path(tmp) / "sweep.json"
-        path.write_text(json.dumps({"levels": sweep["levels"]}), encoding="utf-8")
-        try:
-            points = load_points(path)
-            top = max(points.batch)
-            return fit_points(points, predict=predict or [2 * top, 4 * top])
-        except BstarError:
-            return None
+    try:
+        points = points_from_sweep(sweep["levels"], "sweep.json")
+        top = max(points.batch)
+        return prefill_aware(fit_points(points, predict=predict or [2 * top, 4 * top]),
+                             sweep)
+    except BstarError:
+        return None
 
 
-def fit_signature(result: Any, args: Any) -> dict[str, Any] | None:
+def prefill_aware(fit: Any, sweep: dict[str, Any]) -> Any:
+    """The fit of a closed-loop (concurrency) sweep, predicting output throughput with each
+    request's prefill (`fit.with_prefill`): the quantity the sweep measured. Other sweeps
+    (rates, max_num_seqs) keep B / TPOT."""
+    from bstar.fit import with_prefill
+
+    out_len = int((sweep.get("options") or {}).get("output_len") or 0)
+    rows = [(lv["concurrency"], (lv.get("ttft_ms") or {}).get("mean"))
+            for lv in sweep.get("levels", [])
+            if lv.get("concurrency") and not lv.get("max_num_seqs") and lv.get("requests")]
+    rows = [(b, t) for b, t in rows if t]
+    if out_len < 1 or len(rows) < 2:
+        return fit
+    return with_prefill(fit, [b for b, _ in rows], [t for _, t in rows], out_len)
+
+
+def fit_signature(result: Any, options: DeploymentOptions | None,
+                  context_tokens: int | None = None) -> dict[str, Any] | None:
     """For `bstar report fit` with --model and --gpu: the fit's points and curve beside the
-    cost model's prediction for that deployment at --context (default 512, as bstar fit)."""
-    if not (getattr(args, "model", None) and getattr(args, "gpu", None)):
+    cost model's prediction for that deployment at `context_tokens` (default 512, as
+    bstar fit)."""
+    if options is None or not (options.model and options.gpu):
         return None
     from bstar.plan import make_plan
 
-    d = sweep_deployment({"model": args.model, "gpu": args.gpu, "deployment_args": {
-        "num_gpus": args.num_gpus, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
-        "flops_eff": args.flops_eff}})
+    ctx = context_tokens or 512
+    d = options.build()
     fitted = fit_view(result)
     pts = fitted["points"]
     meas = {"batch": [p["batch"] for p in pts], "tpot_ms": [p["tpot_ms"] for p in pts],
             "throughput_tok_s": [p["throughput_tok_s"] for p in pts]}
     batches = sorted({*meas["batch"], *(p["batch"] for p in fitted["predictions"])})
-    pv = plan_view(make_plan(d, [args.context or 512], batches))
+    pv = plan_view(make_plan(d, [ctx], batches))
     return signature_view(meas, fitted, (pv, 0), None,
                           f"The fit beside the cost model: {pv['model']} on "
-                          f"{pv['gpu_name']}, context {args.context or 512:,}")
+                          f"{pv['gpu_name']}, context {ctx:,}")
+
+
+# ---- a sweep's levels as drawn ---------------------------------------------------------------
+def level_x(level: dict[str, Any]) -> int:
+    """The batch a level ran at: max_num_seqs when the server was restarted per level (it
+    caps the running batch), else the client's concurrency."""
+    for k in ("max_num_seqs", "concurrency"):
+        if level.get(k) is not None:
+            return int(level[k])
+    raise BstarError("a sweep level has neither 'concurrency' nor 'max_num_seqs'")
+
+
+def drawable_levels(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Levels with a batch and a measured throughput (a failed or rate-only level has no
+    place on a batch axis), in batch order."""
+    ok = [lv for lv in levels if (lv.get("max_num_seqs") is not None
+                                  or lv.get("concurrency") is not None)
+          and lv.get("throughput_tok_s")]
+    return sorted(ok, key=level_x)
+
+
+def sweep_knee(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The measured knee to mark: the rule the sweep's recommendation followed, else seed
+    000's step rule, else seed 004's doubling rule; also accepts a flat {"batch": ...}."""
+    knee = s.get("knee") or {}
+    if knee.get("batch"):
+        return knee
+    rules = knee.get("rules") or {}
+    rec = s.get("recommendation") or {}
+    if rec.get("bound") == "knee":  # the rule the recommendation followed
+        for k in rules.values():
+            if k.get("batch") == rec.get("max_num_seqs"):
+                return k
+    for name in ("step", "doubling"):
+        k = rules.get(name) or {}
+        if k.get("batch"):
+            return k
+    return None

@@ -17,53 +17,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bstar.errors import BstarError
 from bstar.sim.engine import SimRun
+from bstar.slo import SLO_KEYS, Slo, parse_slo
+
+__all__ = ["SLO_KEYS", "SimSummary", "Slo", "parse_slo", "summarize"]
 
 PERCENTILES = (50, 90, 99)
-SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 TIMELINE_POINTS = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Per-request latency objectives, ms; None = not constrained."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        for k in SLO_KEYS:
-            v = getattr(self, k)
-            if v is not None and not v > 0:
-                raise BstarError(f"SLO {k} must be positive, got {v}")
-
-    @property
-    def empty(self) -> bool:
-        return all(getattr(self, k) is None for k in SLO_KEYS)
-
-    def to_dict(self) -> dict[str, float]:
-        return {k: v for k in SLO_KEYS if (v := getattr(self, k)) is not None}
-
-
-def parse_slo(text: str) -> Slo:
-    """'ttft:500,tpot:50,e2e:20000' (ms; the _ms suffix is optional)."""
-    out: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, val = part.partition(":")
-        if not sep:
-            key, sep, val = part.partition("=")
-        key = key.strip().lower()
-        key = key if key.endswith("_ms") else key + "_ms"
-        if key not in SLO_KEYS:
-            raise BstarError(f"unknown SLO {part!r}: use ttft, tpot or e2e, e.g. "
-                             "ttft:500,tpot:50")
-        try:
-            out[key] = float(val)
-        except ValueError:
-            raise BstarError(f"SLO {part!r}: {val!r} is not a number of ms") from None
-    return Slo(**out)
 
 
 Stats = dict[str, float | None]

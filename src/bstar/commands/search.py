@@ -1,0 +1,230 @@
+"""`bstar search`: the cheapest deployment that meets the SLO, by simulation, in this
+process, a local process pool (--jobs N) or on Ray (--ray [ADDRESS])."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from bstar.commands.common import (
+    int_list,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    str_list,
+)
+
+DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    c = p.add_argument_group("candidates")
+    c.add_argument("--model", type=str_list, default=None,
+                   help="preset names or config.json paths, comma-separated (default "
+                        "llama-3-8b)")
+    c.add_argument("--gpu", type=str_list, default=None,
+                   help=f"GPU catalog ids or GPU files, comma-separated (default {DEFAULT_GPUS})")
+    c.add_argument("--num-gpus", type=int_list, default=None,
+                   help="GPUs per instance, comma-separated (default 1,2,4,8); each runs "
+                        "num_gpus/tp replicas for every valid tensor parallel size tp")
+    c.add_argument("--max-num-seqs", type=int_list, default=None,
+                   help="engine limits to try (default: around the predicted knee and B_mem "
+                        "of each GPU x tp)")
+    c.add_argument("--max-num-batched-tokens", type=int_list, default=None,
+                   help="token budgets to try (default: what vllm serve picks on the GPU)")
+    c.add_argument("--dtype", default="", help="weight precision (default: the checkpoint's)")
+    c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
+    c.add_argument("--gpu-util", type=positive_float, default=0.9,
+                   help="vLLM --gpu-memory-utilization (default 0.9)")
+    c.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
+                   help="per-GPU memory kept for activations etc., GiB (default 2)")
+    c.add_argument("--block-size", type=positive_int, default=16,
+                   help="KV block size in tokens (default 16)")
+    e = p.add_argument_group("cost model terms")
+    e.add_argument("--profile", type=str_list, default=None, metavar="[GPU=]FILE,...",
+                   help="calibration profiles from `bstar calibrate`, each applied to the GPU "
+                        "it names (or GPU=FILE); other GPUs keep the stated defaults")
+    e.add_argument("--bw-eff", type=positive_float, default=None,
+                   help="bandwidth efficiency for uncalibrated GPUs (default 0.70)")
+    e.add_argument("--flops-eff", type=positive_float, default=None,
+                   help="compute efficiency for uncalibrated GPUs (default 0.60)")
+    e.add_argument("--overhead-ms", type=non_negative_float, default=None,
+                   help="per-step overhead for uncalibrated GPUs, ms (default 0.5)")
+    t = p.add_argument_group("traffic and SLO")
+    t.add_argument("--rate", type=positive_float, default=None,
+                   help="demand: requests/s over the whole fleet (default with --trace: the "
+                        "trace's mean rate)")
+    t.add_argument("--trace", default=None, metavar="FILE",
+                   help="lengths and arrival pattern from a trace (CSV arrival_s,"
+                        "input_tokens,output_tokens or JSON lines), rescaled per rate")
+    t.add_argument("--input-len", default="512",
+                   help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
+                        "or empirical:N1,... (default 512)")
+    t.add_argument("--output-len", default="256", help="output tokens, same forms (default 256)")
+    t.add_argument("--num-requests", type=positive_int, default=None,
+                   help="requests per simulation (default 400)")
+    t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
+    t.add_argument("--draws", type=positive_int, default=3,
+                   help="traffic draws (seeds) each rate must meet the SLO on, worst of K "
+                        "(default 3)")
+    t.add_argument("--slo", default=None, required=False,
+                   help="p99 targets in ms, e.g. ttft:1000,tpot:50 (also ttft_p99_ms=1000; "
+                        "e2e allowed); needs ttft or e2e")
+    t.add_argument("--rel-tol", type=positive_float, default=0.02,
+                   help="bisection stops when the rate bracket is this narrow (default 0.02)")
+    t.add_argument("--max-utilization", type=positive_float, default=0.9,
+                   help="rates per replica at most this fraction of its simulated capacity "
+                        "(default 0.9: headroom a run from an empty server does not show)")
+    x = p.add_argument_group("execution and output")
+    x.add_argument("--jobs", type=positive_int, default=None,
+                   help="worker processes (default 1: in this process); with --ray, the local "
+                        "cluster's CPUs (default: all)")
+    x.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray: a local cluster on 127.0.0.1, or an existing one at "
+                        "ADDRESS (needs bstar[ray])")
+    x.add_argument("--db", default=None,
+                   help="results store (default ${BSTAR_DATA_DIR:-~/.local/share/bstar}/"
+                        "search.db)")
+    x.add_argument("--resume", action="store_true",
+                   help="reuse the rows an earlier run of the same search stored")
+    x.add_argument("--price", default=None, metavar="FILE.toml",
+                   help="GPU-hour prices (see examples/gpu-prices-example.toml); without it "
+                        "candidates rank by GPU count")
+    x.add_argument("--top", type=positive_int, default=15,
+                   help="rows of the ranked table per model (default 15)")
+    x.add_argument("--json", action="store_true", help="print the search object (contract)")
+    x.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw the Pareto charts (needs bstar[plot])")
+
+
+def spec_from_args(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from bstar import roofline as rl
+    from bstar.errors import BstarError
+    from bstar.search import Memory, SearchSpec, Traffic
+    from bstar.search.spec import DEFAULT_NUM_GPUS, DEFAULT_NUM_REQUESTS
+    from bstar.sim import parse_lengths, parse_slo, parse_trace
+
+    if not args.slo:
+        raise BstarError("give the SLO: --slo ttft:1000,tpot:50 (p99 targets in ms)")
+    slo = parse_slo(args.slo.replace("_p99", ""))
+    trace = None
+    if args.trace is not None:
+        try:
+            trace = parse_trace(Path(args.trace).read_text())
+        except OSError as e:
+            raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
+    demand = args.rate
+    if demand is None:
+        if trace is None:
+            raise BstarError("give the demand: --rate R (requests/s over the fleet) or --trace")
+        span = max(trace.arrival_s) - min(trace.arrival_s)
+        if span <= 0:
+            raise BstarError("the trace spans no time: give --rate")
+        demand = (len(trace.arrival_s) - 1) / span
+    num_requests = args.num_requests or (
+        min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
+    traffic = Traffic(demand, parse_lengths(args.input_len), parse_lengths(args.output_len),
+                      num_requests, args.seed, trace, args.draws)
+    eff = rl.Efficiency()
+    over: dict[str, float] = {}
+    if args.bw_eff is not None:
+        over["bandwidth"] = args.bw_eff
+    if args.flops_eff is not None:
+        over["compute"] = args.flops_eff
+    if args.overhead_ms is not None:
+        over["overhead_s"] = args.overhead_ms / 1e3
+    if over:
+        eff = replace(eff, **over)
+    profiles = []
+    for item in args.profile or []:
+        gpu, sep, path = item.partition("=")
+        profiles.append((gpu.strip().lower(), path.strip()) if sep else ("", item))
+    return SearchSpec(
+        models=tuple(args.model or ["llama-3-8b"]),
+        gpus=tuple(args.gpu or DEFAULT_GPUS.split(",")), traffic=traffic, slo=slo,
+        num_gpus=tuple(sorted(set(args.num_gpus or DEFAULT_NUM_GPUS))),
+        max_num_seqs=tuple(sorted(set(args.max_num_seqs or ()))),
+        max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
+        memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
+                      round(args.reserve_gib * 2**30), args.block_size),
+        eff=eff, profiles=tuple(profiles), rel_tol=args.rel_tol,
+        max_utilization=args.max_utilization)
+
+
+def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
+    """Run the search the flags describe; a progress bar on stderr unless `quiet`."""
+    from bstar.search import SearchStore, default_db_path, load_prices, make_backend
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
+    spec = spec_from_args(args)
+    prices = load_prices(args.price) if args.price else None
+    for m in spec.models:  # fail on a typo before starting processes or a cluster
+        get_model(m)
+    for g in spec.gpus:
+        get_gpu(g)
+    store = SearchStore(args.db or default_db_path())
+    backend = make_backend(args.jobs, args.ray)
+    try:
+        with backend:
+            if quiet:
+                return _run(spec, backend, store, prices, args.resume, None)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TimeRemainingColumn(),
+                          console=_stderr_console(), transient=True) as bar:
+                task = bar.add_task("search", total=None)
+
+                def tick(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                return _run(spec, backend, store, prices, args.resume, tick)
+    except KeyboardInterrupt:
+        print(f"bstar: search interrupted; rows finished so far are stored in {store.path}: "
+              "run the same command with --resume to continue", file=sys.stderr)
+        raise
+    finally:
+        store.close()
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _run(spec: Any, backend: Any, store: Any, prices: Any, resume: bool, tick: Any) -> Any:
+    from bstar.search import run_search
+
+    return run_search(spec, backend, store, prices, resume, tick)
+
+
+def run_search(args: argparse.Namespace) -> int:
+    result = search_from_args(args, quiet=args.json or not sys.stderr.isatty())
+    obj = result.to_dict()
+    if args.plot:
+        from bstar.report import save_search_plot
+
+        print(f"plot written to {save_search_plot(obj, args.plot)}", file=sys.stderr)
+    for w in result.warnings:
+        print(f"bstar: warning: {w}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(obj, indent=2))
+        return 0
+    from bstar.report.text import print_search
+
+    print_search(obj, args.top)
+    return 0

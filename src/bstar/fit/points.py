@@ -1,0 +1,289 @@
+"""The one reader of measured points: CSV and JSON files, sweep results, rows and aligned
+lists, validated into `Points` (`bstar fit`); `read_table` is the CSV tokenizer that
+`bstar calibrate`'s context column and `bstar validate`'s table also go through."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bstar.errors import BstarError, closest
+
+COLUMNS = ("batch", "throughput_tok_s", "tpot_ms")
+MIN_POINTS = 3
+# Given throughput and TPOT must agree on the step time to this fraction, else a warning.
+CONFLICT_TOLERANCE = 0.05
+
+
+# ---- points ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Points:
+    """Measured points, sorted by batch. `tpot_ms` is what the fit uses (per-request step
+    time); `throughput_tok_s` is as given or derived (= batch / TPOT); `derived[i]` names the
+    column computed for point i ("" when both were given)."""
+
+    batch: tuple[int, ...]
+    tpot_ms: tuple[float, ...]
+    throughput_tok_s: tuple[float, ...]
+    derived: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+
+def _number(raw: object, column: str, where: str) -> float | None:
+    """A cell as a positive finite number; None when empty."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, bool):
+        raise BstarError(f"{where}: {column} is {raw!r}, not a number")
+    if isinstance(raw, int | float):
+        v = float(raw)
+    elif isinstance(raw, str):
+        try:
+            v = float(raw.strip().replace("_", ""))
+        except ValueError:
+            raise BstarError(f"{where}: {column} is {raw.strip()!r}, not a number") from None
+    else:
+        raise BstarError(f"{where}: {column} is {raw!r}, not a number")
+    if not math.isfinite(v):
+        raise BstarError(f"{where}: {column} is {raw!r}, not a finite number")
+    if v <= 0:
+        raise BstarError(f"{where}: {column} must be positive, got {v:g}")
+    return v
+
+
+def points_from_rows(rows: Sequence[Mapping[str, object]], labels: Sequence[str] | None = None,
+                     source: str = "", *, repeats: bool = False) -> Points:
+    """Validate rows of {column: value} (strings or numbers) into Points. `labels[i]` names
+    row i in messages ("line 3", "point 2"). Every error is one line naming the row.
+    `repeats=True` keeps repeated measurements of a batch as points of their own (for
+    calibration, which fits them all); the fit's curve needs one value per batch."""
+    labels = list(labels) if labels is not None else [f"row {i + 1}" for i in range(len(rows))]
+    seen_cols: set[str] = set()
+    for row, where in zip(rows, labels, strict=True):
+        for k in row:
+            if k not in COLUMNS:
+                raise BstarError(f"{where}: unknown column {k!r} (expected batch, "
+                                 f"throughput_tok_s, tpot_ms){closest(str(k), COLUMNS)}")
+            seen_cols.add(k)
+    if rows and "batch" not in seen_cols:
+        raise BstarError(f"{source or 'points'}: no 'batch' column")
+    if rows and not seen_cols & {"throughput_tok_s", "tpot_ms"}:
+        raise BstarError(f"{source or 'points'}: need a 'throughput_tok_s' or 'tpot_ms' column "
+                         "besides 'batch'")
+    parsed: list[tuple[int, float | None, float | None, str]] = []
+    for row, where in zip(rows, labels, strict=True):
+        b = _number(row.get("batch"), "batch", where)
+        if b is None:
+            raise BstarError(f"{where}: batch is empty")
+        if b != round(b):
+            raise BstarError(f"{where}: batch must be a whole number of sequences, got {b:g}")
+        t = _number(row.get("throughput_tok_s"), "throughput_tok_s", where)
+        p = _number(row.get("tpot_ms"), "tpot_ms", where)
+        if t is None and p is None:
+            raise BstarError(f"{where}: batch {int(b)} has neither throughput_tok_s nor tpot_ms")
+        parsed.append((int(b), t, p, where))
+    return _points(parsed, source, repeats)
+
+
+def make_points(batch: Sequence[float], throughput_tok_s: Sequence[float | None] | None = None,
+                tpot_ms: Sequence[float | None] | None = None, source: str = "") -> Points:
+    """Points from aligned sequences (a sweep's levels, a simulation): batch and at least one
+    of throughput_tok_s, tpot_ms (None entries allowed where the other is given)."""
+    n = len(batch)
+    if throughput_tok_s is None and tpot_ms is None:
+        raise BstarError("need throughput_tok_s or tpot_ms besides batch")
+    for name, col in (("throughput_tok_s", throughput_tok_s), ("tpot_ms", tpot_ms)):
+        if col is not None and len(col) != n:
+            raise BstarError(f"{name} has {len(col)} values for {n} batches")
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        row: dict[str, object] = {"batch": batch[i]}
+        if throughput_tok_s is not None:
+            row["throughput_tok_s"] = throughput_tok_s[i]
+        if tpot_ms is not None:
+            row["tpot_ms"] = tpot_ms[i]
+        rows.append(row)
+    return points_from_rows(rows, [f"point {i + 1}" for i in range(n)], source)
+
+
+def _points(parsed: list[tuple[int, float | None, float | None, str]], source: str,
+            repeats: bool = False) -> Points:
+    warnings: list[str] = []
+    by_batch: dict[int, tuple[float | None, float | None, str]] = {}
+    extra: list[tuple[int, float | None, float | None, str]] = []  # repeats, when kept
+    for b, t, p, where in parsed:
+        if b in by_batch and repeats:
+            extra.append((b, t, p, where))
+            continue
+        if b in by_batch:
+            t0, p0, where0 = by_batch[b]
+            if t0 == t and p0 == p:
+                warnings.append(f"{where}: batch {b} repeats {where0} with the same values; "
+                                "used once")
+                continue
+            raise BstarError(f"{where}: batch {b} is listed twice with different values "
+                             f"(also at {where0}); average the repeats or drop one")
+        by_batch[b] = (t, p, where)
+    if len(by_batch) < MIN_POINTS:
+        raise BstarError(f"{source or 'points'}: need at least {MIN_POINTS} distinct batch sizes "
+                         f"to fit a, b (and c), got {len(by_batch)}")
+    rows = sorted([(b, *v) for b, v in by_batch.items()] + extra, key=lambda r: r[0])
+    batches = [r[0] for r in rows]
+    tpot: list[float] = []
+    tput: list[float] = []
+    derived: list[str] = []
+    for b, t, p, where in rows:
+        if p is None:
+            assert t is not None
+            tpot.append(1e3 * b / t)
+            tput.append(t)
+            derived.append("tpot_ms")
+        elif t is None:
+            tpot.append(p)
+            tput.append(1e3 * b / p)
+            derived.append("throughput_tok_s")
+        else:
+            implied_ms = 1e3 * b / t
+            if abs(implied_ms / p - 1) > CONFLICT_TOLERANCE:
+                warnings.append(
+                    f"{where}: batch {b}: throughput {t:,.4g} tok/s implies a step of "
+                    f"{implied_ms:.4g} ms but tpot_ms is {p:.4g} ({(implied_ms / p - 1) * 100:+.0f}"
+                    f"%, over {CONFLICT_TOLERANCE * 100:g}%); the fit uses tpot_ms (throughput "
+                    "over a run also counts prefill and ramp-up)")
+            tpot.append(p)
+            tput.append(t)
+            derived.append("")
+    return Points(tuple(batches), tuple(tpot), tuple(tput), tuple(derived), tuple(warnings),
+                  source)
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A CSV table: its header (names stripped), the header's line number and the data lines
+    (number, text); lines starting with # and blank lines are left out."""
+
+    source: str
+    header: list[str]
+    header_line: int
+    lines: list[tuple[int, str]]
+
+    def rows(self) -> list[tuple[dict[str, str], str]]:
+        """Each data line as {column: cell} with its label "SOURCE: line N"; a line with
+        another number of cells than the header is a BstarError naming it."""
+        out = []
+        reader = csv.reader([ln for _, ln in self.lines])
+        for (lineno, _), cells in zip(self.lines, reader, strict=True):
+            if len(cells) != len(self.header):
+                raise BstarError(f"{self.source}: line {lineno}: {len(cells)} cells for "
+                                 f"{len(self.header)} columns")
+            out.append((dict(zip(self.header, cells, strict=True)),
+                        f"{self.source}: line {lineno}"))
+        return out
+
+
+def read_table(text: str, source: str) -> Table | None:
+    """The CSV table in `text` (None when it has no line besides comments and blanks)."""
+    numbered = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    if not numbered:
+        return None
+    header = [h.strip() for h in next(csv.reader([numbered[0][1]]))]
+    return Table(source, header, numbered[0][0], numbered[1:])
+
+
+def read_text(path: str | Path) -> str:
+    """A points file's text; a missing or unreadable file is a one-line BstarError."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BstarError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BstarError(f"{p}: cannot read: {e}") from None
+
+
+def is_json(path: str | Path, text: str) -> bool:
+    return Path(path).suffix.lower() == ".json" or text.lstrip().startswith(("[", "{"))
+
+
+def load_points(path: str | Path, *, repeats: bool = False) -> Points:
+    """Read POINTS: CSV with a header (`batch` and at least one of `throughput_tok_s`,
+    `tpot_ms`; lines starting with # are comments), or JSON: a list of such objects,
+    {"points": [...]}, or a sweep result {"levels": [{"concurrency" or "max_num_seqs",
+    "throughput_tok_s", "tpot_ms": number or {"mean": ...}}]}."""
+    text = read_text(path)
+    source = str(Path(path))
+    if is_json(path, text):
+        return _points_from_json(text, source, repeats)
+    return _points_from_csv(text, source, repeats)
+
+
+def _points_from_csv(text: str, source: str, repeats: bool = False) -> Points:
+    table = read_table(text, source)
+    if table is None:
+        raise BstarError(f"{source}: no header and no points")
+    header, header_line = table.header, table.header_line
+    for h in header:
+        if not h:
+            raise BstarError(f"{source}: line {header_line}: empty column name in the header")
+        if h not in COLUMNS:
+            raise BstarError(f"{source}: line {header_line}: unknown column {h!r} (expected "
+                             f"batch, throughput_tok_s, tpot_ms){closest(h, COLUMNS)}")
+    if len(set(header)) != len(header):
+        raise BstarError(f"{source}: line {header_line}: a column is named twice")
+    rows = table.rows()
+    if "batch" not in header:
+        raise BstarError(f"{source}: line {header_line}: no 'batch' column")
+    return points_from_rows([r for r, _ in rows], [w for _, w in rows], source,
+                            repeats=repeats)
+
+
+def _points_from_json(text: str, source: str, repeats: bool = False) -> Points:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BstarError(f"{source}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    if isinstance(data, dict) and "levels" in data:
+        return points_from_sweep(data["levels"], source, repeats=repeats)
+    if isinstance(data, dict) and "points" in data:
+        data = data["points"]
+    if not isinstance(data, list):
+        raise BstarError(f"{source}: expected a list of points, {{\"points\": [...]}} or a "
+                         "sweep result with \"levels\"")
+    labels = [f"{source}: point {i + 1}" for i in range(len(data))]
+    for item, where in zip(data, labels, strict=True):
+        if not isinstance(item, dict):
+            raise BstarError(f"{where}: expected an object with batch and throughput_tok_s "
+                             "and/or tpot_ms")
+    return points_from_rows(data, labels, source, repeats=repeats)
+
+
+def points_from_sweep(levels: object, source: str = "sweep", *,
+                      repeats: bool = False) -> Points:
+    """A sweep result's levels (`bstar sweep --json`'s "levels"): batch = max_num_seqs or
+    concurrency, throughput_tok_s, and the mean of tpot_ms (vLLM's mean_tpot_ms)."""
+    if not isinstance(levels, list):
+        raise BstarError(f"{source}: \"levels\" must be a list")
+    rows: list[dict[str, object]] = []
+    labels: list[str] = []
+    for i, lv in enumerate(levels):
+        where = f"{source}: level {i + 1}"
+        if not isinstance(lv, dict):
+            raise BstarError(f"{where}: expected an object")
+        b = lv.get("max_num_seqs", lv.get("concurrency"))
+        tp = lv.get("tpot_ms")
+        if isinstance(tp, dict):
+            tp = tp.get("mean")  # vLLM's mean_tpot_ms
+        rows.append({"batch": b, "throughput_tok_s": lv.get("throughput_tok_s"), "tpot_ms": tp})
+        labels.append(where)
+    return points_from_rows(rows, labels, source, repeats=repeats)
+
+

@@ -1,0 +1,178 @@
+"""Where evaluations run, behind one interface: in this process, in a local process pool, or
+on a Ray cluster (a local one started on this machine, or an existing one by address).
+
+Every backend runs the same pure function on the same picklable tasks and yields
+`(index, result)` as results finish, so the answer does not depend on the backend; only the
+order results arrive in and the time they take do. Tasks are submitted in the order given
+(the runner puts the longest first, so the last ones to finish are short).
+
+Ray is an optional extra (`pip install 'bstar[ray]'`) and is imported only by its backend.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from bstar.errors import BstarError
+
+Fn = Callable[[Any], Any]
+
+
+def _warm(_: int) -> float:
+    """Import what an evaluation needs, so start-up is not charged to the first task."""
+    import bstar.search.evaluate  # noqa: F401
+
+    time.sleep(0.05)  # keep each warm-up on its own worker
+    return time.time()
+
+
+class Backend:
+    name = "in-process"
+    workers = 1
+
+    def start(self) -> None:
+        pass
+
+    def imap_unordered(self, fn: Fn, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        for i, x in enumerate(items):
+            yield i, fn(x)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+    def __enter__(self) -> Backend:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InProcess(Backend):
+    pass
+
+
+class ProcessPool(Backend):
+    """`jobs` worker processes on this machine (concurrent.futures)."""
+
+    name = "processes"
+
+    def __init__(self, jobs: int) -> None:
+        if jobs < 1:
+            raise BstarError(f"--jobs must be at least 1, got {jobs}")
+        self.workers = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        import multiprocessing as mp
+
+        # fork where the platform has it: workers start in milliseconds with bstar already
+        # imported. The pool is started before any progress-bar thread exists.
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method))
+        list(self._pool.map(_warm, range(self.workers)))
+
+    def imap_unordered(self, fn: Fn, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        assert self._pool is not None, "start() first"
+        futures: dict[Future[Any], int] = {self._pool.submit(fn, x): i
+                                           for i, x in enumerate(items)}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield futures[f], f.result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def describe(self) -> str:
+        return f"{self.workers} local processes"
+
+
+class RayBackend(Backend):
+    """Ray tasks. `address` None starts a local cluster of `num_cpus` on this machine
+    (stopped on close); an address ("HOST:PORT", "ray://HOST:PORT" or "auto") joins an
+    existing one, shipping this bstar package to its workers.
+
+    The local cluster is asked for node address 127.0.0.1, but Ray resolves a loopback
+    address to the machine's reachable one and (2.60, observed) its GCS server listens on
+    all interfaces: Ray's token authentication, on by default, is what keeps it private."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self.workers = num_cpus or 0
+        self.start_s = 0.0
+        self._ray: Any = None
+        self._remote: dict[Fn, Any] = {}
+
+    def start(self) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise BstarError("--ray needs Ray: pip install 'bstar[ray]'") from None
+        self._ray = ray
+        t0 = time.perf_counter()
+        if self.address is None:
+            ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=False,
+                     configure_logging=False)
+        else:
+            import bstar
+
+            ray.init(address=self.address, log_to_driver=False, configure_logging=False,
+                     runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
+        self.workers = int(ray.cluster_resources().get("CPU", 1))
+        warm = ray.remote(num_cpus=1)(_warm)
+        ray.get([warm.remote(i) for i in range(self.workers)])
+        self.start_s = time.perf_counter() - t0
+
+    def imap_unordered(self, fn: Fn, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        ray = self._ray
+        assert ray is not None, "start() first"
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
+        refs = {remote.remote(x): i for i, x in enumerate(items)}
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    yield refs[ref], ray.get(ref)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._ray is not None:
+            self._ray.shutdown()
+            self._ray = None
+
+    def describe(self) -> str:
+        where = "local cluster on this machine" if self.address is None else self.address
+        return f"Ray ({where}, {self.workers} CPUs)"
+
+
+def make_backend(jobs: int | None = None, ray: str | None = None) -> Backend:
+    """`ray`: None (no Ray), "local" (start one here with `jobs` CPUs, default all)
+    or an address. Without Ray, jobs > 1 is a process pool, else this process."""
+    if ray is not None:
+        return RayBackend(None if ray == "local" else ray, jobs if ray == "local" else None)
+    return ProcessPool(jobs) if jobs and jobs > 1 else InProcess()

@@ -1,0 +1,215 @@
+"""One evaluation: the largest request rate one replica serves within the SLO, by bisection
+on the rate with the simulator. This is the unit of work every backend runs; it takes a
+picklable `Task` and returns plain JSON-able data, so all backends give identical results.
+
+A rate is sustainable only below the replica's capacity: a queue fed faster than it is
+served grows without bound, whatever a finite run's percentiles say, and a run that starts
+from an empty server near full load has not yet built the queue steady state would. So rates
+are capped at `max_utilization` (default 0.9) of the capacity, which is measured first, in
+one saturated simulation (every request waiting at t=0, at least four times the batch that
+can run: max_num_seqs, or fewer when the KV pool holds fewer): requests finished per second
+between the first and the third quarter of the finishes, while the batch is full. Rates
+above the cap fail without simulating.
+
+"Meets the SLO" at a rate at most the cap: on each of the traffic's draws (`--draws`,
+default 3 seeds) the simulation finished every request and each p99 the SLO names (TTFT,
+TPOT, E2E) is within its target. Reported p99s are the worst over the draws.
+
+The bracket starts at the cap and halves until a rate meets the SLO; bisection
+(geometric) then narrows [lo, hi] until hi / lo - 1 <= rel_tol. The answer is `lo`, a rate
+known to meet the SLO.
+
+The binding limit is what failed at `hi`:
+- compute: `hi` is the cap itself: the replica's throughput roof (steps at a full batch)
+  binds, and the latency targets still hold just below it;
+- memory: the KV pool ran out (preemptions at `hi`, or a capacity run whose batch the
+  KV pool held below max_num_seqs when the capacity binds);
+- SLO: a latency target broke below the capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from bstar.search.candidates import Replica, mean_tokens, sim_config
+from bstar.search.spec import Traffic, at_rate
+from bstar.sim import SimRun, SimSummary, Slo, Workload, simulate, summarize
+from bstar.sim.block_manager import num_gpu_blocks
+
+MAX_EXPANSIONS = 16  # doublings/halvings to find the bracket (a factor of 65,536)
+MIN_RATE_REQ_S = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    replica: Replica
+    traffic: Traffic
+    slo: Slo
+    rel_tol: float
+    max_utilization: float = 0.9
+
+    @property
+    def key(self) -> str:
+        return self.replica.key
+
+
+def _brief(s: SimSummary, rate: float) -> dict[str, Any]:
+    return {"rate_req_s": rate, "ttft_p99_ms": s.ttft_ms["p99"], "tpot_p99_ms": s.tpot_ms["p99"],
+            "e2e_p99_ms": s.e2e_ms["p99"], "throughput_tok_s": s.throughput_tok_s,
+            "preemptions": s.preemptions, "kv_utilization_max": s.kv_utilization_max,
+            "queue_mean": s.queue_mean, "running_max": s.running_max,
+            "truncated": s.truncated}
+
+
+def failures(s: SimSummary, slo: Slo) -> list[str]:
+    """The SLO terms a run misses (empty: it meets the SLO)."""
+    out = []
+    if s.truncated:
+        out.append("unfinished")
+    for key, target in slo.to_dict().items():
+        v = getattr(s, key)["p99"]
+        if v is not None and v > target:
+            out.append(f"{key.removesuffix('_ms')} p99 {v:.1f} > {target:g} ms")
+    return out
+
+
+def _timing(t0: float, c0: float) -> dict[str, float]:
+    """Wall and CPU seconds of the task where it ran (their ratio: the CPU share it got)."""
+    return {"elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+
+
+def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
+    """`a` with each latency p99 and the failure counters the worse of the two draws."""
+    def p99(x: dict[str, float | None], y: dict[str, float | None]) -> dict[str, float | None]:
+        vals = [v for v in (x["p99"], y["p99"]) if v is not None]
+        return {**x, "p99": max(vals) if vals else None}
+
+    return replace(a, ttft_ms=p99(a.ttft_ms, b.ttft_ms), tpot_ms=p99(a.tpot_ms, b.tpot_ms),
+                   e2e_ms=p99(a.e2e_ms, b.e2e_ms), preemptions=max(a.preemptions, b.preemptions),
+                   kv_utilization_max=max(a.kv_utilization_max, b.kv_utilization_max),
+                   running_max=max(a.running_max, b.running_max),
+                   truncated=a.truncated or b.truncated)
+
+
+def saturated_workload(unit: Workload, max_num_seqs: int, kv_blocks: int | None = None,
+                       block_tokens: int = 16) -> Workload:
+    """The unit workload's requests (repeated to at least 4 x the batch that can run: at most
+    max_num_seqs, and at most what the KV pool holds of the shortest request), all at t=0."""
+    batch = max_num_seqs
+    if kv_blocks is not None:
+        shortest = int(unit.input_tokens.min()) + 1
+        batch = min(batch, max(1, kv_blocks // -(-shortest // block_tokens)))
+    n = max(unit.num_requests, 4 * batch)
+    idx = np.arange(n) % unit.num_requests
+    return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.zeros(n))
+
+
+def capacity_req_s(run: SimRun) -> float:
+    """Requests finished per second between the first and third quarter of the finishes of a
+    saturated run (the batch is full there: the queue empties only near the end)."""
+    f = np.sort(run.requests.finish_s[run.requests.done])
+    n = f.size
+    if n < 4:
+        return n / run.duration_s if run.duration_s > 0 else 0.0
+    i, j = n // 4, (3 * n) // 4
+    span = float(f[j] - f[i])
+    return (j - i) / span if span > 0 else n / run.duration_s
+
+
+def evaluate(task: Task) -> dict[str, Any]:
+    """Capacity, then bisection on the rate below it. Returns the result row (JSON-able)
+    with `elapsed_s` apart under `_timing` (not part of the answer: backends differ)."""
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    r, slo = task.replica, task.slo
+    units = task.traffic.unit_workloads()
+    unit = units[0]
+    cfg = sim_config(r)
+    d = r.deployment
+    sat = simulate(d, cfg, saturated_workload(unit, r.max_num_seqs,
+                                              num_gpu_blocks(d, d.block_tokens),
+                                              d.block_tokens))
+    cap = capacity_req_s(sat)
+    sat_s = summarize(sat)
+    sims = 1
+
+    def run(rate: float) -> tuple[bool, SimSummary]:
+        nonlocal sims
+        worst: SimSummary | None = None
+        for u in units:  # stop at the first draw that misses
+            sims += 1
+            s = summarize(simulate(r.deployment, cfg, at_rate(u, rate)), slo)
+            worst = s if worst is None else _worst(worst, s)
+            if failures(s, slo):
+                return False, worst
+        assert worst is not None
+        return True, worst
+
+    capacity = {"capacity_req_s": cap, "running_max": sat_s.running_max,
+                "preemptions": sat_s.preemptions,
+                "kv_utilization_max": sat_s.kv_utilization_max}
+    lo: tuple[float, SimSummary] | None = None
+    roof = task.max_utilization * cap
+    hi: tuple[float, SimSummary | None] = (roof, None)  # None: not simulated (the roof)
+    rate = roof
+    for _ in range(MAX_EXPANSIONS):
+        ok, s = run(rate)
+        if ok:
+            lo = (rate, s)
+            break
+        hi = (rate, s)
+        rate /= 2
+        if rate < MIN_RATE_REQ_S:
+            break
+    if lo is None:
+        fs = hi[1]
+        assert fs is not None
+        return {"status": "infeasible", "limit": "SLO",
+                "reason": f"misses the SLO even at {hi[0]:.3g} req/s per replica: "
+                          + "; ".join(failures(fs, slo)),
+                "simulations": sims, "capacity": capacity, "at_fail": _brief(fs, hi[0]),
+                "_timing": _timing(t0, c0)}
+    while hi[0] / lo[0] - 1 > task.rel_tol:
+        rate = math.sqrt(lo[0] * hi[0])
+        ok, s = run(rate)
+        if ok:
+            lo = (rate, s)
+        else:
+            hi = (rate, s)
+    return _ok(r, unit, lo, hi, capacity, sims, _timing(t0, c0), slo)
+
+
+def _ok(r: Replica, unit: Workload, lo: tuple[float, SimSummary],
+        hi: tuple[float, SimSummary | None], capacity: dict[str, Any], sims: int,
+        timing: dict[str, float], slo: Slo) -> dict[str, Any]:
+    rate, s = lo
+    fs = hi[1]
+    if fs is None:
+        kv_bound = capacity["preemptions"] > 0 or capacity["running_max"] < r.max_num_seqs
+        limit = "memory" if kv_bound else "compute"
+        held = (f"the KV pool holds {capacity['running_max']} of max_num_seqs "
+                f"{r.max_num_seqs}" if kv_bound else
+                f"a full batch of {capacity['running_max']}")
+        reason = (f"{hi[0]:.3g} req/s = {hi[0] / capacity['capacity_req_s']:.0%} of the "
+                  f"capacity {capacity['capacity_req_s']:.3g} req/s ({held}); the SLO still "
+                  "holds there")
+    else:
+        why = "; ".join(failures(fs, slo))
+        if fs.preemptions > 0:
+            limit = "memory"
+            reason = (f"at {hi[0]:.3g} req/s the KV pool runs out ({fs.preemptions} "
+                      f"preemptions, KV {fs.kv_utilization_max:.0%}): {why}")
+        else:
+            limit = "SLO"
+            reason = (f"at {hi[0]:.3g} req/s, below the capacity {capacity['capacity_req_s']:.3g}"
+                      f" req/s: {why}")
+    return {"status": "ok", "limit": limit, "reason": reason,
+            "rate_per_replica_req_s": rate,
+            "mean_output_tokens": mean_tokens(unit)[1], "capacity": capacity,
+            "at_rate": _brief(s, rate), "at_fail": None if fs is None else _brief(fs, hi[0]),
+            "simulations": sims, "_timing": timing}

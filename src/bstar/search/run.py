@@ -1,0 +1,254 @@
+"""The search: resolve the spec, generate and prune candidates, evaluate the replicas that
+remain on a backend (storing each row as it finishes), then rank.
+
+    from bstar.search import SearchSpec, Traffic, run_search, InProcess
+    result = run_search(spec, InProcess(), store, prices)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.search.backends import Backend
+from bstar.search.candidates import (
+    Candidate,
+    Pruned,
+    Replica,
+    prune,
+    replicas_for,
+    tp_sizes,
+    tp_split_error,
+    typical_context,
+)
+from bstar.search.evaluate import Task, evaluate
+from bstar.search.prices import PriceTable
+from bstar.search.rank import candidate_row, rank, winner_flags
+from bstar.search.spec import SearchSpec
+from bstar.search.store import SearchStore
+from bstar.specs.gpu import GpuSpec, get_gpu
+from bstar.specs.model import ModelSpec
+from bstar.specs.presets import get_model
+
+Progress = Callable[[int, int], None]  # (finished, total)
+
+
+@dataclass
+class SearchResult:
+    spec: SearchSpec
+    search_id: str
+    rows: list[dict[str, Any]]
+    prices: PriceTable | None
+    backend: str
+    db: str
+    context_tokens: int
+    mean_output_tokens: float
+    timing: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def winners(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.rows:
+            if r["status"] == "ok" and r["model"] not in out:
+                w = dict(r)
+                w["flags"] = winner_flags(r, self.spec.memory.gpu_util, self.context_tokens,
+                                          _served_name(r["model"]))
+                out[r["model"]] = w
+        return out
+
+    def counts(self) -> dict[str, int]:
+        keys = {r["replica_key"] for r in self.rows if r["status"] != "pruned"}
+        return {"candidates": len(self.rows),
+                "pruned": sum(r["status"] == "pruned" for r in self.rows),
+                "infeasible": sum(r["status"] == "infeasible" for r in self.rows),
+                "feasible": sum(r["status"] == "ok" for r in self.rows),
+                "evaluations": len(keys),
+                "simulations": sum(r["simulations"] for r in
+                                   {r["replica_key"]: r for r in self.rows}.values())}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The search JSON contract (docs/contracts.md)."""
+        s = self.spec
+        return {"search_id": self.search_id, "db": self.db, "backend": self.backend,
+                "models": list(s.models), "gpus": list(s.gpus),
+                "demand_req_s": s.traffic.demand_req_s, "slo": s.slo.to_dict(),
+                "traffic": s.traffic.to_dict(), "context_tokens": self.context_tokens,
+                "mean_output_tokens": self.mean_output_tokens,
+                "prices": None if self.prices is None else self.prices.to_dict(),
+                "ranked_by": "cost_per_mtok" if self.prices is not None else "gpus_total",
+                "counts": self.counts(), "winners": self.winners,
+                "candidates": self.rows, "spec": s.to_dict(), "timing": self.timing,
+                "warnings": self.warnings}
+
+
+def _served_name(model: str) -> str:
+    """What `vllm serve` is given: the Hugging Face repo of a preset, else the name."""
+    from bstar.specs.presets import model_index
+
+    info = model_index().get(model)
+    return info.hf_repo if info is not None else model
+
+
+def _task_key(r: Replica, spec: SearchSpec) -> str:
+    """The replica's key plus a hash of every input that decides its result."""
+    text = json.dumps([repr(r.deployment), r.max_num_seqs, r.max_num_batched_tokens,
+                       spec.traffic.to_dict(), spec.slo.to_dict(), spec.rel_tol,
+                       spec.max_utilization],
+                      sort_keys=True)
+    return f"{r.key}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _profiles(spec: SearchSpec, gpus: list[GpuSpec]) -> tuple[dict[str, Any], list[str]]:
+    from bstar.calibrate import load_profile
+
+    out: dict[str, Any] = {}
+    warnings = []
+    ids = {g.id for g in gpus}
+    for gpu_id, path in spec.profiles:
+        prof = load_profile(path)
+        target = (gpu_id or prof.gpu).lower()
+        if not target:
+            raise BstarError(f"profile {path} names no GPU; give it as GPU=FILE")
+        if target not in ids:
+            warnings.append(f"profile {path} is for {target}, which is not among the GPUs "
+                            "searched; not applied")
+            continue
+        if target in out:
+            raise BstarError(f"two profiles for {target}")
+        out[target] = prof
+    return out, warnings
+
+
+def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned],
+                                               list[str], Any]:
+    """All candidates, the pruned replicas (by replica key) and warnings. No simulation."""
+    models: list[ModelSpec] = [get_model(m) for m in spec.models]
+    gpus = [get_gpu(g) for g in spec.gpus]
+    profiles, warnings = _profiles(spec, gpus)
+    units = spec.traffic.unit_workloads()
+    unit = units[0]
+    mem = spec.memory
+    cands: list[Candidate] = []
+    pruned: dict[str, Pruned] = {}
+    for m in models:
+        label = m.name
+        for g in gpus:
+            base = rl.Deployment(m, g, 1, mem.weight_dtype, mem.kv_dtype, mem.gpu_util,
+                                 mem.reserve_bytes, mem.block_tokens, spec.eff)
+            prof = profiles.get(g.id)
+            if prof is not None:
+                base = prof.apply(base)
+                if prof.reserve_bytes is not None:
+                    base = replace(base, reserve_bytes=prof.reserve_bytes)
+            valid = sorted({t for n in spec.num_gpus for t in tp_sizes(m, n)})
+            reps = replicas_for(m, label, base, valid, unit, spec.max_num_seqs,
+                                spec.max_num_batched_tokens,
+                                prof.path if prof is not None else None)
+            by_tp: dict[int, list[Replica]] = {}
+            for r in reps:
+                by_tp.setdefault(r.tp, []).append(r)
+                # Every draw must meet the SLO: a draw that cannot prunes the replica.
+                p = next((x for x in (prune(r, u, spec.slo) for u in units) if x), None)
+                if p is not None:
+                    pruned[r.key] = p
+            for n in sorted(set(spec.num_gpus)):
+                for t in range(1, n + 1):
+                    if n % t:
+                        continue
+                    if t in by_tp:
+                        cands += [Candidate(r, n) for r in by_tp[t]]
+                    else:
+                        err = tp_split_error(m, t) or "no engine limits"
+                        r = Replica(label, g.id, t, 0, 0, replace(base, num_gpus=t),
+                                    prof.path if prof is not None else None)
+                        pruned[r.key] = Pruned("tp", err)
+                        cands.append(Candidate(r, n))
+    return cands, pruned, warnings, unit
+
+
+def _cost_order(r: Replica, ctx: int, slo: Any) -> tuple[int, int]:
+    """Longest first, so the short ones fill the tail: a replica whose full-batch step
+    (cost model) already misses the TPOT target is latency-bound and bisects (many
+    simulations); otherwise its capacity roof usually decides in three. Then smaller
+    running batches, which take more simulated steps."""
+    b = min(r.max_num_seqs, max(rl.b_mem(r.deployment, ctx), 1))
+    step_ms = float(rl.curve(r.deployment, [b], ctx).step_s[0]) * 1e3
+    bisects = slo.tpot_ms is not None and step_ms > slo.tpot_ms
+    return (0 if bisects else 1, b)
+
+
+def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
+               prices: PriceTable | None = None, resume: bool = False,
+               progress: Progress | None = None) -> SearchResult:
+    """Evaluate every replica that survives pruning (those already stored are reused with
+    `resume`), store each row as it finishes, and rank. The backend must be started."""
+    t_plan = time.perf_counter()
+    cands, pruned, warnings, unit = plan_candidates(spec)
+    ctx = typical_context(unit)
+    sid = spec.search_id()
+    store.begin(sid, spec.to_dict(), resume)
+    stored = store.done(sid) if resume else {}
+    tasks: dict[str, Task] = {}
+    keys: dict[str, str] = {}
+    for c in cands:
+        r = c.replica
+        if r.key in pruned or r.key in keys:
+            continue
+        keys[r.key] = _task_key(r, spec)
+        if keys[r.key] not in stored:
+            tasks[keys[r.key]] = Task(r, spec.traffic, spec.slo, spec.rel_tol,
+                                      spec.max_utilization)
+    order = sorted(tasks, key=lambda k: (_cost_order(tasks[k].replica, ctx, spec.slo), k))
+    todo = [tasks[k] for k in order]
+    results = {k: stored[k] for k in keys.values() if k in stored}
+    total = len(keys)
+    reused = len(results)
+    task_s: list[float] = []
+    task_cpu_s: list[float] = []
+    plan_s = time.perf_counter() - t_plan
+    t0 = time.perf_counter()
+    if progress:
+        progress(reused, total)
+    try:
+        for i, res in backend.imap_unordered(evaluate, todo):
+            timing = res.pop("_timing", {})
+            k = order[i]
+            task_s.append(float(timing.get("elapsed_s", 0.0)))
+            task_cpu_s.append(float(timing.get("cpu_s", 0.0)))
+            store.add(sid, k, res, timing.get("elapsed_s"), backend.name)
+            results[k] = json.loads(json.dumps(res, sort_keys=True))
+            if progress:
+                progress(len(results), total)
+    except BaseException:
+        store.finish(sid, "interrupted")
+        raise
+    wall_s = time.perf_counter() - t0
+    store.finish(sid, "completed")
+    demand = spec.traffic.demand_req_s
+    rows = []
+    for c in cands:
+        k = c.replica.key
+        ev: dict[str, Any] | Pruned = pruned[k] if k in pruned else results[keys[k]]
+        rows.append(candidate_row(c, ev, demand, prices))
+    rows = rank(rows)
+    if prices is not None:
+        missing = sorted({g for g in (r["gpu"] for r in rows) if prices.get(g) is None})
+        if missing:
+            warnings.append(f"no price for {', '.join(missing)} in {prices.path}: ranked "
+                            "after the priced ones")
+    timing = {"plan_s": plan_s, "wall_s": wall_s, "evaluations_run": len(todo),
+              "evaluations_reused": reused, "task_s_total": sum(task_s),
+              "task_cpu_s_total": sum(task_cpu_s),
+              "task_s_mean": sum(task_s) / len(task_s) if task_s else None,
+              "task_s_max": max(task_s) if task_s else None,
+              "workers": backend.workers,
+              "backend_start_s": getattr(backend, "start_s", None)}
+    return SearchResult(spec, sid, rows, prices, backend.describe(), str(store.path), ctx,
+                        float(unit.output_tokens.mean()), timing, warnings)

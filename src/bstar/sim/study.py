@@ -1,0 +1,102 @@
+"""`bstar simulate` as a library call: the load, the levels and the scheduler as plain
+values (`StudyOptions`), one simulation per max_num_seqs level and, for several levels, the
+knee advice (`run_study`). The command only maps its flags onto `StudyOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+
+
+@dataclass(frozen=True, slots=True)
+class StudyOptions:
+    """Load (`rate` open loop, `concurrency` closed loop, or a `trace` file), request
+    lengths (parse_lengths forms), levels (None: vllm serve's default for the GPU) and
+    the scheduler's token budget, preemption mode and swap space."""
+
+    max_num_seqs: tuple[int, ...] | None = None
+    max_num_batched_tokens: int | None = None
+    preemption: str = "recompute"
+    swap_space_gib: float = 4.0
+    rate: float | None = None
+    concurrency: int | None = None
+    trace: str | None = None
+    think_time_s: float = 0.0
+    input_len: str = "512"
+    output_len: str = "256"
+    num_requests: int | None = None
+    seed: int = 0
+    slo: str | None = None
+    max_sim_time_s: float = 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Study:
+    """Per-level summaries, the advice (None for one level), arrivals and token budget."""
+
+    deployment: rl.Deployment
+    options: StudyOptions
+    rows: list[Any]
+    advice: Any
+    arrivals: Any
+    max_num_batched_tokens: int
+
+    def to_objects(self) -> list[dict[str, Any]]:
+        """The simulate JSON contract, one object per level."""
+        objs = [r.to_dict() for r in self.rows]
+        for o in objs:
+            o["max_num_batched_tokens"] = self.max_num_batched_tokens
+            o["preemption_mode"] = self.options.preemption
+            if self.advice is not None:
+                o["recommended"] = o["max_num_seqs"] == self.advice.max_num_seqs
+                o["sweep"] = self.advice.to_dict(knees=True)
+        return objs
+
+
+def _arrivals(o: StudyOptions) -> Any:
+    from bstar.sim.traffic import ClosedLoop, Poisson, parse_trace
+
+    if o.rate is None and o.concurrency is None and o.trace is None:
+        raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
+                         "or --trace FILE")
+    if o.trace is not None:
+        try:
+            text = Path(o.trace).read_text()
+        except OSError as e:
+            raise BstarError(f"cannot read --trace {o.trace}: {e.strerror}") from None
+        return parse_trace(text)
+    if o.rate is not None:
+        return Poisson(o.rate)
+    assert o.concurrency is not None
+    return ClosedLoop(o.concurrency, o.think_time_s, random_think=True)
+
+
+def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
+    """Simulate every level of `o` on `d`; advise on the knee when there are several."""
+    from bstar.sim import SchedulerConfig, SimConfig, simulate_levels, vllm_server_defaults
+    from bstar.sim.advice import advise
+    from bstar.sim.metrics import parse_slo
+    from bstar.sim.traffic import parse_lengths
+
+    arrivals = _arrivals(o)
+    default_seqs, default_tokens = vllm_server_defaults(d.gpu.memory_bytes,
+                                                        f"{d.gpu.id} {d.gpu.name}")
+    levels = sorted(set(o.max_num_seqs or [default_seqs]))
+    tokens = o.max_num_batched_tokens or default_tokens
+    if o.swap_space_gib < 0:
+        raise BstarError("--swap-space-gib must not be negative")
+    cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
+                    swap_space_bytes=round(o.swap_space_gib * 2**30),
+                    max_sim_time_s=o.max_sim_time_s)
+    slo = parse_slo(o.slo) if o.slo else None
+    num_requests = o.num_requests
+    if num_requests is None:
+        num_requests = len(arrivals.arrival_s) if o.trace is not None else 1000
+    rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len),
+                           parse_lengths(o.output_len), num_requests, o.seed, cfg, slo)
+    advice = advise(rows, slo) if len(rows) > 1 else None
+    return Study(d, o, rows, advice, arrivals, tokens)

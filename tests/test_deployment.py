@@ -1,0 +1,87 @@
+"""DeploymentOptions: the deployment by name that commands build and sweeps store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bstar import calibrate as cal
+from bstar import roofline as rl
+from bstar.deployment import DeploymentOptions
+from bstar.loadgen.sweep import SweepConfig
+from bstar.report.views import sweep_deployment
+from bstar.specs.gpu import get_gpu
+from bstar.specs.presets import get_model
+
+CUSTOM = rl.Efficiency(bandwidth=0.5, compute=0.4, overhead_s=1e-3, overhead_per_seq_s=2e-5)
+
+
+def profile_file(tmp_path: Path, gpu: str = "a100-80gb-sxm") -> Path:
+    """A calibration profile with CUSTOM's efficiencies and a 3 GiB reserve."""
+    d = rl.Deployment(get_model("llama-3-8b"), get_gpu(gpu))
+    pts = [cal.Point(b, 512, float(rl.decode_step(d.with_eff(CUSTOM), [b], 512).step_s[0]))
+           for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    c = replace(cal.calibrate(d, pts), reserve_bytes=3 * 2**30)
+    path = tmp_path / "prof.toml"
+    path.write_text(cal.profile_toml(c))
+    return path
+
+
+def test_defaults_build_bstar_plans_default_deployment() -> None:
+    d = DeploymentOptions().build()
+    # The default engine is vLLM, whose profile's priors are Efficiency's defaults.
+    assert d == rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
+                              engine="vllm")
+
+
+def test_flags_map_onto_the_deployment() -> None:
+    o = DeploymentOptions("llama-2-7b", "h100-sxm", num_gpus=2, weight_dtype="fp8",
+                          kv_dtype="fp8", gpu_util=0.8, reserve_gib=1.5, block_size=32,
+                          bw_eff=0.6, overhead_ms=2.0)
+    d = o.build()
+    assert (d.model.name, d.gpu.id, d.num_gpus) == (get_model("llama-2-7b").name,
+                                                    "h100-sxm", 2)
+    assert (d.weight.name, d.kv.name, d.gpu_util) == ("fp8", "fp8", 0.8)
+    assert d.reserve_bytes == round(1.5 * 2**30) and d.block_tokens == 32
+    assert d.eff == replace(rl.Efficiency(), bandwidth=0.6, overhead_s=2e-3)
+    assert DeploymentOptions(ideal=True).build().eff == rl.IDEAL
+
+
+def test_to_dict_from_dict_round_trip_and_old_stored_flags() -> None:
+    o = DeploymentOptions("llama-2-7b", "h100-sxm", weight_dtype="fp8", flops_eff=0.5,
+                          profile="p.toml", engine="vllm")
+    assert DeploymentOptions.from_dict(o.to_dict()) == o
+    assert DeploymentOptions.from_dict({**o.to_dict(), "unknown": 1}) == o
+    # Runs stored before DeploymentOptions kept argparse names under deployment_args.
+    old = {"model": "llama-2-7b", "gpu": "h100-sxm",
+           "deployment_args": {"dtype": "fp8", "kv_dtype": "fp8", "bw_eff": None,
+                               "reserve_gib": 2.0, "ideal": False}}
+    assert DeploymentOptions.from_sweep_options(old) == DeploymentOptions(
+        "llama-2-7b", "h100-sxm", weight_dtype="fp8", kv_dtype="fp8")
+    assert SweepConfig.from_options(old).deployment == DeploymentOptions(
+        "llama-2-7b", "h100-sxm", weight_dtype="fp8", kv_dtype="fp8").to_dict()
+
+
+def test_profile_applies_and_survives_the_store(tmp_path: Path) -> None:
+    prof = profile_file(tmp_path)
+    o = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(prof))
+    d = o.build()
+    assert d.eff == cal.load_profile(prof).eff != rl.Efficiency()
+    assert d.reserve_bytes == 3 * 2**30  # the profile's reserve, --reserve-gib at default
+    assert DeploymentOptions(**{**o.to_dict(), "reserve_gib": 1.0}).build().reserve_bytes \
+        == 2**30
+    # A sweep stores the options; the report rebuilds the same deployment (profile kept).
+    cfg = SweepConfig(url="http://127.0.0.1:1", concurrency=[1], model=o.model, gpu=o.gpu,
+                      deployment=o.to_dict())
+    assert sweep_deployment(SweepConfig.from_options(cfg.to_options()).to_options()) == d
+    with pytest.raises(Exception, match="contradict"):
+        replace(o, ideal=True).build()
+
+
+def test_a_profile_from_another_gpu_warns(tmp_path: Path) -> None:
+    prof = profile_file(tmp_path)
+    heard: list[str] = []
+    DeploymentOptions("llama-3-8b", "h100-sxm", profile=str(prof)).build(warn=heard.append)
+    assert heard and "calibrated on a100-80gb-sxm" in heard[0]
