@@ -264,6 +264,8 @@ class PointFit:
     uncalibrated_ms: float
     bound: str  # "memory" or "compute": which roof sets the calibrated step
     label: str = ""
+    chunk_tokens: int = 0  # a mixed step's prompt chunk (Point.chunk_tokens), 0 = decode
+    chunk_start: int = 0
 
     @property
     def rel_error(self) -> float:
@@ -330,7 +332,8 @@ class Calibration:
                         "measured_ms": p.measured_ms, "predicted_ms": p.predicted_ms,
                         "rel_error": p.rel_error, "uncalibrated_ms": p.uncalibrated_ms,
                         "uncalibrated_rel_error": p.uncalibrated_rel_error,
-                        "bound": p.bound} for p in self.points],
+                        "bound": p.bound, "chunk_tokens": p.chunk_tokens,
+                        "chunk_start": p.chunk_start} for p in self.points],
             "notes": list(self.notes),
         }
 
@@ -592,7 +595,8 @@ def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point],
     uncal = predict_step_s(d, points)
     bound = _bound(_terms(cal_d, points), _eff_dict(cal_d.eff))
     return tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
-                          float(uncal[i]) * 1e3, str(bound[i]), p.label)
+                          float(uncal[i]) * 1e3, str(bound[i]), p.label,
+                          p.chunk_tokens, p.chunk_start)
                  for i, p in enumerate(points))
 
 

@@ -23,9 +23,10 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                    default=None,
                    help="tokens each sequence holds while decoding, for points without a "
                         "context_tokens column (e.g. input + output/2)")
-    p.add_argument("--fit", type=str_list, default=FIT_DEFAULT.split(","),
+    p.add_argument("--fit", type=str_list, default=None,
                    help=f"parameters to fit, the rest keep the flags' values (default "
-                        f"{FIT_DEFAULT})")
+                        f"{FIT_DEFAULT}, plus attention_compute,chunk_layer_s when the "
+                        "points hold mixed prefill + decode steps)")
     p.add_argument("--engine-version", default="",
                    help="version of the engine the points come from (--engine names it)")
     p.add_argument("--vllm-log", type=Path, default=None,
@@ -55,6 +56,12 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
     from bstar.errors import BstarError
 
     rows = _rows_with_context(path)
+    if rows is not None and any("chunk_tokens" in r for r, _ in rows):
+        # Step points (bstar.loadgen.mixed's file): decode, mixed and prefill steps, each
+        # row one Point (batch, context_tokens, chunk_tokens, chunk_start, step_ms).
+        from bstar.loadgen.mixed import points_from_rows
+
+        return points_from_rows([r for r, _ in rows], [w for _, w in rows]), []
     if rows is None:  # no context column: fit's loader as is (CSV, JSON or a sweep result)
         if context is None:
             raise BstarError(f"{path}: no context_tokens column; give --context N (the "
@@ -166,11 +173,13 @@ def repeat_spread(points: list[Any]) -> list[dict[str, Any]]:
     spread. Every repeat is a point of the fit; this says how far apart they were."""
     import statistics
 
-    groups: dict[tuple[int, int], list[float]] = {}
-    for p in points:
-        groups.setdefault((p.batch, p.context_tokens), []).append(p.measured_ms)
+    groups: dict[tuple[int, int, int, int], list[float]] = {}
+    for p in points:  # a mixed step repeats only with the same chunk
+        key = (p.batch, p.context_tokens, getattr(p, "chunk_tokens", 0),
+               getattr(p, "chunk_start", 0))
+        groups.setdefault(key, []).append(p.measured_ms)
     out = []
-    for (b, ctx), ms in sorted(groups.items()):
+    for (b, ctx, _, _), ms in sorted(groups.items()):
         if len(ms) < 2:
             continue
         mean = statistics.fmean(ms)
@@ -201,7 +210,9 @@ def _median_abs(pts: list[Any], uncal: bool = False) -> float:
 
 
 def _point_dict(p: Any) -> dict[str, Any]:
-    return {"batch": p.batch, "context_tokens": p.context_tokens, "measured_ms": p.measured_ms,
+    return {"batch": p.batch, "context_tokens": p.context_tokens,
+            "chunk_tokens": p.chunk_tokens, "chunk_start": p.chunk_start,
+            "measured_ms": p.measured_ms,
             "predicted_ms": p.predicted_ms, "rel_error": p.rel_error,
             "uncalibrated_ms": p.uncalibrated_ms,
             "uncalibrated_rel_error": p.uncalibrated_rel_error, "bound": p.bound}
@@ -219,10 +230,13 @@ def points_from_run(db: str | None, run_id: str, metric: str,
 
 
 def _print_points(points: list[Any]) -> None:
-    print(f"  {'batch':>6}{'context':>9}{'measured ms':>13}{'calibrated':>12}{'error':>8}"
-          f"{'uncalibrated':>14}{'error':>8}  bound")
+    mixed = any(getattr(p, "chunk_tokens", 0) for p in points)
+    chunk_head = f"{'chunk':>7}" if mixed else ""
+    print(f"  {'batch':>6}{'context':>9}{chunk_head}{'measured ms':>13}{'calibrated':>12}"
+          f"{'error':>8}{'uncalibrated':>14}{'error':>8}  bound")
     for p in points:
-        print(f"  {p.batch:>6}{p.context_tokens:>9}{p.measured_ms:>13.3f}"
+        chunk = f"{p.chunk_tokens or '':>7}" if mixed else ""
+        print(f"  {p.batch:>6}{p.context_tokens:>9}{chunk}{p.measured_ms:>13.3f}"
               f"{p.predicted_ms:>12.3f}{p.rel_error:>+8.1%}{p.uncalibrated_ms:>14.3f}"
               f"{p.uncalibrated_rel_error:>+8.1%}  {p.bound}")
 
