@@ -146,10 +146,10 @@ def test_vllm_regime3_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
     # The report's sweep chart marks the measured B_mem, bstar's B_mem and the onset.
     pytest.importorskip("matplotlib", reason="needs the extra bstar[plot]")
-    from bstar.report import plots
+    from bstar.report import charts
     from bstar.report.views import sweep_view
 
-    chart = plots.sweep_chart(sweep_view(d))
+    chart = charts.sweep_chart(sweep_view(d))
     labels = {t for ax in chart.fig.axes for t in ax.get_legend_handles_labels()[1]}
     assert any(t.startswith("measured B_mem = 24") for t in labels), labels
     assert any(t.startswith("bstar's B_mem = 24") for t in labels), labels
