@@ -95,6 +95,13 @@ class DeploymentOptions:
                      f"applied to {d.gpu.id}")
         return d
 
+    def efficiency(self) -> rl.Efficiency:
+        """The efficiencies without a profile: the engine's priors (IDEAL under `ideal`)
+        with the flag overrides (what `bstar search` applies to uncalibrated GPUs)."""
+        from bstar.engines import get_engine
+
+        return self._override(rl.IDEAL if self.ideal else get_engine(self.engine).efficiency())
+
     def _override(self, eff: rl.Efficiency) -> rl.Efficiency:
         over: dict[str, float] = {}
         if self.bw_eff is not None:

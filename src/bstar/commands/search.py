@@ -46,12 +46,18 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--profile", type=str_list, default=None, metavar="[GPU=]FILE,...",
                    help="calibration profiles from `bstar calibrate`, each applied to the GPU "
                         "it names (or GPU=FILE); other GPUs keep the stated defaults")
+    e.add_argument("--engine", default="", metavar="NAME",
+                   help="engine whose priors uncalibrated GPUs start from (default vllm; "
+                        "docs/cost-model.md)")
     e.add_argument("--bw-eff", type=positive_float, default=None,
-                   help="bandwidth efficiency for uncalibrated GPUs (default 0.70)")
+                   help="weight-stream efficiency for uncalibrated GPUs (default: the "
+                        "engine profile's)")
     e.add_argument("--flops-eff", type=positive_float, default=None,
-                   help="compute efficiency for uncalibrated GPUs (default 0.60)")
+                   help="compute efficiency for uncalibrated GPUs (default: the engine "
+                        "profile's)")
     e.add_argument("--overhead-ms", type=non_negative_float, default=None,
-                   help="per-step overhead for uncalibrated GPUs, ms (default 0.5)")
+                   help="per-step overhead for uncalibrated GPUs, ms (default: the engine "
+                        "profile's)")
     t = p.add_argument_group("traffic and SLO")
     t.add_argument("--rate", type=positive_float, default=None,
                    help="demand: requests/s over the whole fleet (default with --trace: the "
@@ -100,10 +106,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-    from dataclasses import replace
     from pathlib import Path
 
-    from bstar import roofline as rl
     from bstar.errors import BstarError
     from bstar.search import Memory, SearchSpec, Traffic
     from bstar.search.spec import DEFAULT_NUM_GPUS, DEFAULT_NUM_REQUESTS
@@ -130,16 +134,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
     traffic = Traffic(demand, parse_lengths(args.input_len), parse_lengths(args.output_len),
                       num_requests, args.seed, trace, args.draws)
-    eff = rl.Efficiency()
-    over: dict[str, float] = {}
-    if args.bw_eff is not None:
-        over["bandwidth"] = args.bw_eff
-    if args.flops_eff is not None:
-        over["compute"] = args.flops_eff
-    if args.overhead_ms is not None:
-        over["overhead_s"] = args.overhead_ms / 1e3
-    if over:
-        eff = replace(eff, **over)
+    from bstar.deployment import DeploymentOptions
+
+    eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
+                            overhead_ms=args.overhead_ms, engine=args.engine).efficiency()
     profiles = []
     for item in args.profile or []:
         gpu, sep, path = item.partition("=")
