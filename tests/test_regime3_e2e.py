@@ -176,11 +176,14 @@ def test_llamacpp_slots_as_the_kv_pool(llamacpp_server: Any, tmp_path: Path,
     from conftest import LLAMACPP_SLOTS
 
     rc = main(["sweep", "--url", llamacpp_server.url, "--concurrency", f"2,{2 * LLAMACPP_SLOTS}",
-               "--input-len", "32", "--output-len", "8", "--num-requests", "8",
+               "--input-len", "32", "--output-len", "32", "--num-requests", "16",
                "--db", str(tmp_path / "runs.db"), "--json", "--quiet"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     d = json.loads(out.out)
+    # The deferred-request gauge is only seen by /metrics scrapes (every 0.5 s), so the
+    # over-subscribed level must last several scrapes: 16 requests of 32 tokens through 4
+    # slots keep 4 streams waiting for the whole level, not for one short burst.
     srv = d["levels"][-1]["server"]
     assert srv["engine"] == "llamacpp"
     assert srv["slots"] == LLAMACPP_SLOTS
@@ -191,5 +194,5 @@ def test_llamacpp_slots_as_the_kv_pool(llamacpp_server: Any, tmp_path: Path,
     assert kv["preemption_onset"] is None and kv["regime3_levels"] == []
     last = d["levels"][-1]
     assert last["preemptions"] is None  # not exported, not zero
-    assert last["waiting_max"] >= 1
+    assert last["waiting_max"] >= 1, ("no scrape saw a deferred request", last["duration_s"])
     assert last["regime"]["regime"] == "batch-capped"
