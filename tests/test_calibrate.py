@@ -348,3 +348,18 @@ def test_cli_calibrates_on_a_stored_sweep_run_and_checks_another(
     assert check["median_abs_error"] < 1e-3  # the other context, predicted exactly
     assert all(p["context_tokens"] == 4224 for p in check["points"])
     assert main(["calibrate", "no-such-run", "--db", str(db), "--model", "llama-3-8b"]) == 2
+
+
+def test_fit_steps_recovers_the_allreduce_latency_across_tp_sizes() -> None:
+    """calibrate counts all-reduce latency as the cost model does (log2(N) per call): steps
+    the model generates at TP=2 and TP=4 with 30 us per call give back 30 us."""
+    truth = rl.Efficiency(allreduce_latency_s=30e-6)
+    groups = []
+    for n, model in ((2, "llama-2-13b"), (4, "llama-2-70b")):
+        d = rl.Deployment(get_model(model), get_gpu("a100-80gb-sxm"), num_gpus=n, eff=truth)
+        pts = [cal.Point(b, 512, float(rl.curve(d, [b], 512).step_s[0]), model)
+               for b in (1, 4, 16, 64)]
+        groups.append((d.with_eff(rl.Efficiency()), pts))
+    f = cal.fit_steps(groups, ("bandwidth", "allreduce_latency_s"), rl.Efficiency())
+    assert f.eff.allreduce_latency_s == pytest.approx(30e-6, rel=1e-3)
+    assert f.eff.bandwidth == pytest.approx(truth.bandwidth, rel=1e-3)

@@ -116,6 +116,20 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_allreduce() -> None:
     assert rl.kv_bytes_per_seq_allocated(d16, 2048) == rl.kv_bytes_per_seq_allocated(d4, 2048)
 
 
+def test_allreduce_latency_grows_with_log2_of_the_tp_size() -> None:
+    """A decode all-reduce is latency: log2(N) rounds, so the per-call latency doubles
+    from TP=2 to TP=4 and triples at TP=8; the bandwidth part is the ring's 2(N-1)/N."""
+    zero = np.array([0.0])
+    calls = {n: rl.allreduce_s(dep("llama-3-70b", num_gpus=n), zero)[0]
+             / (2 * 80 * rl.Efficiency().allreduce_latency_s) for n in (2, 4, 8)}
+    assert calls == pytest.approx({2: 1.0, 4: 2.0, 8: 3.0})
+    assert rl.allreduce_rounds(1) == 0.0
+    d = dep("llama-3-70b", num_gpus=4)
+    msg = 16 * 8192 * 2
+    extra = rl.allreduce_s(d, np.array([16.0]))[0] - rl.allreduce_s(d, zero)[0]
+    assert extra == pytest.approx(2 * 80 * 1.5 * msg / (d.gpu.interconnect_bytes_s / 2))
+
+
 def test_sliding_window_caps_kv() -> None:
     d = dep("mistral-7b")
     assert rl.kv_bytes_per_seq(d, 8192) == rl.kv_bytes_per_seq(d, 4096)

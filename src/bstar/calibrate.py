@@ -170,7 +170,7 @@ def _terms(d: rl.Deployment, points: Sequence[Point]) -> _Terms:
     def col(name: str) -> np.ndarray:
         return np.array([getattr(t, name) for t in terms], dtype=np.float64)
 
-    calls = 2 * d.model.num_layers if d.num_gpus > 1 else 0
+    calls = 2 * d.model.num_layers * rl.allreduce_rounds(d.num_gpus)
     return _Terms(
         batch=col("num_seqs"), weight_s=col("weight_s"), gemm_s=col("gemm_s"),
         kv_s=col("kv_s"), score_s=col("score_s"), decode_attention_s=col("decode_attention_s"),

@@ -62,7 +62,8 @@ class Efficiency:
       defaults are the `vllm` profile's (presets/engines.toml).
     - overhead_s + overhead_per_seq_s * B: the engine's CPU time per step (scheduling,
       input preparation, sampling) not hidden behind the GPU.
-    - allreduce_latency_s 8 us per call (NCCL small-message latency over NVLink).
+    - allreduce_latency_s 8 us per call at TP=2 (a custom NVLink all-reduce's small-message
+      latency), times log2(N) at N GPUs (allreduce_rounds).
     - score_bytes: bytes per (query head, cached token, layer) that an unfused attention
       writes and reads for its scores; 0 for fused kernels (FlashAttention, paged attention).
     - roof_sharpness k = 2 of the soft maximum (inf = a hard max): of 1, 1.5, 2, 3 and inf,
@@ -319,10 +320,22 @@ def decode_step(d: Deployment, batch: npt.ArrayLike, context_tokens: int) -> Ste
         layers_s=layers_s, grouped=e.grouped)
 
 
+def allreduce_rounds(num_gpus: int) -> float:
+    """Latency units of one small all-reduce over `num_gpus` GPUs: log2(N), 1 at N = 2.
+
+    A decode step's all-reduces carry kilobytes, so their time is latency, and a latency-bound
+    all-reduce is log2(N) dependent exchange rounds (recursive doubling / a tree), each ending
+    when the slowest rank arrives. One per-call latency does not serve two TP sizes: on
+    LMDeploy's A100 curves InternLM-20B at TP=2 wants about 30 us per call and Llama-2-70B at
+    TP=4 about 55 us (docs/cost-model.md, "Tensor parallel")."""
+    return math.log2(num_gpus) if num_gpus > 1 else 0.0
+
+
 def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
     """Tensor parallel: two all-reduces per layer (after attention, after the MLP) of the
-    B x hidden activations; a ring moves 2(N-1)/N of the message over each link direction
-    (half of the datasheet's bidirectional figure)."""
+    B x hidden activations: `allreduce_latency_s` x log2(N) (allreduce_rounds) plus a ring's
+    2(N-1)/N of the message over each link direction (half of the datasheet's
+    bidirectional figure)."""
     n = d.num_gpus
     if n == 1:
         return np.zeros_like(batch)
@@ -331,7 +344,8 @@ def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
                          "tensor parallel")
     msg_bytes = batch * d.model.hidden_size * 2
     one_way_bytes_s = d.gpu.interconnect_bytes_s / 2
-    per_call = d.eff.allreduce_latency_s + 2 * (n - 1) / n * msg_bytes / one_way_bytes_s
+    per_call = (d.eff.allreduce_latency_s * allreduce_rounds(n)
+                + 2 * (n - 1) / n * msg_bytes / one_way_bytes_s)
     return np.asarray(2 * d.model.num_layers * per_call, dtype=np.float64)
 
 
