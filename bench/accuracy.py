@@ -18,15 +18,17 @@ Each figure is |predicted / measured - 1|:
   to the OTHER models' points of the same GPU x engine, then predicting the held-out model;
 - cost model 1 beside it: one bandwidth efficiency, one max over the step (0.70 / 0.60 /
   0.5 ms + 5 us/seq uncalibrated; calibrated on the same split).
-Knee distance: on each published curve with >= 4 batch sizes, the grid steps between the
-measured knee (seed 004's doubling rule on measured throughput) and the knee of bstar's
-predicted throughput over the same grid.
+Whole curves (`bstar validate data/{published,h200,cpu}/curves.csv`, bstar.validate_curves):
+per GPU x engine, generic / profile / LOMO medians and the knee distance: on each curve
+with >= 4 batch sizes, the grid steps between the measured knee (seed 004's doubling rule
+on measured throughput) and the knee of bstar's predicted throughput over the same grid.
+Tensor parallel: the all-reduce latency's growth with N (constant, log2(N), N-1), left out
+model by model on LMDeploy's A100 rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -41,16 +43,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bstar import roofline as rl  # noqa: E402
+from bstar import validate_curves as vc  # noqa: E402
 from bstar.calibrate import Point, fit_steps, predict_step_s  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.knee import doubling_knee  # noqa: E402
 from bstar.specs.gpu import get_gpu  # noqa: E402
 from bstar.specs.model import ModelSpec, from_hf_config, load_config_file  # noqa: E402
 from bstar.specs.presets import get_model  # noqa: E402
-from bstar.validate import Row, predict  # noqa: E402
 
 H200 = ROOT / "data" / "h200"
-PUBLISHED = ROOT / "data" / "published" / "curves.csv"
 PRESETS = ROOT / "src" / "bstar" / "presets" / "models"
 
 # Cost model 2 parameters fitted across models (one model cannot separate them).
@@ -64,8 +65,6 @@ MODEL1 = rl.Efficiency(bandwidth=0.70, compute=0.60, overhead_s=0.5e-3, overhead
                        roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
                        grouped=False)
 MODEL1_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
-# Published model ids that are a bundled preset's architecture under another name.
-SAME_ARCH = {"meta-llama/Llama-3.3-70B-Instruct": "llama-3.1-70b"}
 
 
 @dataclass
@@ -218,167 +217,70 @@ def h200_report(fit_profiles: bool) -> dict[str, Any]:
     return out
 
 
-# ---- published curves ---------------------------------------------------------------------
-def published_rows() -> tuple[list[dict[str, str]], list[str]]:
-    lines = [ln for ln in PUBLISHED.read_text().splitlines() if ln and not ln.startswith("#")]
-    rows, skipped = [], []
-    for r in csv.DictReader(lines):
-        name = SAME_ARCH.get(r["model"], r["model"])
-        try:
-            get_model(name)
-        except Exception:  # a model with no bundled config: nothing to predict it with
-            skipped.append(r["model"])
-            continue
-        r["preset"] = name
-        rows.append(r)
-    return rows, sorted(set(skipped))
+# ---- whole curves (bstar validate) --------------------------------------------------------
+def curves_report(name: str, fit: tuple[str, ...] = vc.DEFAULT_FIT) -> dict[str, Any]:
+    """`bstar validate data/NAME/curves.csv`: generic, profile and leave-one-model-out
+    medians per GPU x engine, and the knees."""
+    path = ROOT / "data" / name / "curves.csv"
+    v = vc.score_curves(vc.curves_from_csv(path.read_text(), str(path), path.parent), fit)
+    print(f"\n{path.relative_to(ROOT)} (bstar validate; LOMO fits {', '.join(fit)}): "
+          "median |pred/meas - 1|")
+    for g in v.groups:
+        for k, m in g.metrics.items():
+            d = m.to_dict()
+            print(f"  {Path(g.gpu).name[-24:]:24} {g.engine:11} {k:17} n={d['rows']:3d} generic "
+                  f"{pct(d['generic'] or math.nan)}  profile {pct(d['uncalibrated'] or math.nan)}"
+                  f"  LOMO {pct(d['lomo'] if d['lomo'] is not None else math.nan)}")
+        if g.model_lomo:
+            print(f"    worst model left out: {pct(g.worst_model_lomo or math.nan)}")
+    within, n = v.knees_within_one_step
+    print(f"  knees: {n} curve(s) whose measured throughput has one; predicted within one "
+          f"grid step on {within}")
+    for s in v.skipped:
+        print(f"  skipped {s['model']}: {s['reason']}")
+    return v.to_dict()
 
 
-def published_deployment(r: dict[str, str], eff: rl.Efficiency) -> rl.Deployment:
-    dtype = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}.get(r["dtype"], "")
-    kv = {"fp16": "fp16", "fp8": "fp8"}.get(r["kv_dtype"], "bf16")
-    return rl.Deployment(get_model(r["preset"]), get_gpu(r["gpu"]),
-                         num_gpus=int(r["num_gpus"]), weight_dtype=dtype, kv_dtype=kv, eff=eff)
-
-
-def published_metrics(r: dict[str, str], d: rl.Deployment) -> list[tuple[str, float, float]]:
-    """(metric, predicted, measured) for the like-for-like quantities of a static row."""
-    out = []
-    if r["batch_kind"] != "static" or not r["input_len"]:
-        return out
-    i, o, b = int(r["input_len"]), int(r["output_len"]), int(r["batch"])
-    base = Row(r["preset"], r["gpu"], int(r["num_gpus"]), r["engine"], i, o, b, "tpot_ms", 1.0,
-               r["source"])
-    step = r["step_ms"] or r["itl_ms"] or r["tpot_ms"]
-    if step:
-        out.append(("step_ms", predict(d, base), float(step)))
-    if r["throughput_tok_s"]:
-        pred = predict(d, replace(base, metric="throughput_tok_s"))
-        out.append(("throughput_tok_s", pred, float(r["throughput_tok_s"])))
+def tp_forms_report() -> dict[str, Any]:
+    """The all-reduce latency's growth with the TP size, tried three ways on LMDeploy's A100
+    rows (leave one model out): one latency per call at any N, x log2(N) (the cost model), and
+    x (N-1) (a ring's hop count). The published curves are the only tensor-parallel data."""
+    path = ROOT / "data" / "published" / "curves.csv"
+    rows = [r for r in vc.curves_from_csv(path.read_text(), str(path), path.parent)
+            if r.engine == "lmdeploy"]
+    forms = {"constant": lambda n: 1.0 if n > 1 else 0.0, "log2(N)": rl.allreduce_rounds,
+             "N-1": lambda n: float(n - 1)}
+    out: dict[str, Any] = {}
+    print("\nTensor parallel: the all-reduce latency's growth with N, leave one model out on "
+          "LMDeploy's A100 rows (ITL / throughput)")
+    keep = rl.allreduce_rounds
+    try:
+        for name, f in forms.items():
+            rl.allreduce_rounds = f  # calibrate and the cost model both read it from here
+            (g,) = vc.score_curves(rows).groups
+            out[name] = g.model_lomo
+            tp = {m: e for m, e in g.model_lomo.items() if m in ("internlm/internlm-20b",
+                                                                 "llama-2-70b")}
+            print(f"  {name:9} " + "; ".join(
+                f"{m} (TP {2 if 'internlm' in m else 4}) {pct(e['step_ms'] or math.nan)} / "
+                f"{pct(e['throughput_tok_s'] or math.nan)}" for m, e in tp.items()))
+    finally:
+        rl.allreduce_rounds = keep
     return out
 
 
-# What a GPU x engine's published rows calibrate: the weight stream, the engine's CPU time
-# per step and the all-reduce latency (tensor-parallel rows).
-PUBLISHED_FIT = ("bandwidth", "overhead_s", "allreduce_latency_s")
-
-
-def fit_published(rows: list[dict[str, str]], prior: rl.Efficiency,
-                  fit: tuple[str, ...]) -> rl.Efficiency | None:
-    """Parameters fitted to published static rows (each metric like for like)."""
-    from bstar.calibrate import fit_efficiency
-
-    pairs = [(r, mt, m) for r in rows
-             for mt, _, m in published_metrics(r, published_deployment(r, prior))]
-    if not any(int(r["num_gpus"]) > 1 for r, _, _ in pairs):
-        fit = tuple(k for k in fit if k != "allreduce_latency_s")
-    if len(pairs) < len(fit) + 1:
-        return None
-
-    def pred_all(v: dict[str, float]) -> np.ndarray:
-        e = replace(prior, **v)
-        return np.array([next(p for k, p, _ in published_metrics(r, published_deployment(r, e))
-                              if k == mt) for r, mt, _ in pairs])
-
-    return fit_efficiency(pred_all, [m for _, _, m in pairs], prior, fit).eff
-
-
-def published_report(fit_profiles: bool = False) -> dict[str, Any]:
-    rows, skipped = published_rows()
-    by_group: dict[tuple[str, str], list[dict[str, str]]] = defaultdict(list)
-    for r in rows:
-        by_group[(r["gpu"], r["engine"])].append(r)
-    out: dict[str, Any] = {"groups": [], "skipped_models": skipped, "knees": []}
-    print("\nPublished curves (data/published/curves.csv): median |pred/meas - 1|, static rows")
-    for (gpu, engine), rs in sorted(by_group.items()):
-        prof = get_engine(engine).efficiency()
-        errs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for r in rs:
-            tp = "tp" if int(r["num_gpus"]) > 1 else "tp1"
-            for metric, p, m in published_metrics(r, published_deployment(r, prof)):
-                errs[metric]["uncal"].append(p / m - 1)
-                errs[f"{metric} {tp}"]["uncal"].append(p / m - 1)
-            for metric, p, m in published_metrics(r, published_deployment(r, rl.Efficiency())):
-                errs[f"{metric} {tp}"]["generic"].append(p / m - 1)
-        # Leave one model out: fit to the other models' static rows.
-        # The prior is the generic default, not this engine's profile: a profile fitted on
-        # every row would leak the held-out model into its own prediction.
-        for r in rs:
-            for metric, p, m in published_metrics(r, published_deployment(r, rl.Efficiency())):
-                errs[metric]["generic"].append(p / m - 1)
-        models = sorted({r["preset"] for r in rs})
-        for mdl in models if len(models) > 1 else ():
-            train = [r for r in rs if r["preset"] != mdl]
-            f = fit_published(train, rl.Efficiency(), PUBLISHED_FIT)
-            if f is None:
-                continue
-            for r in (r for r in rs if r["preset"] == mdl):
-                tp = "tp" if int(r["num_gpus"]) > 1 else "tp1"
-                for metric, p, m in published_metrics(r, published_deployment(r, f)):
-                    errs[metric]["lomo"].append(p / m - 1)
-                    errs[f"{metric} {tp}"]["lomo"].append(p / m - 1)
-        g = {"gpu": gpu, "engine": engine, "profile": get_engine(engine).name,
-             "metrics": {k: {"rows": len(v["uncal"]), "generic": med(v["generic"]),
-                             "uncalibrated": med(v["uncal"]), "lomo": med(v["lomo"])}
-                         for k, v in errs.items()}}
-        out["groups"].append(g)
-        for k, v in sorted(errs.items()):
-            print(f"  {gpu:14} {engine:9} {k:24} n={len(v['uncal']):3d} generic "
-                  f"{pct(med(v['generic']))}  {engine} profile {pct(med(v['uncal']))}  "
-                  f"LOMO {pct(med(v['lomo']))}")
-        if fit_profiles:
-            f = fit_published(rs, prof, ("overhead_s", "overhead_per_seq_s",
-                                         "allreduce_latency_s"))
-            if f is not None:
-                vals = {k: getattr(f, k) for k in ("overhead_s", "overhead_per_seq_s",
-                                                   "allreduce_latency_s")}
-                g["fitted"] = vals
-                print(f"    fitted {engine} profile on every row: "
-                      + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
-    if skipped:
-        print(f"  (no bundled config, not predicted: {', '.join(skipped)})")
-    out["knees"] = knee_report(rows)
-    return out
-
-
-def knee_report(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
-    curves: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
-    for r in rows:
-        if r["throughput_tok_s"]:
-            curves[(r["preset"], r["gpu"], r["num_gpus"], r["engine"], r["input_len"],
-                    r["output_len"], r["batch_kind"])].append(r)
-    out = []
-    print("\nKnees (seed 004's doubling rule): measured vs predicted throughput, same grid")
-    for key, rs in sorted(curves.items()):
-        rs.sort(key=lambda r: int(r["batch"]))
-        if len(rs) < 4 or not key[4]:
-            continue
-        grid = [int(r["batch"]) for r in rs]
-        measured = [float(r["throughput_tok_s"]) for r in rs]
-        prof = get_engine(key[3]).efficiency()
-        predicted = []
-        for r in rs:
-            d = published_deployment(r, prof)
-            i, o, b = int(r["input_len"]), int(r["output_len"]), int(r["batch"])
-            predicted.append(predict(d, Row(r["preset"], r["gpu"], int(r["num_gpus"]),
-                                            r["engine"], i, o, b, "throughput_tok_s", 1.0, "")))
-        km = doubling_knee(grid, measured).batch
-        kp = doubling_knee(grid, predicted).batch
-
-        def idx(k: int | None, grid: list[int] = grid) -> int:
-            return len(grid) - 1 if k is None else int(np.argmin([abs(g - k) for g in grid]))
-
-        dist = abs(idx(km) - idx(kp))
-        out.append({"curve": "/".join(key), "grid": grid, "measured_knee": km,
-                    "predicted_knee": kp, "grid_steps_apart": dist})
-        print(f"  {'/'.join(key):58} measured {km!s:>5}  predicted {kp!s:>5}  "
-              f"{dist} step(s) apart")
-    with_knee = [k for k in out if k["measured_knee"] is not None]
-    if with_knee:
-        within = sum(1 for k in with_knee if k["grid_steps_apart"] <= 1)
-        print(f"  curves whose measured throughput has a knee: {len(with_knee)}; bstar's "
-              f"predicted knee within one grid step on {within} of them")
-    return out
+def fit_lmdeploy_profile() -> dict[str, float]:
+    """The lmdeploy profile's engine terms, fitted to every LMDeploy row."""
+    path = ROOT / "data" / "published" / "curves.csv"
+    rows = [r for r in vc.curves_from_csv(path.read_text(), str(path), path.parent)
+            if r.engine == "lmdeploy"]
+    terms = ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s")
+    eff = vc.fit_rows(rows, get_engine("lmdeploy").efficiency(), terms)
+    assert eff is not None
+    vals = {k: getattr(eff, k) for k in terms}
+    print("    fitted lmdeploy profile on every row: "
+          + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
+    return vals
 
 
 def bstar_report() -> list[dict[str, Any]]:
@@ -420,8 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-profiles", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    report = {"h200": h200_report(args.fit_profiles),
-              "published": published_report(args.fit_profiles), "b_star": bstar_report()}
+    report: dict[str, Any] = {"h200": h200_report(args.fit_profiles)}
+    report["published"] = curves_report("published")
+    if args.fit_profiles:
+        report["published"]["fitted_lmdeploy"] = fit_lmdeploy_profile()
+    report["tensor_parallel"] = tp_forms_report()
+    report["h200_curves"] = curves_report("h200")
+    report["cpu_curves"] = curves_report("cpu")
+    report["b_star"] = bstar_report()
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     return 0

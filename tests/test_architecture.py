@@ -143,7 +143,7 @@ LAYERS = (
     ("bstar.roofline", "bstar.sim.steptime"),
     ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
      "bstar.engines",
-     "bstar.validate", "bstar.probe", "bstar.tinymodel"),
+     "bstar.validate", "bstar.validate_curves", "bstar.probe", "bstar.tinymodel"),
     ("bstar.deployment", "bstar.plan"),
     ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer", "bstar.search",
      "bstar.kvcheck"),

@@ -1,36 +1,105 @@
-"""`bstar validate FILE.csv`: the planner against published measurements, per row and in
-median, uncalibrated and calibrated leave-one-out per GPU x engine."""
+"""`bstar validate FILE.csv`: the planner against measurements. Two table shapes:
+- a curves table (a `batch_kind` column; data/published/curves.csv): whole curves scored per
+  GPU x engine, generic, uncalibrated and leave-one-model-out, and the knee distance;
+- a per-row table (metric, value columns; examples/published-measurements.csv): each row,
+  uncalibrated and leave-one-out calibrated per GPU x engine."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from bstar.commands.common import str_list
 
 
 def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("table", type=Path, metavar="FILE.csv",
-                   help="columns: model, gpu, num_gpus, engine, input_len, output_len, batch, "
-                        "metric (tpot_ms, throughput_tok_s, throughput_tok_s_per_gpu), value, "
-                        "source; optional dtype, kv_dtype, note "
-                        "(example: examples/published-measurements.csv)")
-    p.add_argument("--fit", type=str_list, default=["bandwidth", "compute"],
-                   help="parameters fitted in the leave-one-out calibration "
-                        "(default bandwidth,compute)")
+                   help="a curves table (columns model, gpu, num_gpus, engine, batch, "
+                        "batch_kind, source and any of step_ms, itl_ms, tpot_ms, "
+                        "throughput_tok_s; e.g. data/published/curves.csv), or a per-row "
+                        "table (model, gpu, num_gpus, engine, input_len, output_len, batch, "
+                        "metric, value, source; e.g. examples/published-measurements.csv)")
+    p.add_argument("--fit", type=str_list, default=None,
+                   help="parameters fitted in the leave-out calibration (default: "
+                        "bandwidth,overhead_s,allreduce_latency_s for curves, "
+                        "bandwidth,compute per row)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run_validate(args: argparse.Namespace) -> int:
     from bstar.errors import BstarError
-    from bstar.validate import rows_from_csv, validate
+    from bstar.fit.points import read_table
+    from bstar.validate_curves import is_curves_table
 
     try:
         text = args.table.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise BstarError(f"{args.table}: cannot read: {e}") from None
-    v = validate(rows_from_csv(text, str(args.table)), args.fit)
+    table = read_table(text, str(args.table))
+    if table is not None and is_curves_table(table.header):
+        return _run_curves(args, text)
+    return _run_rows(args, text)
+
+
+def _pct(x: float | None) -> str:
+    return "     -" if x is None else f"{x * 100:5.1f}%"
+
+
+def _run_curves(args: argparse.Namespace, text: str) -> int:
+    from bstar.validate_curves import DEFAULT_FIT, curves_from_csv, score_curves
+
+    rows = curves_from_csv(text, str(args.table), args.table.resolve().parent)
+    fit = tuple(args.fit) if args.fit else DEFAULT_FIT
+
+    def progress(what: str) -> None:
+        if not args.json and sys.stderr.isatty():
+            print(f"scoring {what} ...", file=sys.stderr)
+
+    v = score_curves(rows, fit, progress)
+    if args.json:
+        print(json.dumps(v.to_dict(), indent=2))
+        return 0
+    print(f"median |predicted / measured - 1| per GPU x engine ({len(rows)} rows; "
+          "step = decode step vs measured step/ITL/TPOT; throughput = output tok/s "
+          "incl. prefill)")
+    print(f"  {'gpu':<28}{'engine':<12}{'metric':<18}{'rows':>5}{'generic':>9}"
+          f"{'profile':>9}{'LOMO':>8}")
+    for g in v.groups:
+        for k, m in g.metrics.items():
+            d: dict[str, Any] = m.to_dict()
+            print(f"  {Path(g.gpu).name[-27:]:<28}{g.engine:<12}{k:<18}{d['rows']:>5}"
+                  f"{_pct(d['generic']):>9}{_pct(d['uncalibrated']):>9}{_pct(d['lomo']):>8}")
+        for mdl, errs in g.model_lomo.items():
+            print(f"      left out {mdl}: " + ", ".join(f"{k} {_pct(e).strip()}"
+                                                     for k, e in errs.items()))
+        if g.model_lomo:
+            print(f"      worst model left out: {_pct(g.worst_model_lomo).strip()} "
+                  f"(fitting {', '.join(g.fit)} from the generic defaults)")
+        for n in g.notes:
+            print(f"      note: {n}")
+    if v.knees:
+        print("knees (seed 004's doubling rule on measured vs predicted throughput, same "
+              "grid; profile predictions)")
+        for k in v.knees:
+            print(f"  {k.curve:<42.42} {Path(k.gpu).name[-27:]:<28} measured "
+                  f"{k.measured_knee if k.measured_knee is not None else '-':>5}  predicted "
+                  f"{k.predicted_knee if k.predicted_knee is not None else '-':>5}  "
+                  f"{k.grid_steps_apart} grid step(s) apart")
+        within, n = v.knees_within_one_step
+        print(f"  curves whose measured throughput has a knee: {n}; predicted knee within "
+              f"one grid step on {within}")
+    for s in v.skipped:
+        print(f"  skipped {s['model']} on {s['gpu']}: {s['reason']}")
+    return 0
+
+
+def _run_rows(args: argparse.Namespace, text: str) -> int:
+    from bstar.validate import DEFAULT_FIT, rows_from_csv, validate
+
+    v = validate(rows_from_csv(text, str(args.table)), args.fit or DEFAULT_FIT)
     if args.json:
         print(json.dumps(v.to_dict(), indent=2))
         return 0

@@ -1,0 +1,469 @@
+"""`bstar validate CURVES.csv`: the cost model against whole measured curves.
+
+A curves table has one row per (model, GPU, engine, lengths, batch) measurement, as
+`data/published/curves.csv` (transcribed public curves), `data/h200/curves.csv` (decode steps
+measured on an H200) and `data/cpu/curves.csv` (bstar sweeps of vLLM on this machine's CPU)
+write it. Required columns: model, gpu, num_gpus, engine, batch, batch_kind, source; at least
+one measured column of step_ms, itl_ms, tpot_ms, throughput_tok_s. `model` is a bundled preset
+(id, alias or its Hugging Face repo id) or a config.json path; `gpu` a catalog id or a GPU
+file (`bstar probe -o`); paths are relative to the table's folder. Nothing is fetched.
+
+Each measurement is compared only with the quantity it is (like for like):
+- a step, ITL or TPOT with the predicted decode step at the row's context (`context_tokens`,
+  else input + output / 2);
+- output throughput (prefill included) with the prefill-then-decode aggregate
+  (`bstar.validate.predict`), for rows that give their input and output lengths.
+
+Per GPU x engine it reports |predicted / measured - 1| in median three ways:
+- generic: the default efficiencies, no engine named;
+- uncalibrated: the engine's bundled profile (`--engine`; a "fitted" profile fitted to these
+  very rows is in-sample, and the output says so);
+- leave one model out (LOMO): the parameters in `fit` fitted to the OTHER models' rows of the
+  group, from the generic defaults, then predicting the model left out;
+and, for each curve with at least four batch sizes and a throughput, the distance in grid
+steps between the knee of the measured throughput and of the predicted one (seed 004's
+doubling rule on the same grid: what bstar would recommend).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.fit.points import read_table
+
+REQUIRED = ("model", "gpu", "num_gpus", "engine", "batch", "batch_kind", "source")
+OPTIONAL = ("engine_version", "dtype", "kv_dtype", "input_len", "output_len",
+            "context_tokens", "dataset", "step_ms", "tpot_ms", "itl_ms", "throughput_tok_s",
+            "ttft_ms", "note")
+BATCH_KINDS = ("step", "static", "max_num_seqs", "concurrency")
+STEP_COLUMNS = ("step_ms", "itl_ms", "tpot_ms")  # the first one given is the row's step
+# What a group's rows calibrate in leave-one-model-out: the weight stream, the engine's CPU
+# time per step, and (with tensor-parallel rows) the all-reduce latency.
+DEFAULT_FIT = ("bandwidth", "overhead_s", "allreduce_latency_s")
+METRICS = ("step_ms", "throughput_tok_s")
+
+
+def is_curves_table(header: Sequence[str]) -> bool:
+    return "batch_kind" in header
+
+
+@dataclass(frozen=True, slots=True)
+class CurveRow:
+    model: str
+    gpu: str
+    num_gpus: int
+    engine: str
+    batch: int
+    batch_kind: str
+    source: str
+    engine_version: str = ""
+    dtype: str = ""
+    kv_dtype: str = ""
+    input_len: int = 0
+    output_len: int = 0
+    context_tokens: int = 0
+    step_ms: float | None = None
+    step_column: str = ""
+    throughput_tok_s: float | None = None
+    where: str = ""
+    base_dir: str = ""
+
+    @property
+    def context(self) -> int:
+        return self.context_tokens or self.input_len + self.output_len // 2
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return (self.gpu, self.engine)
+
+    @property
+    def curve(self) -> tuple[Any, ...]:
+        return (self.model, self.gpu, self.num_gpus, self.engine, self.engine_version,
+                self.dtype, self.input_len, self.output_len, self.context_tokens,
+                self.batch_kind)
+
+    @property
+    def curve_label(self) -> str:
+        lengths = (f"ctx {self.context_tokens}" if self.context_tokens
+                   else f"{self.input_len}/{self.output_len}")
+        tp = f" tp{self.num_gpus}" if self.num_gpus > 1 else ""
+        dt = f" {self.dtype}" if self.dtype else ""
+        return f"{Path(self.model).stem if self._is_path(self.model) else self.model}{tp}{dt} " \
+               f"{lengths} {self.batch_kind}"
+
+    @staticmethod
+    def _is_path(s: str) -> bool:
+        return s.endswith((".json", ".toml")) or s.startswith((".", "/"))
+
+
+def _number(r: dict[str, str], k: str, at: str) -> float | None:
+    v = r.get(k, "").strip().replace(",", "")
+    if not v:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise BstarError(f"{at}: {k} {v!r} is not a number") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise BstarError(f"{at}: {k} must be positive, got {v}")
+    return x
+
+
+def _count(r: dict[str, str], k: str, at: str, required: bool = False) -> int:
+    v = r.get(k, "").strip()
+    if not v:
+        if required:
+            raise BstarError(f"{at}: {k} is required")
+        return 0
+    try:
+        n = int(v)
+    except ValueError:
+        raise BstarError(f"{at}: {k} {v!r} is not an integer") from None
+    if n < (1 if required else 0):
+        raise BstarError(f"{at}: {k} must be >= 1, got {n}")
+    return n
+
+
+def curves_from_csv(text: str, where: str = "table", base_dir: Path | None = None
+                    ) -> list[CurveRow]:
+    """Parse a curves table (header row; lines starting with # are comments)."""
+    table = read_table(text, where)
+    if table is None:
+        raise BstarError(f"{where}: empty table")
+    missing = [c for c in REQUIRED if c not in table.header]
+    if missing:
+        raise BstarError(f"{where}: missing column(s) {', '.join(missing)}")
+    unknown = [h for h in table.header if h not in REQUIRED + OPTIONAL]
+    if unknown:
+        raise BstarError(f"{where}: unknown column(s) {', '.join(unknown)} (known: "
+                         f"{', '.join(REQUIRED + OPTIONAL)})")
+    rows = []
+    for cells, at in table.rows():
+        r = {h: (c or "").strip() for h, c in cells.items()}
+        if r["batch_kind"] not in BATCH_KINDS:
+            raise BstarError(f"{at}: batch_kind {r['batch_kind']!r} is not one of "
+                             f"{', '.join(BATCH_KINDS)}")
+        if not r["source"]:
+            raise BstarError(f"{at}: every row needs its source")
+        step_col = next((k for k in STEP_COLUMNS if r.get(k)), "")
+        step = _number(r, step_col, at) if step_col else None
+        tput = _number(r, "throughput_tok_s", at)
+        for k in ("ttft_ms",):
+            _number(r, k, at)
+        if step is None and tput is None:
+            raise BstarError(f"{at}: no measurement (give one of {', '.join(STEP_COLUMNS)} "
+                             "or throughput_tok_s)")
+        rows.append(CurveRow(
+            model=r["model"], gpu=r["gpu"], num_gpus=_count(r, "num_gpus", at, True),
+            engine=r["engine"], batch=_count(r, "batch", at, True), batch_kind=r["batch_kind"],
+            source=r["source"], engine_version=r.get("engine_version", ""),
+            dtype=r.get("dtype", ""), kv_dtype=r.get("kv_dtype", ""),
+            input_len=_count(r, "input_len", at), output_len=_count(r, "output_len", at),
+            context_tokens=_count(r, "context_tokens", at), step_ms=step,
+            step_column=step_col, throughput_tok_s=tput, where=at,
+            base_dir=str(base_dir) if base_dir else ""))
+    if not rows:
+        raise BstarError(f"{where}: no rows")
+    return rows
+
+
+# ---- deployments --------------------------------------------------------------------------
+_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
+           "int8": "int8"}
+
+
+def _resolve(name: str, base_dir: str) -> str:
+    if CurveRow._is_path(name) and base_dir and not Path(name).is_absolute():
+        return str(Path(base_dir) / name)
+    return name
+
+
+def model_for(row: CurveRow) -> Any:
+    """The row's ModelSpec, offline only: a bundled preset or a config.json path. Raises
+    BstarError (the row is then skipped, with this reason) for anything else."""
+    from bstar.specs.presets import _resolve_preset, get_model
+
+    name = _resolve(row.model, row.base_dir)
+    if CurveRow._is_path(name) or _resolve_preset(name) is not None:
+        return get_model(name)
+    raise BstarError(f"no bundled config for {row.model!r} (give a config.json path)")
+
+
+def deployment_for(row: CurveRow, eff: rl.Efficiency) -> rl.Deployment:
+    from bstar.specs.gpu import get_gpu
+
+    return rl.Deployment(model_for(row), get_gpu(_resolve(row.gpu, row.base_dir)),
+                         num_gpus=row.num_gpus, weight_dtype=_DTYPES.get(row.dtype, ""),
+                         kv_dtype=_DTYPES.get(row.kv_dtype, "") or (
+                             "fp32" if row.dtype == "fp32" else "bf16"),
+                         eff=eff)
+
+
+def measured(row: CurveRow) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if row.context <= 0:  # no lengths given: nothing to predict it at
+        return out
+    if row.step_ms is not None:
+        out["step_ms"] = row.step_ms
+    if row.throughput_tok_s is not None and row.input_len and row.output_len \
+            and row.batch_kind != "step":
+        out["throughput_tok_s"] = row.throughput_tok_s
+    return out
+
+
+def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
+    """The row's measured quantities as the cost model predicts them, like for like."""
+    from bstar.validate import Row, predict
+
+    out = {}
+    m = measured(row)
+    if "step_ms" in m:
+        c = rl.curve(d, [row.batch], row.context)
+        out["step_ms"] = float(c.tpot_s[0]) * 1e3
+    if "throughput_tok_s" in m:
+        r = Row(row.model, row.gpu, row.num_gpus, row.engine, row.input_len, row.output_len,
+                row.batch, "throughput_tok_s", 1.0, row.source)
+        out["throughput_tok_s"] = predict(d, r)
+    return out
+
+
+# ---- scoring ------------------------------------------------------------------------------
+def _med(x: Sequence[float]) -> float | None:
+    return float(np.median(np.abs(x))) if len(x) else None
+
+
+@dataclass
+class MetricScore:
+    rows: int = 0
+    generic: list[float] = field(default_factory=list)
+    uncalibrated: list[float] = field(default_factory=list)
+    lomo: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "generic": _med(self.generic),
+                "uncalibrated": _med(self.uncalibrated), "lomo": _med(self.lomo)}
+
+
+@dataclass
+class GroupScore:
+    gpu: str
+    engine: str
+    profile: str | None
+    profile_basis: str | None
+    fit: tuple[str, ...]
+    models: list[str]
+    metrics: dict[str, MetricScore]
+    model_lomo: dict[str, dict[str, float | None]]
+    notes: list[str]
+
+    @property
+    def worst_model_lomo(self) -> float | None:
+        vals = [v for m in self.model_lomo.values() for v in m.values() if v is not None]
+        return max(vals) if vals else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "engine": self.engine, "profile": self.profile,
+                "profile_basis": self.profile_basis, "fit": list(self.fit),
+                "models": self.models,
+                "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+                "model_lomo": self.model_lomo, "worst_model_lomo": self.worst_model_lomo,
+                "notes": self.notes}
+
+
+@dataclass(frozen=True)
+class KneeScore:
+    curve: str
+    gpu: str
+    engine: str
+    grid: list[int]
+    measured_knee: int | None
+    predicted_knee: int | None
+    grid_steps_apart: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"curve": self.curve, "gpu": self.gpu, "engine": self.engine,
+                "grid": self.grid, "measured_knee": self.measured_knee,
+                "predicted_knee": self.predicted_knee,
+                "grid_steps_apart": self.grid_steps_apart}
+
+
+@dataclass
+class CurvesValidation:
+    groups: list[GroupScore]
+    knees: list[KneeScore]
+    skipped: list[dict[str, str]]
+
+    @property
+    def knees_within_one_step(self) -> tuple[int, int]:
+        with_knee = [k for k in self.knees if k.measured_knee is not None]
+        return sum(1 for k in with_knee if k.grid_steps_apart <= 1), len(with_knee)
+
+    def to_dict(self) -> dict[str, Any]:
+        within, n = self.knees_within_one_step
+        return {"kind": "curves", "groups": [g.to_dict() for g in self.groups],
+                "knees": [k.to_dict() for k in self.knees],
+                "knees_within_one_grid_step": within, "curves_with_measured_knee": n,
+                "skipped": self.skipped}
+
+
+def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
+             fit: Sequence[str]) -> rl.Efficiency | None:
+    """Parameters `fit` fitted to the rows' measurements (log space, robust, bounded:
+    bstar.calibrate.fit_efficiency); None when the rows cannot determine them."""
+    from bstar.calibrate import fit_efficiency
+
+    fit = tuple(k for k in fit if k != "allreduce_latency_s"
+                or any(r.num_gpus > 1 for r in rows))
+    models = {id(r): model_for(r) for r in rows}  # parsed once, not per evaluation
+    pairs = [(r, k, v) for r in rows for k, v in measured(r).items()]
+    if not fit or len(pairs) < len(fit) + 1:
+        return None
+    from bstar.specs.gpu import get_gpu
+
+    gpus = {r.gpu: get_gpu(_resolve(r.gpu, r.base_dir)) for r in rows}
+
+    def dep(r: CurveRow, e: rl.Efficiency) -> rl.Deployment:
+        return rl.Deployment(models[id(r)], gpus[r.gpu], num_gpus=r.num_gpus,
+                             weight_dtype=_DTYPES.get(r.dtype, ""),
+                             kv_dtype=_DTYPES.get(r.kv_dtype, "") or (
+                                 "fp32" if r.dtype == "fp32" else "bf16"), eff=e)
+
+    def pred_all(v: dict[str, float]) -> np.ndarray:
+        e = replace(prior, **v)
+        cache: dict[int, dict[str, float]] = {}
+        out = []
+        for r, k, _ in pairs:
+            if id(r) not in cache:
+                cache[id(r)] = predicted(dep(r, e), r)
+            out.append(cache[id(r)][k])
+        return np.array(out)
+
+    return fit_efficiency(pred_all, [v for _, _, v in pairs], prior, fit).eff
+
+
+def _errors(rows: Sequence[CurveRow], eff: rl.Efficiency) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        p = predicted(deployment_for(r, eff), r)
+        for k, v in measured(r).items():
+            out[k].append(p[k] / v - 1.0)
+    return out
+
+
+def _family(model: str) -> str:
+    return model.split("@")[0]
+
+
+def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
+                 progress: Callable[[str], None] | None = None) -> CurvesValidation:
+    from bstar.engines import get_engine
+
+    generic = rl.Efficiency()
+    usable, skipped, seen = [], [], set()
+    for r in rows:
+        try:
+            deployment_for(r, generic)
+            if not measured(r):
+                raise BstarError("no input/output lengths or context given: nothing to "
+                                 "predict the measurement at")
+        except BstarError as e:
+            if (r.model, r.gpu, str(e)) not in seen:
+                skipped.append({"model": r.model, "gpu": r.gpu, "reason": str(e)})
+                seen.add((r.model, r.gpu, str(e)))
+            continue
+        usable.append(r)
+    by_group: dict[tuple[str, str], list[CurveRow]] = defaultdict(list)
+    for r in usable:
+        by_group[r.group].append(r)
+    groups = []
+    for (gpu, engine), rs in by_group.items():
+        if progress:
+            progress(f"{gpu} x {engine}")
+        notes: list[str] = []
+        try:
+            prof = get_engine(engine)
+            prof_eff, prof_name, basis = prof.efficiency(), prof.name, prof.basis
+        except BstarError:
+            prof_eff, prof_name, basis = generic, None, None
+            notes.append(f"no bundled profile for engine {engine!r}: uncalibrated = generic")
+        metrics: dict[str, MetricScore] = {k: MetricScore() for k in METRICS}
+        for k, v in _errors(rs, generic).items():
+            metrics[k].generic += v
+            metrics[k].rows = len(v)
+        for k, v in _errors(rs, prof_eff).items():
+            metrics[k].uncalibrated += v
+        models = sorted({_family(r.model) for r in rs})
+        model_lomo: dict[str, dict[str, float | None]] = {}
+        if len(models) < 2:
+            notes.append("one model: no leave-one-model-out figure")
+        else:
+            for m in models:
+                train = [r for r in rs if _family(r.model) != m]
+                eff = fit_rows(train, generic, fit)
+                if eff is None:
+                    notes.append(f"{m}: the other models' rows cannot determine "
+                                 f"{', '.join(fit)}")
+                    continue
+                errs = _errors([r for r in rs if _family(r.model) == m], eff)
+                for k, v in errs.items():
+                    metrics[k].lomo += v
+                model_lomo[m] = {k: _med(v) for k, v in errs.items()}
+        if basis == "fitted":
+            notes.append(f"the {prof_name} profile is fitted: where it was fitted to these "
+                         "rows, its figure is in-sample")
+        groups.append(GroupScore(gpu, engine, prof_name, basis, tuple(fit), models,
+                                 {k: v for k, v in metrics.items() if v.rows}, model_lomo,
+                                 notes))
+    return CurvesValidation(groups, knee_scores(usable), skipped)
+
+
+def knee_scores(rows: Sequence[CurveRow]) -> list[KneeScore]:
+    """Measured vs predicted knee (seed 004's doubling rule) on each curve with >= 4 batch
+    sizes and a throughput (measured, or B / step for decode-step curves)."""
+    from bstar.engines import get_engine
+    from bstar.knee import doubling_knee
+
+    curves: dict[tuple[Any, ...], list[CurveRow]] = defaultdict(list)
+    for r in rows:
+        curves[r.curve].append(r)
+    out = []
+    for rs in curves.values():
+        rs = sorted({r.batch: r for r in rs}.values(), key=lambda r: r.batch)
+        if len(rs) < 4:
+            continue
+        try:
+            eff = get_engine(rs[0].engine).efficiency()
+        except BstarError:
+            eff = rl.Efficiency()
+        meas, pred = [], []
+        for r in rs:
+            m, p = measured(r), predicted(deployment_for(r, eff), r)
+            if "throughput_tok_s" in m:
+                meas.append(m["throughput_tok_s"])
+                pred.append(p["throughput_tok_s"])
+            elif r.batch_kind == "step" and "step_ms" in m:
+                meas.append(r.batch / m["step_ms"])
+                pred.append(r.batch / p["step_ms"])
+            else:
+                break
+        else:
+            grid = [r.batch for r in rs]
+            km = doubling_knee(grid, meas).batch
+            kp = doubling_knee(grid, pred).batch
+
+            def idx(k: int | None, grid: list[int] = grid) -> int:
+                return len(grid) - 1 if k is None else int(np.argmin([abs(g - k)
+                                                                      for g in grid]))
+
+            out.append(KneeScore(rs[0].curve_label, rs[0].gpu, rs[0].engine, grid, km, kp,
+                                 abs(idx(km) - idx(kp))))
+    return out
