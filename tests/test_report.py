@@ -290,6 +290,9 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     html = out.read_text(encoding="utf-8")
     # The signature picture (predicted, fitted, measured, simulated), then the sweep's own.
     assert re.findall(r'data-plot="([^"]+)"', html) == ["signature", "sweep"]
+    # Like for like: each level's predicted tok/s counts the prefill its measured tok/s does.
+    assert all(lv["predicted"]["throughput_basis"] == "incl_prefill" for lv in sweep["levels"])
+    assert "pred. tok/s incl. prefill" in html
     for lv in sweep["levels"]:
         assert f"{lv['throughput_tok_s']:,.1f}" in html
     sig = ET.fromstring(re.search(r'id="plot-signature".*?(<svg.*?</svg>)', html, re.S)

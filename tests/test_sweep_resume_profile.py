@@ -57,3 +57,24 @@ def test_resume_and_report_keep_the_profile(token_server: TokenServerFactory, tm
     curve = sweep_view(shown)["predicted_curve"]
     assert curve["batch"][0] == 1
     assert curve["tpot_ms"][0] == pytest.approx(predict_level(calibrated, 1, ctx)["tpot_ms"])
+
+
+def test_level_prediction_is_the_quantity_the_level_measures() -> None:
+    """A level measures output tokens per second with every prompt's prefill in it, so its
+    prediction is the prefill-then-decode aggregate (as `bstar validate` predicts a curve),
+    not B / TPOT; without lengths it stays B / TPOT and says so."""
+    from bstar import roofline as rl
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+    from bstar.validate import Row, predict
+
+    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    p = predict_level(d, 16, 1024 + 64, 1024, 128)
+    row = Row("llama-3-8b", "h100-sxm", 1, "vllm", 1024, 128, 16, "throughput_tok_s", 1.0, "-")
+    assert p["throughput_basis"] == "incl_prefill"
+    assert p["throughput_tok_s"] == pytest.approx(predict(d, row), rel=1e-12)
+    assert p["decode_throughput_tok_s"] == pytest.approx(16 / (p["tpot_ms"] / 1e3), rel=1e-9)
+    assert p["throughput_tok_s"] < 0.9 * p["decode_throughput_tok_s"]  # 1,024-token prompts
+    q = predict_level(d, 16, 1024 + 64)
+    assert q["throughput_basis"] == "decode_only"
+    assert q["throughput_tok_s"] == pytest.approx(p["decode_throughput_tok_s"])

@@ -36,18 +36,32 @@ EventFn = Callable[[str, dict[str, Any]], None]
 # ---- cost model -----------------------------------------------------------------------------
 
 
-def predict_level(deployment: Any, batch: int | None, context_tokens: int) -> dict[str, Any]:
-    """The cost model's decode step at this level's batch (None fields when no batch)."""
+def predict_level(deployment: Any, batch: int | None, context_tokens: int,
+                  input_len: int = 0, output_len: int = 0) -> dict[str, Any]:
+    """The cost model at this level's batch, each figure the quantity the level measures:
+    `tpot_ms` the decode step (a request's TPOT); `throughput_tok_s` the output tokens per
+    second a loop of B streams measures, prefill included, B x O / (prefill(B x I) + O x
+    step) as `bstar validate` predicts it (with the lengths; B / step without them, and
+    `throughput_basis` says which); `decode_throughput_tok_s` = B / step. {} when no batch."""
     from bstar import roofline as rl
 
     if not batch:
         return {}
     c = rl.curve(deployment, [batch], context_tokens)
+    step_s = float(c.step_s[0])
+    decode_tput = float(c.throughput_tok_s[0])
+    tput, basis = decode_tput, "decode_only"
+    if input_len > 0 and output_len > 0:
+        running = int(c.running_batch[0])
+        total_s = rl.prefill_s(deployment, input_len, running) + output_len * step_s
+        tput, basis = running * output_len / total_s, "incl_prefill"
     return {
         "batch": batch,
         "context_tokens": context_tokens,
         "tpot_ms": float(c.tpot_s[0]) * 1e3,
-        "throughput_tok_s": float(c.throughput_tok_s[0]),
+        "throughput_tok_s": tput,
+        "throughput_basis": basis,
+        "decode_throughput_tok_s": decode_tput,
         "regime": c.regime[0],
         "b_mem": int(rl.b_mem(deployment, context_tokens)),
         "b_star": float(rl.b_star(deployment, context_tokens)),
@@ -318,7 +332,8 @@ class _Runner:
                 # Open loop: Little's law gives the mean number in the system.
                 batch = max(1, round(stats["request_rate_s"] * stats["e2e_ms"]["mean"] / 1e3))
             ctx = cfg.input_len + cfg.output_len // 2
-            predicted = predict_level(self.deployment, batch, ctx) or None
+            predicted = predict_level(self.deployment, batch, ctx, cfg.input_len,
+                                      cfg.output_len) or None
         self.store.finish_level(level_id, status=status, status_detail=detail,
                                 duration_s=m.duration_s, stats=stats, server=m.server,
                                 predicted=predicted)

@@ -236,7 +236,10 @@ def sweep_report(s: dict[str, Any], command: str = "",
         tables=[Table("Per level (ms unless stated)",
                       [xname, "requests", "errors", "tok/s", "TPOT p50", "TPOT p99",
                        "TTFT p50", "TTFT p99", "E2E p50", "preemptions", "KV max",
-                       "pred. TPOT", "pred. tok/s"], rows),
+                       "pred. TPOT", "pred. tok/s incl. prefill" if any(
+                           (lv.get("predicted") or {}).get("throughput_basis")
+                           == "incl_prefill" for lv in levels) else "pred. tok/s (B/TPOT)"],
+                      rows),
                 *([Table("Knee rules on the measured curve", ["rule", "batch", "reason"],
                          knee_rows)] if knee_rows else [])]))
     r.assumptions = [

@@ -401,7 +401,12 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
         t.add_column("KV max", justify="right")
         t.add_column("run/wait max", justify="right")
     if has_pred:
-        t.add_column("model tok/s (err)", justify="right")
+        # Like for like: the measured tok/s counts every request's prefill, and so does the
+        # prediction the sweep stored with its lengths (older runs: B / step, said so).
+        incl = any((lv.get("predicted") or {}).get("throughput_basis") == "incl_prefill"
+                   for lv in levels)
+        t.add_column("model tok/s incl. prefill (err)" if incl
+                     else "model tok/s decode-only (err)", justify="right")
         t.add_column("model TPOT ms (err)", justify="right")
     t.add_column("status")
     for lv in levels:

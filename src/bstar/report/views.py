@@ -145,11 +145,16 @@ def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
     batches = [p["batch"] for p in preds if p.get("batch")]
     grid = np.unique(np.geomspace(min(batches), max(batches), 120).round().astype(np.int64))
     ctx = int(preds[0]["context_tokens"])
-    rows = [predict_level(d, int(b), ctx) for b in grid]
+    # The lengths the levels were predicted with (runs stored before the prefill-aware
+    # prediction have no basis: their line stays decode-only, as their levels).
+    lengths = ((int(opts.get("input_len") or 0), int(opts.get("output_len") or 0))
+               if preds[0].get("throughput_basis") == "incl_prefill" else (0, 0))
+    rows = [predict_level(d, int(b), ctx, *lengths) for b in grid]
     out["predicted_curve"] = {"batch": [r["batch"] for r in rows],
                               "tpot_ms": [r["tpot_ms"] for r in rows],
                               "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
                               "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
+                              "throughput_basis": rows[0]["throughput_basis"],
                               "context_tokens": ctx, "model": d.model.name,
                               "gpu": d.gpu.name}
     return out

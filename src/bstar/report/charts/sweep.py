@@ -91,8 +91,12 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                        color=TPUT_COLOR, markersize=7)
         a_tput.plot([], [], marker="o", color=TPUT_COLOR, label="measured throughput")
         if pred:
+            basis = (dense or {}).get("throughput_basis") or next(
+                (q.get("throughput_basis") for _, q in pred if q.get("throughput_basis")), None)
             a_tput.plot([x for x, _ in pred], [q["throughput_tok_s"] for _, q in pred],
-                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8, label=pred_label)
+                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8,
+                        label=pred_label + (", output tok/s incl. prefill"
+                                            if basis == "incl_prefill" else ", B / TPOT"))
         a_tput.set_ylim(0, None)
         a_tput.yaxis.set_major_formatter(_thousands())
         a_tput.set_ylabel("output tokens / s")
