@@ -22,6 +22,7 @@ matrices totalling >= 1 GiB (far past L2), for the weight-stream efficiency by m
 
     python bench/gpu_steps.py --out steps.jsonl              # everything, ~4 min on an H200
     python bench/gpu_steps.py --device cpu --quick --out x   # a smoke run of the harness
+    python bench/gpu_steps.py --models internlm-20b,opt-2.7b --out heldout.jsonl
 
 Needs PyTorch (CUDA for real figures). Only the model configs bundled with bstar are read.
 """
@@ -62,7 +63,9 @@ class Shapes:
         self.gated = not self.opt
         self.vocab = int(cfg["vocab_size"])
         tied = cfg.get("tie_word_embeddings")
-        self.tied = bool(tied) if tied is not None else self.opt
+        # HF's default: OPT and Gemma tie the LM head to the embedding table.
+        self.tied = bool(tied) if tied is not None else (
+            self.opt or str(cfg.get("model_type", "")).startswith("gemma"))
         self.qkv_bias = self.opt or cfg.get("model_type") == "qwen2"
         self.bias = self.opt  # OPT has biases on every linear layer
 
@@ -397,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="tiny grid (smoke test of the harness)")
     ap.add_argument("--only", default="", help="comma list of parts: models,mixed,mixed2,gemv,fp8")
+    ap.add_argument("--models", default="",
+                    help="comma list of bundled presets: decode curves of just these, at "
+                         "--contexts (held-out checks; replaces --only)")
+    ap.add_argument("--contexts", default="512,2048",
+                    help="contexts for --models (default 512,2048)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--kv-budget-gb", type=float, default=100.0)
     ap.add_argument("--mixed-context", type=int, default=1024)
@@ -421,6 +429,16 @@ def main(argv: list[str] | None = None) -> int:
     mixed_grid = [(b, n, c) for b in (0, 16, 64, 256) for n in (0, 128, 512, 2048)
                   for c in (0, 4096) if (b, n) != (0, 0) and not (n == 0 and c)]
     t0 = time.time()
+    if args.models:
+        batches = [1, 4, 16, 32, 64, 128, 256, 512, 1024]
+        grid = [(int(c), batches) for c in args.contexts.split(",")]
+        for name in args.models.split(","):
+            try:
+                run_model(name, grid, [], args, out, eager_at=())
+            except Exception as exc:  # record and go on: one model must not cost the rest
+                out({"kind": "error", "model": name, "error": repr(exc)[:300]})
+        print(f"done in {time.time() - t0:.1f} s", file=sys.stderr)
+        return 0
     if "mixed" in parts:
         run_model("llama-3-8b", small_grid, mixed_grid, args, out)
     if "mixed2" in parts:  # the same mixes on other shapes: does the step model transfer?
