@@ -1,11 +1,14 @@
 """Write the repo's own measurements as curves tables for `bstar validate`.
 
     python bench/to_curves.py h200   > data/h200/curves.csv
+    python bench/to_curves.py h200-heldout > data/h200/heldout-curves.csv
     python bench/to_curves.py cpu    > data/cpu/curves.csv
 
 h200: the decode steps of data/h200/steps.jsonl and llama-3-8b-decode.jsonl (bench/gpu_steps.py;
 one row per (model, context, batch); the 8-layer cut of Llama-3-8B, a harness device with no
-served counterpart, is left out). cpu: the closed-loop levels of data/cpu/vllm-decode-sweep-*.json
+served counterpart, is left out); h200-heldout: data/h200/heldout.jsonl, models measured after
+the torch-graph profile was fitted, to be predicted, not fitted. cpu: the closed-loop levels
+of data/cpu/vllm-decode-sweep-*.json
 and data/cpu/llamacpp-sweep-*.json (`bstar sweep` against vLLM and against llama.cpp's server
 on this machine's CPU), each with its run's probe as the device and the tiny model's
 config.json. Numbers are copied, not rounded (repr of the float).
@@ -24,10 +27,11 @@ COLUMNS = ("model", "gpu", "num_gpus", "engine", "engine_version", "dtype", "kv_
            "itl_ms", "tpot_ms", "throughput_tok_s", "ttft_ms", "source", "note")
 
 
-def h200() -> list[dict[str, object]]:
+def h200(files: tuple[tuple[str, str], ...] = (
+        ("steps.jsonl", "bench/gpu_steps.py (norm fused)"),
+        ("llama-3-8b-decode.jsonl", "earlier harness (norm fused)"))) -> list[dict[str, object]]:
     rows = []
-    for name, version in (("steps.jsonl", "bench/gpu_steps.py (norm fused)"),
-                          ("llama-3-8b-decode.jsonl", "earlier harness (norm fused)")):
+    for name, version in files:
         for line in (ROOT / "data" / "h200" / name).read_text().splitlines():
             r = json.loads(line)
             if r["kind"] != "decode" or "@8l" in r["model"]:
@@ -75,10 +79,11 @@ def cpu() -> list[dict[str, object]]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("h200", "cpu"):
+    if len(argv) != 1 or argv[0] not in ("h200", "h200-heldout", "cpu"):
         print(__doc__, file=sys.stderr)
         return 2
-    rows = h200() if argv[0] == "h200" else cpu()
+    rows = (h200() if argv[0] == "h200" else cpu() if argv[0] == "cpu"
+            else h200((("heldout.jsonl", "bench/gpu_steps.py --models (held out)"),)))
     print(f"# Written by `python bench/to_curves.py {argv[0]}` from the files in the source "
           "column; see data/README.md.")
     w = csv.DictWriter(sys.stdout, COLUMNS, lineterminator="\n")

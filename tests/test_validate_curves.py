@@ -10,6 +10,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bstar import roofline as rl
@@ -156,7 +157,23 @@ def test_cli_resolves_config_and_probe_paths_next_to_the_table(
 
 
 def test_the_repo_curves_tables_parse() -> None:
-    for name in ("published", "h200", "cpu"):
-        p = ROOT / "data" / name / "curves.csv"
+    for p in [ROOT / "data" / n / "curves.csv" for n in ("published", "h200", "cpu")] + [
+            ROOT / "data" / "h200" / "heldout-curves.csv"]:
         rows = vc.curves_from_csv(p.read_text(), str(p), p.parent)
         assert rows and all(r.source for r in rows)
+
+
+def test_held_out_h200_models_are_predicted_by_the_profile_fitted_before_them() -> None:
+    """Five models (InternLM-20B, OPT-2.7B, Gemma-2-9B and -27B, Llama-2-70B) timed on the
+    H200 after the torch-graph profile was fitted on seven others: the profile, unchanged,
+    predicts their decode steps (the figure docs/cost-model.md quotes)."""
+    p = ROOT / "data" / "h200" / "heldout-curves.csv"
+    rows = vc.curves_from_csv(p.read_text(), str(p), p.parent)
+    assert {r.model for r in rows} == {"internlm-20b", "opt-2.7b", "gemma-2-9b",
+                                       "gemma-2-27b", "llama-2-70b"}
+    from bstar.engines import get_engine
+
+    errs = vc._errors(rows, get_engine("torch-graph").efficiency())["step_ms"]
+    assert len(errs) == len(rows)
+    assert float(np.median(np.abs(errs))) < 0.05
+    assert max(map(abs, errs)) < 0.15

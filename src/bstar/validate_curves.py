@@ -10,7 +10,8 @@ file (`bstar probe -o`); paths are relative to the table's folder. Nothing is fe
 
 Each measurement is compared only with the quantity it is (like for like):
 - a step, ITL or TPOT with the predicted decode step at the row's context (`context_tokens`,
-  else input + output / 2);
+  else input + output / 2): a request's TPOT, time-sliced past B_mem, for serving rows; the
+  step of exactly `batch` sequences for `step` rows (a timed step, not a server);
 - output throughput (prefill included) with the prefill-then-decode aggregate
   (`bstar.validate.predict`), for rows that give their input and output lengths.
 
@@ -226,7 +227,11 @@ def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
 
     out = {}
     m = measured(row)
-    if "step_ms" in m:
+    if "step_ms" in m and row.batch_kind == "step":
+        # A timed step of exactly `batch` sequences, whatever a server's memory policy
+        # would have admitted: the step itself, not a request's (time-sliced) TPOT.
+        out["step_ms"] = float(rl.decode_step(d, [row.batch], row.context).step_s[0]) * 1e3
+    elif "step_ms" in m:
         c = rl.curve(d, [row.batch], row.context)
         out["step_ms"] = float(c.tpot_s[0]) * 1e3
     if "throughput_tok_s" in m:
@@ -264,6 +269,7 @@ class GroupScore:
     metrics: dict[str, MetricScore]
     model_lomo: dict[str, dict[str, float | None]]
     notes: list[str]
+    model_uncalibrated: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     @property
     def worst_model_lomo(self) -> float | None:
@@ -275,6 +281,7 @@ class GroupScore:
                 "profile_basis": self.profile_basis, "fit": list(self.fit),
                 "models": self.models,
                 "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+                "model_uncalibrated": self.model_uncalibrated,
                 "model_lomo": self.model_lomo, "worst_model_lomo": self.worst_model_lomo,
                 "notes": self.notes}
 
@@ -402,6 +409,8 @@ def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
         for k, v in _errors(rs, prof_eff).items():
             metrics[k].uncalibrated += v
         models = sorted({_family(r.model) for r in rs})
+        model_uncal = {m: {k: _med(v) for k, v in _errors(
+            [r for r in rs if _family(r.model) == m], prof_eff).items()} for m in models}
         model_lomo: dict[str, dict[str, float | None]] = {}
         if len(models) < 2:
             notes.append("one model: no leave-one-model-out figure")
@@ -422,7 +431,7 @@ def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
                          "rows, its figure is in-sample")
         groups.append(GroupScore(gpu, engine, prof_name, basis, tuple(fit), models,
                                  {k: v for k, v in metrics.items() if v.rows}, model_lomo,
-                                 notes))
+                                 notes, model_uncal))
     return CurvesValidation(groups, knee_scores(usable), skipped)
 
 

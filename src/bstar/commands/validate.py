@@ -72,9 +72,12 @@ def _run_curves(args: argparse.Namespace, text: str) -> int:
             d: dict[str, Any] = m.to_dict()
             print(f"  {Path(g.gpu).name[-27:]:<28}{g.engine:<12}{k:<18}{d['rows']:>5}"
                   f"{_pct(d['generic']):>9}{_pct(d['uncalibrated']):>9}{_pct(d['lomo']):>8}")
-        for mdl, errs in g.model_lomo.items():
-            print(f"      left out {mdl}: " + ", ".join(f"{k} {_pct(e).strip()}"
-                                                     for k, e in errs.items()))
+        for mdl, errs in g.model_uncalibrated.items():
+            lomo = g.model_lomo.get(mdl, {})
+            print(f"      {mdl}: " + ", ".join(
+                f"{k} profile {_pct(e).strip()}"
+                + (f", left out {_pct(lomo.get(k)).strip()}" if lomo else "")
+                for k, e in errs.items()))
         if g.model_lomo:
             print(f"      worst model left out: {_pct(g.worst_model_lomo).strip()} "
                   f"(fitting {', '.join(g.fit)} from the generic defaults)")
