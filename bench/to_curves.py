@@ -46,23 +46,28 @@ def h200(files: tuple[tuple[str, str], ...] = (
     return rows
 
 
-# Closed-loop sweeps in data/cpu/: (file pattern, engine, probe file pattern).
-CPU_SWEEPS = (("vllm-decode-sweep-*.json", "vllm", "probe-{tag}.toml"),
-              ("llamacpp-sweep-*.json", "llama.cpp", "llamacpp-probe-{tag}.toml"))
+# Closed-loop sweeps in data/cpu/: (file pattern, engine, probe file, model config); {tag} is
+# the run's tag and {shape} the middle of the file name (bench/cpu_models.py's shapes).
+CPU_SWEEPS = (("vllm-decode-sweep-*.json", "vllm", "probe-{tag}.toml", "tiny-config.json"),
+              ("llamacpp-sweep-*.json", "llama.cpp", "llamacpp-probe-{tag}.toml",
+               "tiny-config.json"),
+              ("llamacpp-*-sweep-*.json", "llama.cpp", "llamacpp-probe-{tag}.toml",
+               "llamacpp-{shape}-config.json"))
 
 
 def cpu() -> list[dict[str, object]]:
     rows = []
-    for pattern, engine, probe in CPU_SWEEPS:
+    for pattern, engine, probe, config in CPU_SWEEPS:
         for f in sorted((ROOT / "data" / "cpu").glob(pattern)):
             tag = f.stem.rsplit("-", 1)[1]
+            shape = f.stem.removeprefix("llamacpp-").rsplit("-sweep-", 1)[0]
             d = json.loads(f.read_text())
             o = d["options"]
             dep = o.get("deployment") or {}
             for lv in d["levels"]:
                 if lv.get("status") != "completed":
                     continue
-                rows.append({"model": "tiny-config.json", "gpu": probe.format(tag=tag),
+                rows.append({"model": config.format(shape=shape), "gpu": probe.format(tag=tag),
                              "num_gpus": 1, "engine": engine, "engine_version":
                              f"{d.get('server_version') or ''} (cpu, run {tag})".strip(),
                              "dtype": dep.get("weight_dtype") or "fp32",

@@ -133,3 +133,17 @@ def test_cuda_probe_writes_the_real_vendor(monkeypatch: pytest.MonkeyPatch, tmp_
     for k, v in runtime.items():
         assert f"{k} {v}" in written["source"]
     assert get_gpu(str(out)).vendor == vendor
+
+
+def test_probe_at_an_engines_thread_count_runs_blas_at_it(tmp_path: Path) -> None:
+    """`bstar demo` compares llama.cpp at N threads with a probe at N threads: BLAS picks its
+    thread count when numpy loads, so the probe runs in a fresh interpreter with it set."""
+    from bstar.probe import probe_cpu_toml
+    from bstar.specs.gpu import load_gpu_file
+
+    text = probe_cpu_toml(1, copy_bytes=8 << 20, gemm_n=128, repeats=1)
+    assert "(1 threads)" in text and "1-thread copy" in text
+    f = tmp_path / "cpu.toml"
+    f.write_text(text)
+    g = load_gpu_file(f)
+    assert g.hbm_bandwidth_bytes_s > 0 and g.bf16_flops > 0

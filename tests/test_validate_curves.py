@@ -86,12 +86,12 @@ def test_leave_one_model_out_recovers_curves_across_tp_sizes() -> None:
 
 def test_one_model_has_no_lomo_and_unknown_models_are_skipped_offline() -> None:
     rows = [r for r in generated(TRUE) if r.model == "llama-2-7b"]
-    rows.append(replace(rows[0], model="mistralai/Mistral-7B-Instruct-v0.3"))
+    rows.append(replace(rows[0], model="someorg/Unknown-7B-Instruct"))
     v = vc.score_curves(rows)
     (g,) = v.groups
     assert g.model_lomo == {} and any("no leave-one-model-out" in n for n in g.notes)
     (s,) = v.skipped
-    assert s["model"] == "mistralai/Mistral-7B-Instruct-v0.3"
+    assert s["model"] == "someorg/Unknown-7B-Instruct"
     assert "no bundled config" in s["reason"]
 
 
@@ -139,7 +139,8 @@ def test_cli_resolves_config_and_probe_paths_next_to_the_table(
     """The CPU rows name the tiny model's config.json and the run's probe file, relative to
     the table: `bstar validate` scores them with nothing fetched."""
     src = ROOT / "data" / "cpu"
-    for f in ["curves.csv", "tiny-config.json", *[p.name for p in src.glob("*probe-*.toml")]]:
+    for f in ["curves.csv", *[p.name for p in (*src.glob("*config.json"),
+                                              *src.glob("*probe-*.toml"))]]:
         shutil.copy(src / f, tmp_path / f)
     assert main(["validate", str(tmp_path / "curves.csv"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

@@ -264,6 +264,29 @@ def probe_cpu(copy_bytes: int = DEFAULT_COPY_BYTES, gemm_n: int = DEFAULT_GEMM_N
                        time.perf_counter() - t0, read_bandwidth=read)
 
 
+def probe_cpu_toml(threads: int, copy_bytes: int = DEFAULT_COPY_BYTES,
+                   gemm_n: int = DEFAULT_GEMM_N, repeats: int = DEFAULT_REPEATS) -> str:
+    """`probe_cpu` at exactly `threads` threads, BLAS included, as its TOML. BLAS reads its
+    thread count when numpy loads, so the probe runs in a fresh interpreter with
+    OPENBLAS/OMP/MKL_NUM_THREADS set: an engine given N threads is compared with N threads'
+    bandwidth and matmul rate, not with the whole machine's."""
+    import subprocess
+    import sys
+
+    from bstar.errors import BstarError
+
+    env = {**os.environ, **{v: str(threads) for v in ("OPENBLAS_NUM_THREADS",
+                                                      "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+    code = ("import sys; from bstar.probe import probe_cpu; "
+            f"sys.stdout.write(probe_cpu({copy_bytes}, {gemm_n}, {repeats}, {threads})"
+            ".to_toml())")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise BstarError(f"the CPU probe failed: {r.stderr.strip()[-500:]}")
+    return r.stdout
+
+
 # ---- CUDA (torch) ---------------------------------------------------------------------------
 def cuda_available() -> bool:
     try:

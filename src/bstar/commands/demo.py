@@ -76,7 +76,7 @@ def run_demo(args: argparse.Namespace) -> int:
     (model_dir / "config.json").write_bytes((tiny.hf_dir / "config.json").read_bytes())
     gpu_file = out / "this-cpu.toml"
     say(f"measuring this CPU's bandwidth and matmul rate for the cost model ({gpu_file})")
-    _probe(gpu_file)
+    _probe(gpu_file, threads)
     log = out / "llamacpp.log"
     say(f"starting llama.cpp on 127.0.0.1: {max(levels)} slots, {threads} threads ({log})")
     with LlamaCppServer(tiny.gguf_path, n_parallel=max(levels),
@@ -162,12 +162,12 @@ def _calibrate(result: Any, path: Path) -> Any:
     return c
 
 
-def _probe(path: Path) -> None:
-    """A quick `bstar probe` of this CPU (small arrays, 3 runs: about a second), written as
-    a GPU file the cost model and the simulator read."""
-    from bstar.probe import probe_cpu
+def _probe(path: Path, threads: int) -> None:
+    """A quick `bstar probe` of this CPU at llama.cpp's thread count (small arrays, 3 runs:
+    about a second), written as a GPU file the cost model and the simulator read."""
+    from bstar.probe import probe_cpu_toml
 
-    path.write_text(probe_cpu(copy_bytes=128 << 20, gemm_n=1024, repeats=3).to_toml(),
+    path.write_text(probe_cpu_toml(threads, copy_bytes=128 << 20, gemm_n=1024, repeats=3),
                     encoding="utf-8")
 
 
