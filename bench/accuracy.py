@@ -353,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     # is a prediction made before the measurement.
     report["h200_heldout"] = curves_report("h200", file="heldout-curves.csv")
     # A CPU engine at these sizes is compute-bound past batch 1: its left-out fit needs the
-    # compute rate and the per-sequence cost too.
+    # compute rate, the per-sequence cost and the roof's shape (one thread loads, then
+    # multiplies: the times add) too.
     report["cpu_curves"] = curves_report("cpu", fit=("bandwidth", "compute", "overhead_s",
-                                                     "overhead_per_seq_s"))
+                                                     "overhead_per_seq_s", "roof_sharpness"))
     report["b_star"] = bstar_report()
     if args.json:
         print(json.dumps(report, indent=1, default=str))

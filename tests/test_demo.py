@@ -42,6 +42,9 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     cal = d["calibration"]
     assert Path(cal["profile"]).is_file()
     assert cal["median_abs_error"] <= cal["uncalibrated_median_abs_error"]
+    # The roof's shape was chosen with it, and the profile file carries the choice.
+    assert cal["roof_sharpness"] in (1.0, 2.0)
+    assert f"roof_sharpness = {cal['roof_sharpness']!r}" in Path(cal["profile"]).read_text()
     # The fit extrapolates the quantity the sweep measured: output tokens, prefill included.
     assert d["fit"]["throughput_kind"].startswith("output, prefill included")
     assert d["run_id"] in html

@@ -178,3 +178,21 @@ def test_held_out_h200_models_are_predicted_by_the_profile_fitted_before_them() 
     assert len(errs) == len(rows)
     assert float(np.median(np.abs(errs))) < 0.05
     assert max(map(abs, errs)) < 0.15
+
+
+def test_fit_chooses_the_roof_shape_that_made_the_rows() -> None:
+    """With roof_sharpness in the fit, the roof's shape is chosen among the candidates by the
+    fit it leaves: a curve made with memory and compute times added (k = 1, a CPU thread)
+    brings back k = 1, and one of the H200's soft maximum brings back k = 2."""
+    for k in (1.0, 2.0):
+        truth = replace(TRUE, roof_sharpness=k)
+        rows = []
+        for b in (1, 16, 64, 128, 256, 512, 1024):
+            r = vc.CurveRow("llama-2-7b", "a100-80gb-sxm", 1, "e", b, "static", "synthetic",
+                            input_len=128, output_len=128, step_ms=1.0,
+                            step_column="itl_ms", throughput_tok_s=1.0)
+            p = vc.predicted(vc.deployment_for(r, truth), r)
+            rows.append(replace(r, step_ms=p["step_ms"], throughput_tok_s=p["throughput_tok_s"]))
+        eff = vc.fit_rows(rows, rl.Efficiency(), ("bandwidth", "compute", "overhead_s",
+                                                  "roof_sharpness"))
+        assert eff is not None and eff.roof_sharpness == k

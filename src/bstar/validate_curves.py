@@ -322,10 +322,30 @@ class CurvesValidation:
                 "skipped": self.skipped}
 
 
+# The roof's shapes `--fit roof_sharpness` chooses among (bstar.roofline.roof): 1 adds the
+# memory and compute times (a CPU thread that loads and multiplies in turn), 2 is the soft
+# maximum fitted on the H200, inf the hard maximum.
+SHARPNESS_CHOICES = (1.0, 1.5, 2.0, 3.0, math.inf)
+
+
 def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
              fit: Sequence[str]) -> rl.Efficiency | None:
     """Parameters `fit` fitted to the rows' measurements (log space, robust, bounded:
-    bstar.calibrate.fit_efficiency); None when the rows cannot determine them."""
+    bstar.calibrate.fit_efficiency); None when the rows cannot determine them. With
+    "roof_sharpness" in `fit`, the others are fitted at each of SHARPNESS_CHOICES and the
+    shape whose fit leaves the smallest median |error| on these rows is kept."""
+    if "roof_sharpness" in fit:
+        rest = tuple(k for k in fit if k != "roof_sharpness")
+        best: tuple[float, rl.Efficiency] | None = None
+        for k in SHARPNESS_CHOICES:
+            eff = fit_rows(rows, replace(prior, roof_sharpness=k), rest)
+            if eff is None:
+                return None
+            err = float(np.median(np.abs([e for v in _errors(rows, eff).values()
+                                          for e in v])))
+            if best is None or err < best[0]:
+                best = (err, eff)
+        return best[1] if best else None
     from bstar.calibrate import fit_efficiency
 
     fit = tuple(k for k in fit if k != "allreduce_latency_s"

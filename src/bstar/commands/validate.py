@@ -25,7 +25,8 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", type=str_list, default=None,
                    help="parameters fitted in the leave-out calibration (default: "
                         "bandwidth,overhead_s,allreduce_latency_s for curves, "
-                        "bandwidth,compute per row)")
+                        "bandwidth,compute per row); for curves, roof_sharpness also "
+                        "chooses the roof's shape (1, 1.5, 2, 3 or a hard max)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
