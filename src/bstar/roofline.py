@@ -365,6 +365,20 @@ def chunk_occupancy(d: Deployment, new_tokens: float, num_chunks: float = 1.0) -
 ATTENTION_TILE_TOKENS = 128  # query rows per block of FlashAttention-2's forward kernel
 
 
+def batch_output_tok_s(d: Deployment, batch: int, input_tokens: int, output_tokens: int,
+                       context_tokens: int | None = None) -> float:
+    """Output tokens per second of `batch` requests of `input_tokens` in and `output_tokens`
+    out, prefill included: min(B, B_mem) x O / (prefill(B x I) + O x step), the step at
+    `context_tokens` (default I + O/2, the mean a request holds while it decodes). What a
+    static batch measures, and about what a closed loop of B streams does; `bstar validate`
+    and a sweep level's prediction compare it with their measured throughput."""
+    ctx = input_tokens + output_tokens // 2 if context_tokens is None else context_tokens
+    c = curve(d, [batch], ctx)
+    running = int(c.running_batch[0])
+    total_s = prefill_s(d, input_tokens, running) + output_tokens * float(c.step_s[0])
+    return running * output_tokens / total_s
+
+
 def prefill_s(d: Deployment, input_tokens: int, batch: int = 1) -> float:
     """Time to prefill `batch` prompts of `input_tokens` (TTFT without queueing), priced as
     the step that runs them: the weight GEMMs over every token (weights read once), the

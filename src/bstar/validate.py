@@ -114,9 +114,7 @@ def predict(d: rl.Deployment, row: Row) -> float:
     c = rl.curve(d, [row.batch], ctx)
     if row.metric == "tpot_ms":
         return float(c.tpot_s[0]) * 1e3
-    running = int(c.running_batch[0])
-    total_s = rl.prefill_s(d, row.input_len, running) + row.output_len * float(c.step_s[0])
-    tput = running * row.output_len / total_s
+    tput = rl.batch_output_tok_s(d, row.batch, row.input_len, row.output_len, ctx)
     return tput / row.num_gpus if row.metric == "throughput_tok_s_per_gpu" else tput
 
 

@@ -199,10 +199,14 @@ def model_for(row: CurveRow) -> Any:
     raise BstarError(f"no bundled config for {row.model!r} (give a config.json path)")
 
 
-def deployment_for(row: CurveRow, eff: rl.Efficiency) -> rl.Deployment:
+def deployment_for(row: CurveRow, eff: rl.Efficiency, model: Any = None,
+                   gpu: Any = None) -> rl.Deployment:
+    """The row's deployment at `eff` (`model` and `gpu`, when given, are the row's specs
+    already read: a fit builds thousands of deployments)."""
     from bstar.specs.gpu import get_gpu
 
-    return rl.Deployment(model_for(row), get_gpu(_resolve(row.gpu, row.base_dir)),
+    return rl.Deployment(model or model_for(row),
+                         gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
                          num_gpus=row.num_gpus, weight_dtype=_DTYPES.get(row.dtype, ""),
                          kv_dtype=_DTYPES.get(row.kv_dtype, "") or (
                              "fp32" if row.dtype == "fp32" else "bf16"),
@@ -358,19 +362,14 @@ def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
 
     gpus = {r.gpu: get_gpu(_resolve(r.gpu, r.base_dir)) for r in rows}
 
-    def dep(r: CurveRow, e: rl.Efficiency) -> rl.Deployment:
-        return rl.Deployment(models[id(r)], gpus[r.gpu], num_gpus=r.num_gpus,
-                             weight_dtype=_DTYPES.get(r.dtype, ""),
-                             kv_dtype=_DTYPES.get(r.kv_dtype, "") or (
-                                 "fp32" if r.dtype == "fp32" else "bf16"), eff=e)
-
     def pred_all(v: dict[str, float]) -> np.ndarray:
         e = replace(prior, **v)
         cache: dict[int, dict[str, float]] = {}
         out = []
         for r, k, _ in pairs:
             if id(r) not in cache:
-                cache[id(r)] = predicted(dep(r, e), r)
+                cache[id(r)] = predicted(deployment_for(r, e, models[id(r)], gpus[r.gpu]),
+                                         r)
             out.append(cache[id(r)][k])
         return np.array(out)
 

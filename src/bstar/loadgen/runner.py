@@ -48,13 +48,11 @@ def predict_level(deployment: Any, batch: int | None, context_tokens: int,
     if not batch:
         return {}
     c = rl.curve(deployment, [batch], context_tokens)
-    step_s = float(c.step_s[0])
     decode_tput = float(c.throughput_tok_s[0])
     tput, basis = decode_tput, "decode_only"
     if input_len > 0 and output_len > 0:
-        running = int(c.running_batch[0])
-        total_s = rl.prefill_s(deployment, input_len, running) + output_len * step_s
-        tput, basis = running * output_len / total_s, "incl_prefill"
+        tput = rl.batch_output_tok_s(deployment, batch, input_len, output_len, context_tokens)
+        basis = "incl_prefill"
     return {
         "batch": batch,
         "context_tokens": context_tokens,
