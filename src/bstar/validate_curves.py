@@ -158,8 +158,7 @@ def curves_from_csv(text: str, where: str = "table", base_dir: Path | None = Non
         step_col = next((k for k in STEP_COLUMNS if r.get(k)), "")
         step = _number(r, step_col, at) if step_col else None
         tput = _number(r, "throughput_tok_s", at)
-        for k in ("ttft_ms",):
-            _number(r, k, at)
+        _number(r, "ttft_ms", at)  # checked, not scored
         if step is None and tput is None:
             raise BstarError(f"{at}: no measurement (give one of {', '.join(STEP_COLUMNS)} "
                              "or throughput_tok_s)")
@@ -227,8 +226,6 @@ def measured(row: CurveRow) -> dict[str, float]:
 
 def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
     """The row's measured quantities as the cost model predicts them, like for like."""
-    from bstar.validate import Row, predict
-
     out = {}
     m = measured(row)
     if "step_ms" in m and row.batch_kind == "step":
@@ -239,9 +236,8 @@ def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
         c = rl.curve(d, [row.batch], row.context)
         out["step_ms"] = float(c.tpot_s[0]) * 1e3
     if "throughput_tok_s" in m:
-        r = Row(row.model, row.gpu, row.num_gpus, row.engine, row.input_len, row.output_len,
-                row.batch, "throughput_tok_s", 1.0, row.source)
-        out["throughput_tok_s"] = predict(d, r)
+        out["throughput_tok_s"] = rl.batch_output_tok_s(d, row.batch, row.input_len,
+                                                        row.output_len)
     return out
 
 
@@ -385,10 +381,6 @@ def _errors(rows: Sequence[CurveRow], eff: rl.Efficiency) -> dict[str, list[floa
     return out
 
 
-def _family(model: str) -> str:
-    return model.split("@")[0]
-
-
 def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
                  progress: Callable[[str], None] | None = None) -> CurvesValidation:
     from bstar.engines import get_engine
@@ -425,23 +417,28 @@ def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
         for k, v in _errors(rs, generic).items():
             metrics[k].generic += v
             metrics[k].rows = len(v)
-        for k, v in _errors(rs, prof_eff).items():
-            metrics[k].uncalibrated += v
-        models = sorted({_family(r.model) for r in rs})
-        model_uncal = {m: {k: _med(v) for k, v in _errors(
-            [r for r in rs if _family(r.model) == m], prof_eff).items()} for m in models}
+        by_model: dict[str, list[CurveRow]] = defaultdict(list)
+        for r in rs:
+            by_model[r.model].append(r)
+        models = sorted(by_model)
+        model_uncal = {}
+        for m in models:
+            errs = _errors(by_model[m], prof_eff)
+            for k, v in errs.items():
+                metrics[k].uncalibrated += v
+            model_uncal[m] = {k: _med(v) for k, v in errs.items()}
         model_lomo: dict[str, dict[str, float | None]] = {}
         if len(models) < 2:
             notes.append("one model: no leave-one-model-out figure")
         else:
             for m in models:
-                train = [r for r in rs if _family(r.model) != m]
+                train = [r for r in rs if r.model != m]
                 eff = fit_rows(train, generic, fit)
                 if eff is None:
                     notes.append(f"{m}: the other models' rows cannot determine "
                                  f"{', '.join(fit)}")
                     continue
-                errs = _errors([r for r in rs if _family(r.model) == m], eff)
+                errs = _errors(by_model[m], eff)
                 for k, v in errs.items():
                     metrics[k].lomo += v
                 model_lomo[m] = {k: _med(v) for k, v in errs.items()}

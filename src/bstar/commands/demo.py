@@ -164,7 +164,7 @@ def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     # k = 2); the shape that fits the levels better is kept (docs/cost-model.md).
     tries = [cal.calibrate(d.with_eff(replace(d.eff, roof_sharpness=k)), points, fit,
                            engine=d.engine, source=f"bstar demo run {result.run_id}")
-             for k in (d.eff.roof_sharpness, 1.0)]
+             for k in dict.fromkeys((d.eff.roof_sharpness, 1.0))]
     c = min(tries, key=lambda t: t.median_abs_error)
     path.write_text(cal.profile_toml(c), encoding="utf-8")
     return c, tries[0].uncalibrated_median_abs_error

@@ -30,11 +30,12 @@ def run_probe(args: argparse.Namespace) -> int:
     import os
     import sys
 
+    from bstar import probe as pr  # imports no numpy: BLAS's threads can still be set
+
     if args.threads and "numpy" not in sys.modules:
         # BLAS reads its thread count when numpy loads: set it first.
-        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        for var in pr.BLAS_THREAD_VARS:
             os.environ[var] = str(args.threads)
-    from bstar import probe as pr
     from bstar.errors import BstarError
     from bstar.specs.gpu import load_gpu_file
 

@@ -187,10 +187,11 @@ class LevelResult:
         if self.predicted:
             pred = {"tpot_ms": self.predicted.get("tpot_ms"),
                     "throughput_tok_s": self.predicted.get("throughput_tok_s")}
-            for k in ("batch", "context_tokens", "b_mem", "throughput_basis",
-                      "decode_throughput_tok_s"):
-                if k in self.predicted or k in ("batch", "context_tokens", "b_mem"):
-                    pred[k] = self.predicted.get(k)
+            for k in ("batch", "context_tokens", "b_mem"):
+                pred[k] = self.predicted.get(k)
+            for k in ("throughput_basis", "decode_throughput_tok_s"):  # not in older runs
+                if k in self.predicted:
+                    pred[k] = self.predicted[k]
             tput = s.get("throughput_tok_s")
             if tput and pred["throughput_tok_s"]:
                 pred["throughput_error"] = tput / pred["throughput_tok_s"] - 1.0
