@@ -118,7 +118,7 @@ def test_light_load_latency_is_the_cost_model() -> None:
     w = workload(ClosedLoop(1), n=3, inp="1024", out="129")
     s = summarize(simulate(d, cfg(8, max_num_batched_tokens=4096), w))
     assert s.ttft_ms["p50"] == pytest.approx(
-        (rl.prefill_s(d, 1024) + d.eff.overhead_per_seq_s) * 1e3, rel=1e-9)
+        rl.prefill_s(d, 1024) * 1e3, rel=1e-9)
     # Contexts run 1025..1152 over the decode steps; TPOT lies between their step times.
     lo = rl.decode_step(d, [1], 1025).step_s[0] * 1e3
     hi = rl.decode_step(d, [1], 1153).step_s[0] * 1e3

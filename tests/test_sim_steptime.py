@@ -39,8 +39,8 @@ def test_whole_prompt_prefill_equals_roofline(model: str, num_gpus: int, prompt:
     d = dep(model, num_gpus)
     k = coefficients(d)
     got = k.batch_step_s([0], [prompt])
-    # prefill_s charges the fixed overhead only; a simulated step also pays one sequence's.
-    want = rl.prefill_s(d, prompt, 1) + d.eff.overhead_per_seq_s
+    # One price of a step (bstar.step): a prefill is the step that runs the prompt.
+    want = rl.prefill_s(d, prompt, 1)
     assert got == pytest.approx(want, rel=1e-12)
 
 
@@ -48,9 +48,10 @@ def test_chunked_prefill_costs_the_same_attention_as_whole() -> None:
     """Causal attention split into chunks sums to the whole triangle (full attention)."""
     d = replace(dep("llama-3-8b"), eff=rl.IDEAL)
     k = coefficients(d)
-    whole = k.prefill_attention_flops(np.array([0.0]), np.array([4096.0]))[0]
-    starts = np.arange(0, 4096, 512, dtype=np.float64)
-    parts = k.prefill_attention_flops(starts, np.full(starts.size, 512.0)).sum()
+    whole = k.step_work([0], [4096]).chunk_attention_at_gemm_rate_s[0]
+    starts = np.arange(0, 4096, 512)
+    parts = sum(k.step_work([s], [512]).chunk_attention_at_gemm_rate_s[0] for s in starts)
+    assert whole > 0
     assert parts == pytest.approx(whole, rel=1e-12)
 
 

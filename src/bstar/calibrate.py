@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from bstar import roofline as rl
+from bstar import step as st
 from bstar.errors import BstarError
 
 # Cost model 2's parameters (bstar.roofline.Efficiency), in fitting order.
@@ -128,110 +129,40 @@ def points_from_fit(points: Any, context_tokens: int) -> list[Point]:
 
 
 # ---- the model as a function of its parameters ----------------------------------------------
-# Rates at efficiency 1 with one score byte per position: each term below is then the
-# quantity a parameter divides or multiplies (bstar.sim.steptime.StepTerms).
+# The step's price is bstar.step.price (the one price of a step, which the plan, the
+# simulator and validation use too); here it is evaluated at trial parameters. What the
+# points do (StepWork) is built once per fit and does not depend on the parameters.
+_Terms = st.StepWork
+# Efficiency 1 everywhere, no fixed costs: the starting point's scale.
 _UNIT = rl.Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
                       allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
                       layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=1.0,
                       roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0)
 
 
-@dataclass(frozen=True, slots=True)
-class _Terms:
-    """Per point (arrays), the parts of the step time that do not depend on the parameters."""
-
-    batch: np.ndarray  # sequences scheduled (decode + chunk)
-    weight_s: np.ndarray
-    gemm_s: np.ndarray
-    kv_s: np.ndarray
-    score_s: np.ndarray  # per score byte
-    decode_attention_s: np.ndarray
-    chunk_kv_s: np.ndarray
-    chunk_tiles_kv_s: np.ndarray
-    chunk_attention_s: np.ndarray
-    chunk_attention_at_gemm_rate_s: np.ndarray
-    comm_s: np.ndarray  # bandwidth part of the all-reduces
-    num_allreduces: np.ndarray
-    has_decode: np.ndarray
-    has_chunk: np.ndarray
-    num_layers: int
-    weight_bits: int
-    sharpness: float
-    grouped: bool
+def _terms(d: rl.Deployment, points: Sequence[Point]) -> st.StepWork:
+    sh = st.shape(d)
+    return st.concat([sh.scheduled(*p.scheduled()) for p in points])
 
 
-def _terms(d: rl.Deployment, points: Sequence[Point]) -> _Terms:
-    from bstar.sim.steptime import coefficients
-
-    grouped = d.eff.grouped
-    k = coefficients(d.with_eff(_UNIT))
-    terms = [k.step_terms(*p.scheduled()) for p in points]
-
-    def col(name: str) -> np.ndarray:
-        return np.array([getattr(t, name) for t in terms], dtype=np.float64)
-
-    calls = 2 * d.model.num_layers * rl.allreduce_rounds(d.num_gpus)
-    return _Terms(
-        batch=col("num_seqs"), weight_s=col("weight_s"), gemm_s=col("gemm_s"),
-        kv_s=col("kv_s"), score_s=col("score_s"), decode_attention_s=col("decode_attention_s"),
-        chunk_kv_s=col("chunk_kv_s"), chunk_tiles_kv_s=col("chunk_tiles_kv_s"),
-        chunk_attention_s=col("chunk_attention_s"),
-        chunk_attention_at_gemm_rate_s=col("chunk_attention_at_gemm_rate_s"),
-        comm_s=col("comm_s"), num_allreduces=np.full(len(points), float(calls)),
-        has_decode=col("num_decode") > 0, has_chunk=col("num_chunks") > 0,
-        num_layers=d.model.num_layers, weight_bits=d.weight.bits,
-        sharpness=d.eff.roof_sharpness, grouped=grouped)
+def _with_shape(d: rl.Deployment, v: Mapping[str, float]) -> dict[str, Any]:
+    return {"grouped": d.eff.grouped, "roof_sharpness": d.eff.roof_sharpness, **v}
 
 
-def _weight_eff(t: _Terms, v: Mapping[str, float]) -> float:
-    if t.weight_bits <= 4:
-        return v["bandwidth"] * v["int4_weight_stream"]
-    if t.weight_bits <= 8:
-        return v["bandwidth"] * v["fp8_weight_stream"]
-    return v["bandwidth"]
+def _step_s(t: st.StepWork, v: Mapping[str, Any]) -> np.ndarray:
+    return st.price(t, v)
 
 
-def _groups(t: _Terms, v: Mapping[str, float]) -> tuple[np.ndarray, ...]:
-    """Each kernel group's (memory, compute) times at the parameters `v`."""
-    return ((t.weight_s / _weight_eff(t, v), t.gemm_s / v["compute"]),
-            ((t.kv_s + v["score_bytes"] * t.score_s) / v["kv_bandwidth"],
-             t.decode_attention_s / v["compute"]),
-            (t.chunk_tiles_kv_s / v["kv_bandwidth"],
-             t.chunk_attention_s / v["attention_compute"]))
-
-
-def _step_s(t: _Terms, v: Mapping[str, float]) -> np.ndarray:
-    (wm, gc), (km, ac), (cm, cc) = _groups(t, v)
-    if t.grouped:
-        k = t.sharpness
-        kernels = rl.roof(wm, gc, k) + np.where(t.has_decode, rl.roof(km, ac, k), 0.0) \
-            + np.where(t.has_chunk, rl.roof(cm, cc, k), 0.0)
-        layers = t.num_layers * (v["layer_s"] + v["decode_layer_s"] * t.has_decode
-                                 + v["chunk_layer_s"] * t.has_chunk)
-    else:
-        kernels = np.maximum(
-            wm + (t.kv_s + v["score_bytes"] * t.score_s + t.chunk_kv_s) / v["bandwidth"],
-            gc + (t.decode_attention_s + t.chunk_attention_at_gemm_rate_s) / v["compute"])
-        layers = t.num_layers * v["layer_s"]
-    comm = np.where(t.batch > 0, t.comm_s + t.num_allreduces * v["allreduce_latency_s"], 0.0)
-    return kernels + layers + comm + v["overhead_s"] + v["overhead_per_seq_s"] * t.batch
-
-
-def _bound(t: _Terms, v: Mapping[str, float]) -> np.ndarray:
+def _bound(t: st.StepWork, v: Mapping[str, Any]) -> np.ndarray:
     """Which resource sets most of each step: "compute" where the groups' compute times sum
     past their memory times, else "memory"."""
-    groups = _groups(t, v)
-    mem = sum(g[0] for g in groups)
-    comp = sum(g[1] for g in groups)
-    return np.where(comp > mem, "compute", "memory")
+    parts = st.price_parts(t, v)
+    return np.where(parts.compute_s > parts.memory_s, "compute", "memory")
 
 
 def predict_step_s(d: rl.Deployment, points: Sequence[Point]) -> np.ndarray:
     """The deployment's predicted step time at each point (its own efficiencies)."""
-    from bstar.sim.steptime import coefficients
-
-    k = coefficients(d)
-    return np.array([k.batch_step_s(*p.scheduled()) for p in points])
+    return st.price(_terms(d, points), d.eff)
 
 
 # ---- results ------------------------------------------------------------------------------
@@ -472,7 +403,9 @@ def fit_steps(groups: Sequence[tuple[rl.Deployment, Sequence[Point]]],
     terms = [_terms(d.with_eff(prior), pts) for d, pts in groups]
     measured = np.concatenate([[p.step_s for p in pts] for _, pts in groups])
     cap = 1.0 if groups[0][0].gpu.provenance == "datasheet" else MAX_EFF_MEASURED
-    return fit_efficiency(lambda v: np.concatenate([_step_s(t, v) for t in terms]),
+    shaped = [(t, d.with_eff(prior)) for t, (d, _) in zip(terms, groups, strict=True)]
+    return fit_efficiency(lambda v: np.concatenate([_step_s(t, _with_shape(d, v))
+                                                    for t, d in shaped]),
                           measured, prior, fit, max_efficiency=cap)
 
 
@@ -489,16 +422,18 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     terms = _terms(d, points)
     measured = np.array([p.step_s for p in points])
     # Efficiencies that would explain the most demanding point outright on each roof.
-    unit = _eff_dict(_UNIT) | {"score_bytes": 0.0}
-    (wm, gc), (km, ac), _ = _groups(terms, unit)
-    starts = [{"bandwidth": float(np.clip(np.max((wm + km) / measured), 0.01, 1.0)),
-               "kv_bandwidth": float(np.clip(np.max((wm + km) / measured), 0.01, 1.0)),
-               "compute": float(np.clip(np.max((gc + ac) / measured), 0.01, 1.0))}]
+    unit = _with_shape(d, _eff_dict(_UNIT) | {"score_bytes": 0.0})
+    at_unit = st.price_parts(terms, unit)
+    mem_1, comp_1 = at_unit.memory_s, at_unit.compute_s
+    starts = [{"bandwidth": float(np.clip(np.max(mem_1 / measured), 0.01, 1.0)),
+               "kv_bandwidth": float(np.clip(np.max(mem_1 / measured), 0.01, 1.0)),
+               "compute": float(np.clip(np.max(comp_1 / measured), 0.01, 1.0))}]
     # A datasheet peak cannot be beaten; a probed figure can (the probe's kernels are not
     # the engine's, and caches serve part of a small model), so against a measured device
     # the efficiencies may reach MAX_EFF_MEASURED, the excess scaling the GPU's figures.
     cap = 1.0 if d.gpu.provenance == "datasheet" else MAX_EFF_MEASURED
-    f = fit_efficiency(lambda v: _step_s(terms, v), measured, d.eff, fit, starts, cap)
+    f = fit_efficiency(lambda v: _step_s(terms, _with_shape(d, v)), measured, d.eff, fit,
+                       starts, cap)
     eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
     prior = _eff_dict(d.eff)
     pfits = check(d, eff, points, f.bandwidth_scale, f.compute_scale)
@@ -593,7 +528,7 @@ def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point],
     cal_d = scaled(d, eff, bandwidth_scale, compute_scale)
     pred = predict_step_s(cal_d, points)
     uncal = predict_step_s(d, points)
-    bound = _bound(_terms(cal_d, points), _eff_dict(cal_d.eff))
+    bound = _bound(_terms(cal_d, points), _with_shape(cal_d, _eff_dict(cal_d.eff)))
     return tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
                           float(uncal[i]) * 1e3, str(bound[i]), p.label,
                           p.chunk_tokens, p.chunk_start)

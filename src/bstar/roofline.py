@@ -29,10 +29,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from bstar import step as _step
 from bstar.errors import BstarError
 from bstar.specs.gpu import GpuSpec
 from bstar.specs.model import ModelSpec
 from bstar.specs.precision import KV_DTYPES, WEIGHT_DTYPES, Precision, get_precision
+
+# The step's arithmetic lives in bstar.step (the one price of a step); these names stay
+# importable from here.
+roof = _step.roof
+expert_fraction_read = _step.expert_fraction_read
+allreduce_rounds = _step.allreduce_rounds
+ATTENTION_TILE_TOKENS = _step.ATTENTION_TILE_TOKENS
 
 GiB = 1 << 30
 IntArray = npt.NDArray[np.int64]
@@ -105,12 +113,8 @@ class Efficiency:
             raise BstarError(f"roof_sharpness must be at least 1, got {self.roof_sharpness}")
 
     def weight_stream(self, weight: Precision) -> float:
-        """Weight-streaming efficiency for weights of this precision."""
-        if weight.bits <= 4:
-            return self.bandwidth * self.int4_weight_stream
-        if weight.bits <= 8:
-            return self.bandwidth * self.fp8_weight_stream
-        return self.bandwidth
+        """Weight-streaming efficiency for weights of this precision (bstar.step)."""
+        return _step.weight_stream(weight.bits, self)
 
     def kv_stream(self) -> float:
         """KV-streaming efficiency (cost model 1 had one bandwidth efficiency for both)."""
@@ -123,19 +127,6 @@ IDEAL = Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_
                    layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=0.0,
                    roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
                    grouped=False)
-
-
-def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) -> FloatArray:
-    """Time of a kernel group bound by two resources: the soft maximum
-    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 2 a kernel exactly at its ridge
-    takes sqrt(2) = 1.41x either roof: an H200 bf16 GEMM with 256 rows (near its ridge)
-    streamed its weights at 0.64-0.74x the rate of 1 row (data/h200/gemv.jsonl)."""
-    m = np.asarray(memory_s, dtype=np.float64)
-    c = np.asarray(compute_s, dtype=np.float64)
-    if math.isinf(sharpness):
-        return np.maximum(m, c)
-    hi = np.maximum(np.maximum(m, c), 1e-300)  # scaled: no overflow, exact at 0
-    return hi * ((m / hi) ** sharpness + (c / hi) ** sharpness) ** (1.0 / sharpness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,63 +263,26 @@ class StepCost:
         return self.flops / self.bytes_read
 
 
-def expert_fraction_read(batch: IntArray | FloatArray, top_k: int,
-                         num_experts: int) -> FloatArray:
-    """Expected fraction of a layer's experts that at least one of B tokens routes to,
-    assuming uniform independent routing: 1 - (1 - k/E)^B."""
-    return 1.0 - (1.0 - top_k / num_experts) ** np.asarray(batch, dtype=np.float64)
-
-
 def weight_bytes_read(d: Deployment, batch: IntArray | FloatArray) -> FloatArray:
     """Weight bytes one decode step streams from each GPU's HBM."""
-    b = np.asarray(batch, dtype=np.float64)
-    m = d.model
-    dense, expert, embed = m.weight_bytes_parts(d.weight)
-    # A tied table is the LM head, read in full every step; an untied input table is only
-    # read for the B looked-up rows.
-    rows = embed + 0.0 * b if m.tie_word_embeddings else b * m.hidden_size * 2
-    dense = dense + rows
-    total = dense + (expert * expert_fraction_read(b, m.num_experts_per_tok, m.num_experts)
-                     if m.is_moe else 0.0)
-    return np.asarray(total / d.num_gpus, dtype=np.float64)
+    return _step.shape(d).weight_s(batch) * d.gpu.hbm_bandwidth_bytes_s
 
 
 def decode_step(d: Deployment, batch: npt.ArrayLike, context_tokens: int) -> StepCost:
-    bf = np.asarray(batch, dtype=np.float64)  # fractional B for root finding
-    b = bf.astype(np.int64)
-    m, g, e, n = d.model, d.gpu, d.eff, d.num_gpus
-    w_read = weight_bytes_read(d, bf)
-    kv_div = 1 if m.is_mla else n  # an MLA latent replicates on every GPU
-    kv_read = bf * kv_bytes_per_seq(d, context_tokens) / kv_div
-    # Unfused attention writes and reads a score per (query head, cached token, layer).
-    scores = e.score_bytes * bf * m.num_heads * sum(m.kv_tokens_held(context_tokens)) / n
-    gemm_flops = bf * 2 * m.matmul_params_per_token / n
-    attn_flops = bf * m.attention_flops_per_token(context_tokens) / n
-    peak = g.peak_flops(d.weight.compute)
-    weight_mem_s = w_read / (g.hbm_bandwidth_bytes_s * e.weight_stream(d.weight))
-    kv_mem_s = (kv_read + scores) / (g.hbm_bandwidth_bytes_s * e.kv_stream())
-    gemm_compute_s = gemm_flops / (peak * e.compute)
-    attn_compute_s = attn_flops / (peak * e.compute)
-    layers_s = np.full_like(bf, m.num_layers * (e.layer_s + e.decode_layer_s))
+    """Per-GPU cost of a decode step of each batch size at `context_tokens`, priced by
+    bstar.step (the one price of a step)."""
+    bf = np.atleast_1d(np.asarray(batch, dtype=np.float64))  # fractional B for root finding
+    sh = _step.shape(d)
+    work = sh.decode(bf, context_tokens)
+    parts = _step.price_parts(work, d.eff)
+    bw = d.gpu.hbm_bandwidth_bytes_s
+    peak = d.gpu.peak_flops(d.weight.compute)
     return StepCost(
-        batch=b, weight_bytes_read=w_read, kv_bytes_read=kv_read,
-        flops=gemm_flops + attn_flops, memory_s=weight_mem_s + kv_mem_s,
-        compute_s=gemm_compute_s + attn_compute_s, comm_s=allreduce_s(d, bf),
-        overhead_s=e.overhead_s + e.overhead_per_seq_s * bf,
-        gemm_s=roof(weight_mem_s, gemm_compute_s, e.roof_sharpness),
-        attention_s=roof(kv_mem_s, attn_compute_s, e.roof_sharpness),
-        layers_s=layers_s, grouped=e.grouped)
-
-
-def allreduce_rounds(num_gpus: int) -> float:
-    """Latency units of one small all-reduce over `num_gpus` GPUs: log2(N), 1 at N = 2.
-
-    A decode step's all-reduces carry kilobytes, so their time is latency, and a latency-bound
-    all-reduce is log2(N) dependent exchange rounds (recursive doubling / a tree), each ending
-    when the slowest rank arrives. One per-call latency does not serve two TP sizes: on
-    LMDeploy's A100 curves InternLM-20B at TP=2 wants about 30 us per call and Llama-2-70B at
-    TP=4 about 55 us (docs/cost-model.md, "Tensor parallel")."""
-    return math.log2(num_gpus) if num_gpus > 1 else 0.0
+        batch=bf.astype(np.int64), weight_bytes_read=work.weight_s * bw,
+        kv_bytes_read=work.kv_s * bw, flops=(work.gemm_s + work.decode_attention_s) * peak,
+        memory_s=parts.memory_s, compute_s=parts.compute_s, comm_s=parts.comm_s,
+        overhead_s=parts.overhead_s, gemm_s=parts.gemm_s,
+        attention_s=parts.decode_attention_s, layers_s=parts.layers_s, grouped=d.eff.grouped)
 
 
 def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
@@ -336,17 +290,12 @@ def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
     B x hidden activations: `allreduce_latency_s` x log2(N) (allreduce_rounds) plus a ring's
     2(N-1)/N of the message over each link direction (half of the datasheet's
     bidirectional figure)."""
-    n = d.num_gpus
-    if n == 1:
-        return np.zeros_like(batch)
-    if d.gpu.interconnect_bytes_s <= 0:
-        raise BstarError(f"{d.gpu.id} has no interconnect bandwidth in its spec; cannot model "
-                         "tensor parallel")
-    msg_bytes = batch * d.model.hidden_size * 2
-    one_way_bytes_s = d.gpu.interconnect_bytes_s / 2
-    per_call = (d.eff.allreduce_latency_s * allreduce_rounds(n)
-                + 2 * (n - 1) / n * msg_bytes / one_way_bytes_s)
-    return np.asarray(2 * d.model.num_layers * per_call, dtype=np.float64)
+    b = np.asarray(batch, dtype=np.float64)
+    if d.num_gpus == 1:
+        return np.zeros_like(b)
+    sh = _step.shape(d)
+    return np.asarray(sh.comm_s_per_token * b + sh.allreduce_calls * d.eff.allreduce_latency_s,
+                      dtype=np.float64)
 
 
 def chunk_occupancy(d: Deployment, new_tokens: float, num_chunks: float = 1.0) -> float:
@@ -360,9 +309,6 @@ def chunk_occupancy(d: Deployment, new_tokens: float, num_chunks: float = 1.0) -
     heads = max(1, math.ceil(d.model.num_heads / d.num_gpus))
     blocks = heads * math.ceil(new_tokens / ATTENTION_TILE_TOKENS) * num_chunks
     return min(1.0, blocks / sms)
-
-
-ATTENTION_TILE_TOKENS = 128  # query rows per block of FlashAttention-2's forward kernel
 
 
 def batch_output_tok_s(d: Deployment, batch: int, input_tokens: int, output_tokens: int,
@@ -381,32 +327,12 @@ def batch_output_tok_s(d: Deployment, batch: int, input_tokens: int, output_toke
 
 def prefill_s(d: Deployment, input_tokens: int, batch: int = 1) -> float:
     """Time to prefill `batch` prompts of `input_tokens` (TTFT without queueing), priced as
-    the step that runs them: the weight GEMMs over every token (weights read once), the
-    causal attention (2*s^2*heads*dim per layer: QK^T and AV over the lower triangle)
-    reading each query tile's keys, the fixed per-layer costs, communication, overhead."""
-    m, g, e, n = d.model, d.gpu, d.eff, d.num_gpus
-    tokens = input_tokens * batch
-    held = m.kv_tokens_held(input_tokens)
-    attn = sum(2 * input_tokens * t for t in held) * m.num_heads * m.head_dim * batch / n
-    gemm = 2 * m.matmul_params_per_token * tokens / n
-    kv_div = 1 if m.is_mla else n
-    kv_bytes = batch * kv_bytes_per_seq(d, input_tokens) / kv_div
-    w_read = float(weight_bytes_read(d, np.array([tokens]))[0])
-    peak = g.peak_flops(d.weight.compute)
-    bw = g.hbm_bandwidth_bytes_s
-    fixed = float(allreduce_s(d, np.array([float(tokens)]))[0]) + e.overhead_s
-    if not e.grouped:
-        t = max(w_read / (bw * e.weight_stream(d.weight)) + kv_bytes / (bw * e.kv_stream()),
-                (gemm + attn) / (peak * e.compute))
-        return t + fixed
-    tiles = math.ceil(input_tokens / ATTENTION_TILE_TOKENS)
-    occ = chunk_occupancy(d, input_tokens, batch)
-    gemm_s = roof(w_read / (bw * e.weight_stream(d.weight)), gemm / (peak * e.compute),
-                  e.roof_sharpness)
-    attn_s = roof(kv_bytes * tiles / (bw * e.kv_bandwidth),
-                  attn / (peak * e.attention_compute * occ), e.roof_sharpness)
-    layers = m.num_layers * (e.layer_s + e.chunk_layer_s)
-    return float(gemm_s + attn_s) + layers + fixed
+    the step that runs them (bstar.step): the weight GEMMs over every token (weights read
+    once), the causal attention (2*s^2*heads*dim per layer: QK^T and AV over the lower
+    triangle) reading each query tile's keys, the fixed per-layer costs, communication,
+    overhead."""
+    work = _step.shape(d).prefill(input_tokens, batch)
+    return float(_step.price(work, d.eff)[0])
 
 
 # ---- derived points -------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def slo_lower_bounds_ms(d: rl.Deployment, w: Workload) -> dict[str, float]:
     k = coefficients(d)
     # A decode step of one sequence holding no KV, and a prompt prefilled in one step from
     # nothing: no real step is cheaper (chunking a prompt only adds steps).
-    tpot_lb_s = float(k.decode_step_s(1.0, 0.0, 0.0))
+    tpot_lb_s = float(k.decode_step_s(1.0)[0])
     prompt = w.input_tokens.astype(np.float64)
     ttft_lb = np.array([k.batch_step_s([0], [int(n)]) for n in np.unique(prompt)])
     ttft_each = ttft_lb[np.searchsorted(np.unique(prompt), prompt)]

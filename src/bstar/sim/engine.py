@@ -144,7 +144,7 @@ class _Loop:
         self.itl_arrays_w: list[IntArray] = []
         self.timeline = Timeline()
         # Swap copies per KV token, per GPU, over the host link.
-        self.swap_s_per_token = float(k.kv_bytes(np.array([1.0]))[0]) \
+        self.swap_s_per_token = k.shape.kv_bytes_per_token() \
             / cfg.host_bandwidth_bytes_s
 
     def _issue(self, t: float) -> None:

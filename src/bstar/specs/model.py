@@ -38,6 +38,61 @@ class Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Layers that hold the same state per sequence and cost the same per step: the unit in
+    which the step's KV bytes and attention FLOPs are priced (bstar.step) and the KV pool is
+    sized. Values are per layer for the whole model (before tensor parallel sharding).
+
+    - `kind`: "full" (the whole context; MHA/GQA/MQA, MLA), "sliding" (the last
+      `window_tokens`), "state" (a fixed state per sequence, independent of context).
+    - `kv_values_per_token`: cached values per token per layer (K and V, or MLA's latent).
+    - `kv_heads`: heads that tensor parallel splits the cache by; 0 = replicated on every GPU
+      (MLA's latent).
+    - `state_bytes_per_seq`: fixed bytes per sequence per layer (linear attention, SSM).
+    - `decode_flops_per_pos`: attention FLOPs of one new token per held token per layer.
+    - `prefill_flops_per_pair`: attention FLOPs per unit of causal (query x key) area.
+    """
+
+    kind: str
+    num_layers: int
+    window_tokens: int = 0
+    kv_values_per_token: int = 0
+    kv_heads: int = 0
+    state_bytes_per_seq: int = 0
+    decode_flops_per_pos: int = 0
+    prefill_flops_per_pair: int = 0
+    query_heads: int = 0  # attention heads (scores of an unfused kernel; prefill tiles)
+
+    def held(self, tokens: Any) -> Any:
+        """Tokens of KV one layer holds (and decode reads) for a sequence of `tokens`;
+        int or numpy array in, the same out."""
+        if self.kind == "state":
+            return tokens * 0
+        if self.window_tokens:
+            if isinstance(tokens, int):
+                return min(tokens, self.window_tokens)
+            import numpy as np
+
+            return np.minimum(tokens, self.window_tokens)
+        return tokens
+
+    def kv_values_per_token_per_gpu(self, num_gpus: int) -> int:
+        """Cached values per token per layer on each GPU: KV heads shard across GPUs (with
+        fewer heads than GPUs each GPU keeps one copy); a replicated latent does not."""
+        if not self.kv_heads or num_gpus <= 1:
+            return self.kv_values_per_token
+        per_head = self.kv_values_per_token // self.kv_heads
+        return max(1, math.ceil(self.kv_heads / num_gpus)) * per_head
+
+    def state_bytes_per_seq_per_gpu(self, num_gpus: int) -> int:
+        return math.ceil(self.state_bytes_per_seq / max(1, num_gpus))
+
+    def shard_divisor(self, num_gpus: int) -> int:
+        """What a whole-model per-token quantity of this group divides by per GPU."""
+        return num_gpus if self.kv_heads else 1
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
     model_type: str
@@ -263,6 +318,32 @@ class ModelSpec:
         return sum(self.weight_bytes_parts(weight))
 
     # ---- KV cache -----------------------------------------------------------------------
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        """The layers grouped by what they hold per sequence (LayerGroup); every KV and
+        attention figure below and the step's price (bstar.step) sum over these."""
+        return _layer_groups(self)
+
+    def _layer_groups(self) -> tuple[LayerGroup, ...]:
+        if self.is_mla:
+            per_pos = 2 * self.num_heads * (self.kv_lora_rank + self.qk_rope_head_dim) \
+                + 2 * self.num_heads * self.kv_lora_rank
+        else:
+            per_pos = 4 * self.num_heads * self.head_dim
+        values = self.kv_values_per_token_per_layer()
+        base = dict(kv_values_per_token=values,
+                    kv_heads=0 if self.is_mla else self.num_kv_heads,
+                    decode_flops_per_pos=per_pos,
+                    prefill_flops_per_pair=2 * self.num_heads * self.head_dim,
+                    query_heads=self.num_heads)
+        layers = self.sliding_layers or (False,) * self.num_layers
+        n_win = sum(1 for s in layers if s) if self.sliding_window else 0
+        out = []
+        if self.num_layers - n_win:
+            out.append(LayerGroup("full", self.num_layers - n_win, **base))
+        if n_win:
+            out.append(LayerGroup("sliding", n_win, window_tokens=self.sliding_window, **base))
+        return tuple(out)
+
     def kv_values_per_token_per_layer(self) -> int:
         if self.is_mla:
             # vLLM caches MLA's compressed latent plus the decoupled rope key, once per layer.
@@ -270,9 +351,10 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, kv: Precision, num_gpus: int = 1) -> int:
-        """KV bytes per token over all layers (per GPU under tensor parallel)."""
-        return self.kv_values_per_token_per_layer_per_gpu(num_gpus) * kv.bits // 8 \
-            * self.num_layers
+        """KV bytes per token of context over all layers that cache tokens (per GPU under
+        tensor parallel); a fixed per-sequence state is not per token."""
+        return sum(g.num_layers * g.kv_values_per_token_per_gpu(num_gpus) * kv.bits // 8
+                   for g in self.layer_groups() if g.kind != "state")
 
     def kv_values_per_token_per_layer_per_gpu(self, num_gpus: int) -> int:
         if self.is_mla:
@@ -282,29 +364,29 @@ class ModelSpec:
         return 2 * heads * self.head_dim
 
     def kv_tokens_held(self, context_tokens: int) -> tuple[int, ...]:
-        """Tokens of KV each layer holds for a sequence of this context."""
-        layers = self.sliding_layers or (False,) * self.num_layers
-        w = self.sliding_window
-        return tuple(min(context_tokens, w) if (s and w) else context_tokens for s in layers)
+        """Tokens of KV each layer holds for a sequence of this context (group order)."""
+        return tuple(t for g in self.layer_groups()
+                     for t in (g.held(context_tokens),) * g.num_layers)
 
     def kv_bytes_per_seq(self, context_tokens: int, kv: Precision, *, num_gpus: int = 1,
                          block_tokens: int = 1) -> int:
         """Exact KV bytes one sequence of `context_tokens` holds (per GPU), in blocks of
-        `block_tokens` (vLLM allocates 16-token blocks: a partial block costs a full one)."""
-        per_layer = self.kv_values_per_token_per_layer_per_gpu(num_gpus) * kv.bits // 8
-        tokens = sum(math.ceil(t / block_tokens) * block_tokens
-                     for t in self.kv_tokens_held(context_tokens))
-        return tokens * per_layer
+        `block_tokens` (vLLM allocates 16-token blocks: a partial block costs a full one),
+        plus any fixed per-sequence state."""
+        total = 0
+        for g in self.layer_groups():
+            held = g.held(context_tokens)
+            per_layer = g.kv_values_per_token_per_gpu(num_gpus) * kv.bits // 8
+            blocks = math.ceil(held / block_tokens) * block_tokens
+            total += g.num_layers * (blocks * per_layer + g.state_bytes_per_seq_per_gpu(
+                num_gpus if g.kv_heads else 1))
+        return total
 
     def attention_flops_per_token(self, context_tokens: int) -> int:
         """Decode attention FLOPs for one new token against `context_tokens` of KV:
         QK^T and AV, 2 FLOPs per multiply-add each (MLA in its absorbed form)."""
-        if self.is_mla:
-            per_pos = 2 * self.num_heads * (self.kv_lora_rank + self.qk_rope_head_dim) \
-                + 2 * self.num_heads * self.kv_lora_rank
-        else:
-            per_pos = 4 * self.num_heads * self.head_dim
-        return per_pos * sum(self.kv_tokens_held(context_tokens))
+        return sum(g.num_layers * g.decode_flops_per_pos * g.held(context_tokens)
+                   for g in self.layer_groups())
 
 
 def _mlp(name: str, h: int, inter: int, count: int, gated: bool, bias: bool,
@@ -494,6 +576,11 @@ def fetch_hub_config(repo_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BstarError(f"{url}: config must be a JSON object")
     return data
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_groups(spec: ModelSpec) -> tuple[LayerGroup, ...]:
+    return spec._layer_groups()
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,432 @@
+"""The one price of an engine step. Pure, no I/O.
+
+Every prediction of time in bstar goes through `price`: the plan's decode curve
+(`roofline.decode_step`), a prompt's prefill (`roofline.prefill_s`), each step of the
+simulator (`sim/steptime.py`), calibration's fit (`calibrate.py`) and validation. A fitted
+efficiency or engine term therefore means the same thing everywhere.
+
+A step is described twice:
+
+1. `StepWork`: what the step does, per GPU, as seconds at the datasheet rates (bytes / HBM
+   bandwidth, FLOPs / dense peak): the weight read and GEMMs of its T tokens, the decode
+   attention's KV stream and FLOPs, a prompt chunk's attention, the all-reduces. Exact
+   arithmetic over the model's layer groups (`ModelSpec.layer_groups`), independent of any
+   efficiency. Built by `StepShape` (the deployment's per-GPU constants) for a decode batch,
+   a run of decode steps, a prefill or any mixed set of scheduled sequences.
+2. `price(work, params)`: the time of each step at the efficiencies and engine terms in
+   `params` (a `roofline.Efficiency` or a mapping with its field names):
+
+    weight GEMMs        roof(weight_s / eta_w(dtype), gemm_s / eta_c)
+    decode attention    roof((kv_s + score_bytes * score_s) / eta_kv, decode_attention_s / eta_c)
+    chunk attention     roof(chunk_tiles_kv_s / eta_kv, chunk_attention_s / eta_attn)
+    fixed               layers * (layer_s + decode_layer_s [decoding] + chunk_layer_s [chunk])
+                        + comm_s + allreduce_calls * allreduce_latency_s
+                        + overhead_s + overhead_per_seq_s * sequences
+
+with roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard max at inf). With
+`grouped` false (cost model 1, the seeds' arithmetic) the kernels are one max over the
+step's memory and compute totals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from bstar.roofline import Deployment
+
+FloatArray = npt.NDArray[np.float64]
+
+ATTENTION_TILE_TOKENS = 128  # query rows per block of FlashAttention-2's forward kernel
+
+
+def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) -> FloatArray:
+    """Time of a kernel group bound by two resources: the soft maximum
+    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 2 a kernel exactly at its ridge
+    takes sqrt(2) = 1.41x either roof: an H200 bf16 GEMM with 256 rows (near its ridge)
+    streamed its weights at 0.64-0.74x the rate of 1 row (data/h200/gemv.jsonl)."""
+    m = np.asarray(memory_s, dtype=np.float64)
+    c = np.asarray(compute_s, dtype=np.float64)
+    if math.isinf(sharpness):
+        return np.maximum(m, c)
+    hi = np.maximum(np.maximum(m, c), 1e-300)  # scaled: no overflow, exact at 0
+    return hi * ((m / hi) ** sharpness + (c / hi) ** sharpness) ** (1.0 / sharpness)
+
+
+def weight_stream(weight_bits: int, params: Any) -> float:
+    """Weight-streaming efficiency for weights of `weight_bits`: the bandwidth efficiency,
+    times the dequantizing GEMMs' fraction for 8- and 4-bit weights."""
+    p = _params(params)
+    if weight_bits <= 4:
+        return p["bandwidth"] * p["int4_weight_stream"]
+    if weight_bits <= 8:
+        return p["bandwidth"] * p["fp8_weight_stream"]
+    return p["bandwidth"]
+
+
+def expert_fraction_read(batch: npt.ArrayLike, top_k: int, num_experts: int) -> FloatArray:
+    """Expected fraction of a layer's experts that at least one of B tokens routes to,
+    assuming uniform independent routing: 1 - (1 - k/E)^B."""
+    return 1.0 - (1.0 - top_k / num_experts) ** np.asarray(batch, dtype=np.float64)
+
+
+def allreduce_rounds(num_gpus: int) -> float:
+    """Latency units of one small all-reduce over `num_gpus` GPUs: log2(N), 1 at N = 2.
+
+    A decode step's all-reduces carry kilobytes, so their time is latency, and a latency-bound
+    all-reduce is log2(N) dependent exchange rounds (recursive doubling / a tree), each ending
+    when the slowest rank arrives (docs/cost-model.md, "Tensor parallel")."""
+    return math.log2(num_gpus) if num_gpus > 1 else 0.0
+
+
+# ---- what a step does ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """What each of a set of steps does, per GPU, in seconds at the datasheet rates
+    (arrays aligned by step). `price` turns it into time."""
+
+    num_seqs: FloatArray  # sequences scheduled (decoding + prompt chunks)
+    num_decode: FloatArray
+    num_chunks: FloatArray
+    weight_s: FloatArray  # weight bytes read / HBM bandwidth
+    gemm_s: FloatArray  # GEMM FLOPs / dense peak
+    kv_s: FloatArray  # decode KV bytes (and fixed states) / HBM bandwidth
+    score_s: FloatArray  # an unfused attention's score traffic per score byte / bandwidth
+    decode_attention_s: FloatArray  # decode attention FLOPs / dense peak
+    chunk_kv_s: FloatArray  # prompt chunks' K/V read once / bandwidth
+    chunk_tiles_kv_s: FloatArray  # ... once per query tile
+    chunk_attention_s: FloatArray  # chunk attention FLOPs / (peak x occupancy)
+    chunk_attention_at_gemm_rate_s: FloatArray  # chunk attention FLOPs / peak
+    comm_s: FloatArray  # all-reduce bytes / link bandwidth
+    allreduce_calls: FloatArray  # latency units of the all-reduces (0 without sequences)
+    num_layers: int
+    weight_bits: int
+
+    @property
+    def size(self) -> int:
+        return int(self.num_seqs.size)
+
+
+@dataclass(frozen=True, slots=True)
+class StepParts:
+    """A priced step's parts in seconds (arrays); `step_s` is their sum."""
+
+    gemm_s: FloatArray
+    decode_attention_s: FloatArray
+    chunk_attention_s: FloatArray
+    kernels_s: FloatArray  # the three groups (or cost model 1's one max)
+    layers_s: FloatArray
+    comm_s: FloatArray
+    overhead_s: FloatArray
+    memory_s: FloatArray  # totals on the memory roof (for regimes and intensity)
+    compute_s: FloatArray  # totals on the compute roof
+
+    @property
+    def step_s(self) -> FloatArray:
+        return self.kernels_s + self.layers_s + self.comm_s + self.overhead_s
+
+
+_FIELDS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "allreduce_latency_s",
+           "kv_bandwidth", "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s",
+           "score_bytes", "roof_sharpness", "fp8_weight_stream", "int4_weight_stream",
+           "grouped")
+
+
+def params_dict(params: Any) -> Mapping[str, Any]:
+    """`params` as a mapping of Efficiency's field names (an Efficiency is read once)."""
+    if isinstance(params, Mapping):
+        return params
+    return {k: getattr(params, k) for k in _FIELDS}
+
+
+_params = params_dict
+
+
+def concat(works: list[StepWork]) -> StepWork:
+    """Several StepWorks of one deployment as one (arrays joined in order)."""
+    first = works[0]
+    arrays = {f: np.concatenate([getattr(w, f) for w in works])
+              for f in StepWork.__slots__ if f not in ("num_layers", "weight_bits")}
+    return StepWork(**arrays, num_layers=first.num_layers, weight_bits=first.weight_bits)
+
+
+def price_parts(w: StepWork, params: Any) -> StepParts:
+    """Each step's parts at the efficiencies and engine terms of `params` (an Efficiency,
+    or a mapping of its field names; `grouped` and `roof_sharpness` default to cost model
+    2's soft roof when the mapping lacks them)."""
+    p = _params(params)
+    grouped = bool(p.get("grouped", True))
+    k = float(p.get("roof_sharpness", 2.0))
+    has_dec = w.num_decode > 0
+    has_chunk = w.num_chunks > 0
+    kv_eff = p["kv_bandwidth"] if grouped else p["bandwidth"]
+    weight_mem = w.weight_s / weight_stream(w.weight_bits, p)
+    gemm_c = w.gemm_s / p["compute"]
+    kv_mem = (w.kv_s + p["score_bytes"] * w.score_s) / kv_eff
+    attn_c = w.decode_attention_s / p["compute"]
+    chunk_mem = w.chunk_tiles_kv_s / kv_eff
+    chunk_c = w.chunk_attention_s / p["attention_compute"]
+    zero = np.zeros_like(w.num_seqs)
+    if grouped:
+        gemm = roof(weight_mem, gemm_c, k)
+        dec = np.where(has_dec, roof(kv_mem, attn_c, k), 0.0)
+        chunk = np.where(has_chunk, roof(chunk_mem, chunk_c, k), 0.0)
+        kernels = gemm + dec + chunk
+        layers = w.num_layers * (p["layer_s"] + p["decode_layer_s"] * has_dec
+                                 + p["chunk_layer_s"] * has_chunk)
+        memory = weight_mem + kv_mem + chunk_mem
+        compute = gemm_c + attn_c + chunk_c
+    else:
+        memory = weight_mem + kv_mem + w.chunk_kv_s / p["bandwidth"]
+        compute = gemm_c + attn_c + w.chunk_attention_at_gemm_rate_s / p["compute"]
+        kernels = np.maximum(memory, compute)
+        gemm, dec, chunk = kernels, zero, zero
+        layers = w.num_layers * p["layer_s"] + zero
+    active = w.num_seqs > 0
+    comm = np.where(active, w.comm_s + w.allreduce_calls * p["allreduce_latency_s"], 0.0)
+    overhead = np.where(active, p["overhead_s"] + p["overhead_per_seq_s"] * w.num_seqs, 0.0)
+    return StepParts(gemm, dec, chunk, np.where(active, kernels, 0.0),
+                     np.where(active, layers, 0.0), comm, overhead, memory, compute)
+
+
+def price(w: StepWork, params: Any) -> FloatArray:
+    """Each step's time in seconds (see the module docstring for the formula)."""
+    return price_parts(w, params).step_s
+
+
+# ---- a deployment's per-GPU constants ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """One layer group's per-GPU constants, all layers of the group together, in seconds at
+    the datasheet rates per token held (or per sequence for a fixed state)."""
+
+    kind: str
+    window_tokens: int
+    kv_s_per_token: float
+    state_s_per_seq: float
+    decode_attention_s_per_pos: float
+    score_s_per_pos: float  # per score byte
+    prefill_attention_s_per_pair: float
+    group: Any  # the LayerGroup (its `held`)
+
+    def held(self, tokens: npt.ArrayLike) -> FloatArray:
+        return np.asarray(self.group.held(np.asarray(tokens, dtype=np.float64)),
+                          dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """A deployment's per-GPU constants at the datasheet rates: what `StepWork` is built
+    from. `shape(d)` builds it; the efficiencies are not in it."""
+
+    dense_weight_s: float  # read every step whatever the batch (a tied table included)
+    weight_s_per_token: float  # looked-up rows of an untied input embedding
+    expert_weight_s: float  # MoE routed experts, read in the fraction touched
+    top_k: int
+    num_experts: int
+    gemm_s_per_token: float
+    groups: tuple[GroupShape, ...]
+    comm_s_per_token: float  # all-reduce bytes per token / link bandwidth
+    allreduce_calls: float  # latency units per step: 2 per layer x log2(N)
+    heads_per_gpu: int
+    num_sms: int  # 0: unknown (no occupancy limit)
+    num_layers: int
+    weight_bits: int
+    hbm_bandwidth_bytes_s: float
+
+    # -- building blocks --
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes per token of context on each GPU (layers that cache tokens)."""
+        return sum(g.kv_s_per_token for g in self.groups if g.kind != "state") \
+            * self.hbm_bandwidth_bytes_s
+
+    def weight_s(self, num_tokens: npt.ArrayLike) -> FloatArray:
+        t = np.asarray(num_tokens, dtype=np.float64)
+        w = self.dense_weight_s + self.weight_s_per_token * t
+        if self.num_experts:
+            w = w + self.expert_weight_s * expert_fraction_read(t, self.top_k,
+                                                                self.num_experts)
+        return np.asarray(w, dtype=np.float64)
+
+    def kv_s_per_seq(self, tokens: npt.ArrayLike) -> FloatArray:
+        """KV (and state) read time of one sequence holding `tokens`, at the datasheet rate."""
+        t = np.asarray(tokens, dtype=np.float64)
+        return sum((g.kv_s_per_token * g.held(t) + g.state_s_per_seq for g in self.groups),
+                   np.zeros_like(t))
+
+    def _work(self, num_seqs: FloatArray, num_decode: FloatArray, num_chunks: FloatArray,
+              num_tokens: FloatArray, kv: FloatArray, score: FloatArray, dec_attn: FloatArray,
+              chunk_kv: FloatArray | None = None, chunk_tiles_kv: FloatArray | None = None,
+              chunk_attn: FloatArray | None = None,
+              chunk_attn_gemm: FloatArray | None = None) -> StepWork:
+        zero = np.zeros_like(num_seqs)
+        return StepWork(
+            num_seqs=num_seqs, num_decode=num_decode, num_chunks=num_chunks,
+            weight_s=self.weight_s(num_tokens), gemm_s=self.gemm_s_per_token * num_tokens,
+            kv_s=kv, score_s=score, decode_attention_s=dec_attn,
+            chunk_kv_s=zero if chunk_kv is None else chunk_kv,
+            chunk_tiles_kv_s=zero if chunk_tiles_kv is None else chunk_tiles_kv,
+            chunk_attention_s=zero if chunk_attn is None else chunk_attn,
+            chunk_attention_at_gemm_rate_s=zero if chunk_attn_gemm is None else chunk_attn_gemm,
+            comm_s=self.comm_s_per_token * num_tokens,
+            allreduce_calls=np.where(num_seqs > 0, self.allreduce_calls, 0.0),
+            num_layers=self.num_layers, weight_bits=self.weight_bits)
+
+    # -- decode --
+    def decode_held(self, num_seqs: npt.ArrayLike,
+                    held_sums: tuple[npt.ArrayLike, ...]) -> StepWork:
+        """Pure-decode steps of `num_seqs` sequences whose held tokens (after this step's
+        token) sum, per layer group, to `held_sums[g]` (a fixed state counts per sequence)."""
+        b = np.atleast_1d(np.asarray(num_seqs, dtype=np.float64))
+        kv = np.zeros_like(b)
+        score = np.zeros_like(b)
+        attn = np.zeros_like(b)
+        for g, hs in zip(self.groups, held_sums, strict=True):
+            h = np.asarray(hs, dtype=np.float64)
+            kv = kv + g.kv_s_per_token * h + g.state_s_per_seq * b
+            score = score + g.score_s_per_pos * h
+            attn = attn + g.decode_attention_s_per_pos * h
+        return self._work(b, b, np.zeros_like(b), b, kv, score, attn)
+
+    def decode(self, num_seqs: npt.ArrayLike, context_tokens: int | float) -> StepWork:
+        """Pure-decode steps of `num_seqs` sequences each holding `context_tokens` (this
+        step's token included): the plan's curve."""
+        b = np.atleast_1d(np.asarray(num_seqs, dtype=np.float64))
+        return self.decode_held(b, tuple(b * float(g.held(context_tokens))
+                                         for g in self.groups))
+
+    def decode_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> StepWork:
+        """`num_steps` consecutive pure-decode steps of the same sequences: in step j
+        (0-based) sequence i computes one token on top of start_i + j. Full layers' sums are
+        linear in j; a window's use sorted prefix sums; other kinds sum directly."""
+        c = np.sort(np.asarray(start_tokens, dtype=np.float64))
+        b = c.size
+        added = np.arange(1, num_steps + 1, dtype=np.float64)
+        sums = []
+        for g in self.groups:
+            if g.kind == "state":
+                sums.append(np.zeros(num_steps))
+            elif g.kind == "full" or not g.window_tokens:
+                sums.append(c.sum() + b * added)
+            elif g.kind == "sliding":
+                # sum_i min(c_i + s, w) = sum_{c_i < w - s} (c_i + s) + w * #{c_i >= w - s}
+                w = g.window_tokens
+                prefix = np.concatenate([[0.0], np.cumsum(c)])
+                m = np.searchsorted(c, w - added, side="left")
+                sums.append(prefix[m] + m * added + (b - m) * w)
+            else:
+                sums.append(g.held(c[None, :] + added[:, None]).sum(axis=1))
+        return self.decode_held(np.full(num_steps, float(b)), tuple(sums))
+
+    # -- any scheduled set --
+    def scheduled(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> StepWork:
+        """One step over sequences each computing `new_tokens` on top of `start_tokens`
+        (decode: 1 new token; a prompt chunk: more)."""
+        c = np.asarray(start_tokens, dtype=np.float64).ravel()
+        n = np.asarray(new_tokens, dtype=np.float64).ravel()
+        end = c + n
+        chunk = n > 1
+        dec = ~chunk
+        d_end = end[dec]
+        one = np.ones(1)
+        kv = score = attn = 0.0
+        for g in self.groups:
+            h = float(g.held(d_end).sum())
+            kv += g.kv_s_per_token * h + g.state_s_per_seq * float(dec.sum())
+            score += g.score_s_per_pos * h
+            attn += g.decode_attention_s_per_pos * h
+        ckv = ctiles = cattn = cattn_g = 0.0
+        if chunk.any():
+            cf, nf = c[chunk], n[chunk]
+            ef = cf + nf
+            tiles = np.ceil(nf / ATTENTION_TILE_TOKENS)
+            occ = 1.0
+            if self.num_sms:
+                occ = min(1.0, self.heads_per_gpu * float(tiles.sum()) / self.num_sms)
+            per_seq = self.kv_s_per_seq(ef)
+            ckv = float(per_seq.sum())
+            ctiles = float((per_seq * tiles).sum())
+            area = 0.0
+            for g in self.groups:
+                area += g.prefill_attention_s_per_pair * float(
+                    (ef * g.held(ef) - cf * g.held(cf)).sum())
+            cattn = area / occ
+            cattn_g = area
+        return self._work(one * c.size, one * float(dec.sum()), one * float(chunk.sum()),
+                          one * float(n.sum()), one * kv, one * score, one * attn,
+                          one * ckv, one * ctiles, one * cattn, one * cattn_g)
+
+    def prefill(self, input_tokens: int, batch: int = 1) -> StepWork:
+        """The step that prefills `batch` prompts of `input_tokens` from scratch."""
+        return self.scheduled(np.zeros(batch), np.full(batch, float(input_tokens)))
+
+
+def shape(d: Deployment) -> StepShape:
+    """The deployment's per-GPU constants at the datasheet rates (cached by what they depend
+    on, not the efficiencies: a calibration prices the same shape many times)."""
+    key = (d.model, d.gpu, d.num_gpus, d.weight.name, d.kv.name)
+    try:
+        return _SHAPES[key]
+    except TypeError:  # an unhashable part (a GPU file's raw table): build it each time
+        return _shape_uncached(d)
+    except KeyError:
+        pass
+    s = _shape_uncached(d)
+    if len(_SHAPES) > 512:
+        _SHAPES.clear()
+    _SHAPES[key] = s
+    return s
+
+
+def _shape_uncached(d: Deployment) -> StepShape:
+    m, g, n = d.model, d.gpu, d.num_gpus
+    bw = g.hbm_bandwidth_bytes_s
+    peak = g.peak_flops(d.weight.compute)
+    dense, expert, embed = m.weight_bytes_parts(d.weight)
+    per_token = 0.0
+    if m.tie_word_embeddings:
+        dense += embed  # the table is the LM head: read in full every step
+    else:
+        per_token = m.hidden_size * 2  # one looked-up row of the input table per token
+    kv_bytes = d.kv.bits / 8
+    groups = []
+    for lg in m.layer_groups():
+        div = lg.shard_divisor(n)
+        groups.append(GroupShape(
+            kind=lg.kind, window_tokens=lg.window_tokens,
+            kv_s_per_token=lg.num_layers * lg.kv_values_per_token_per_gpu(n) * kv_bytes / bw,
+            state_s_per_seq=lg.num_layers * lg.state_bytes_per_seq_per_gpu(div) / bw,
+            decode_attention_s_per_pos=lg.num_layers * lg.decode_flops_per_pos / n / peak,
+            score_s_per_pos=lg.num_layers * lg.query_heads / n / bw,
+            prefill_attention_s_per_pair=lg.num_layers * lg.prefill_flops_per_pair / n / peak,
+            group=lg))
+    comm_per_token = 0.0
+    if n > 1:
+        if g.interconnect_bytes_s <= 0:
+            from bstar.errors import BstarError
+
+            raise BstarError(f"{g.id} has no interconnect bandwidth in its spec; cannot "
+                             "model tensor parallel")
+        # Two all-reduces per layer of the B x hidden activations; a ring moves 2(N-1)/N of
+        # the message over each link direction (half of the datasheet's bidirectional rate).
+        comm_per_token = 2 * m.num_layers * 2 * (n - 1) / n * m.hidden_size * 2 \
+            / (g.interconnect_bytes_s / 2)
+    return StepShape(
+        dense_weight_s=dense / n / bw, weight_s_per_token=per_token / n / bw,
+        expert_weight_s=expert / n / bw if m.is_moe else 0.0,
+        top_k=m.num_experts_per_tok if m.is_moe else 0,
+        num_experts=m.num_experts if m.is_moe else 0,
+        gemm_s_per_token=2 * m.matmul_params_per_token / n / peak,
+        groups=tuple(groups), comm_s_per_token=comm_per_token,
+        allreduce_calls=2 * m.num_layers * allreduce_rounds(n),
+        heads_per_gpu=max(1, -(-m.num_heads // n)), num_sms=g.num_sms,
+        num_layers=m.num_layers, weight_bits=d.weight.bits, hbm_bandwidth_bytes_s=bw)
+
+
+_SHAPES: dict[Any, StepShape] = {}
