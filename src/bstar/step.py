@@ -216,7 +216,8 @@ class GroupShape:
     group: Any  # the LayerGroup (its `held`)
 
     def held(self, tokens: npt.ArrayLike) -> FloatArray:
-        return np.asarray(self.group.held(np.asarray(tokens, dtype=np.float64)),
+        """Tokens a step reads per layer for sequences holding `tokens` (LayerGroup.read)."""
+        return np.asarray(self.group.read(np.asarray(tokens, dtype=np.float64)),
                           dtype=np.float64)
 
 
@@ -310,9 +311,10 @@ class StepShape:
         added = np.arange(1, num_steps + 1, dtype=np.float64)
         sums = []
         for g in self.groups:
+            # "full" and "sliding" read what they hold (LayerGroup.read): closed forms.
             if g.kind == "state":
                 sums.append(np.zeros(num_steps))
-            elif g.kind == "full" or not g.window_tokens:
+            elif g.kind == "full" and not g.window_tokens:
                 sums.append(c.sum() + b * added)
             elif g.kind == "sliding":
                 # sum_i min(c_i + s, w) = sum_{c_i < w - s} (c_i + s) + w * #{c_i >= w - s}

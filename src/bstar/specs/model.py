@@ -76,6 +76,11 @@ class LayerGroup:
             return np.minimum(tokens, self.window_tokens)
         return tokens
 
+    def read(self, tokens: Any) -> Any:
+        """Tokens of KV one decode step reads per layer for a sequence holding `tokens`
+        (bstar.step prices this): what it holds, unless the kind reads a subset."""
+        return self.held(tokens)
+
     def kv_values_per_token_per_gpu(self, num_gpus: int) -> int:
         """Cached values per token per layer on each GPU: KV heads shard across GPUs (with
         fewer heads than GPUs each GPU keeps one copy); a replicated latent does not."""
