@@ -62,6 +62,14 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop a level once this fraction of its requests failed (after 8)")
     g.add_argument("--slo", help="per-request SLOs in ms for goodput and the SLA knee, "
                    "e.g. ttft:500,tpot:50,e2e:3000")
+    g.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="split each level's streams over N local processes, each with its "
+                        "own event loop (default 1: this process); one loop follows about "
+                        "256 streams before it distorts the tails it measures")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="place the --workers as Ray actors: on a local cluster started here, "
+                        "or on the cluster at ADDRESS, for load from several machines "
+                        "(needs bstar[ray])")
     g = p.add_argument_group("results")
     g.add_argument("--db", help="results DB (default ${BSTAR_DATA_DIR:-~/.local/share/bstar}"
                    "/runs.db)")
@@ -102,7 +110,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             health_timeout_s=args.health_timeout, seed=args.seed, prompts_file=args.prompts,
             slo=parse_slo(args.slo).by_metric(), max_error_rate=args.max_error_rate,
             ignore_eos=not args.no_ignore_eos, model=options.model, gpu=options.gpu,
-            deployment=options.to_dict())
+            deployment=options.to_dict(), workers=args.workers, ray=args.ray)
         cfg.validate()
     # A cost model to predict each level with, when the run names a model or a GPU.
     deployment = options.build(warn=warn) if (options.model or options.gpu) else None

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from time import perf_counter
 from typing import Any, Literal
 
 Endpoint = Literal["completions", "chat"]
@@ -181,8 +183,11 @@ class OpenAIClient:
                     return resp.status, json.loads(text)
                 except ValueError:
                     return resp.status, text
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            return 0, str(e)
+        except TimeoutError:
+            return 0, (f"no answer to {method} {path} within {timeout_s:g} s (the "
+                       f"connection was accepted or is still pending)")
+        except (aiohttp.ClientError, OSError) as e:
+            return 0, str(e) or type(e).__name__
 
     async def get_json(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
         return await self._call("GET", path, body=None, timeout_s=timeout_s, as_json=True)
@@ -267,43 +272,66 @@ class OpenAIClient:
                         rec.error = f"HTTP {resp.status}: {_short(text)}"
                         rec.e2e_s = time.perf_counter() - t0
                         return rec
-                    async for raw in resp.content:
-                        if not raw.startswith(b"data:"):
-                            continue  # blank separators, comments, `event:` lines
-                        data = raw[5:].strip()
-                        if data == b"[DONE]":
-                            done = True
+                    # The hot path (bench/client_bench.py; docs/sweep.md "Client overhead"):
+                    # one await per arrival of bytes, whatever they hold (aiohttp's readline
+                    # costs an await, a buffer scan and a flow-control resume per line, two
+                    # lines per SSE event); the arrival is timestamped before any other work,
+                    # so every token in it carries the time it reached this process.
+                    read = _reader(resp.content)
+                    tail = b""
+                    itl = rec.itl_s
+                    while not done:
+                        data_in = await read()
+                        t = perf_counter()
+                        if not data_in:
+                            if not tail:
+                                break
+                            lines, tail = [tail], b""  # a last line without its newline
+                        else:
+                            if tail:
+                                data_in = tail + data_in
+                            lines = data_in.split(b"\n")
+                            tail = lines.pop()
+                        for raw in lines:
+                            if raw[:5] != b"data:":
+                                continue  # blank separators, comments, `event:` lines
+                            data = raw[5:].strip()
+                            if data == b"[DONE]":
+                                done = True
+                                break
+                            try:
+                                event = _loads(data)
+                            except ValueError:
+                                rec.error_kind = "malformed_sse"
+                                rec.error = ("not JSON: "
+                                             + _short(data.decode("utf-8", "replace"), 120))
+                                break
+                            if type(event) is not dict:
+                                rec.error_kind = "malformed_sse"
+                                rec.error = "SSE data is not a JSON object"
+                                break
+                            if event.get("error"):
+                                rec.error_kind = "server_error"
+                                rec.error = _short(json.dumps(event["error"]))
+                                break
+                            choices = event.get("choices")
+                            if choices and _has_content(choices):
+                                if last is None:
+                                    rec.ttft_s = t - t0
+                                else:
+                                    itl.append(t - last)
+                                last = t
+                                rec.chunks += 1
+                            usage = event.get("usage")
+                            if usage:
+                                usage_tokens = usage.get("completion_tokens")
+                                rec.prompt_tokens = usage.get("prompt_tokens")
+                                details = usage.get("prompt_tokens_details")
+                                if isinstance(details, dict) and isinstance(
+                                        details.get("cached_tokens"), int):
+                                    rec.cached_prompt_tokens = details["cached_tokens"]
+                        if rec.error_kind is not None:
                             break
-                        try:
-                            event = json.loads(data)
-                        except ValueError:
-                            rec.error_kind = "malformed_sse"
-                            rec.error = f"not JSON: {_short(data.decode('utf-8', 'replace'), 120)}"
-                            break
-                        if not isinstance(event, dict):
-                            rec.error_kind = "malformed_sse"
-                            rec.error = "SSE data is not a JSON object"
-                            break
-                        if event.get("error"):
-                            rec.error_kind = "server_error"
-                            rec.error = _short(json.dumps(event["error"]))
-                            break
-                        if _has_content(event):
-                            t = time.perf_counter()
-                            if last is None:
-                                rec.ttft_s = t - t0
-                            else:
-                                rec.itl_s.append(t - last)
-                            last = t
-                            rec.chunks += 1
-                        usage = event.get("usage")
-                        if usage:
-                            usage_tokens = usage.get("completion_tokens")
-                            rec.prompt_tokens = usage.get("prompt_tokens")
-                            details = usage.get("prompt_tokens_details")
-                            if isinstance(details, dict) and isinstance(
-                                    details.get("cached_tokens"), int):
-                                rec.cached_prompt_tokens = details["cached_tokens"]
         except TimeoutError:
             rec.error_kind = "time_limit" if by_level else "timeout"
             rec.error = ("level time limit reached mid-request" if by_level
@@ -339,8 +367,44 @@ class OpenAIClient:
         return rec
 
 
-def _has_content(event: dict[str, Any]) -> bool:
-    for choice in event.get("choices") or ():
+_scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, no wrapper
+
+
+def _loads(data: bytes) -> Any:
+    """One SSE event's JSON (`data` stripped): json.loads' own C scanner called directly,
+    without the encoding sniffing and wrapper json.loads adds on bytes (about half its
+    time on a 200-byte event). ValueError when `data` is not one JSON value."""
+    text = data.decode()  # UnicodeDecodeError is a ValueError
+    try:
+        obj, end = _scan_json(text, 0)
+    except StopIteration:
+        raise ValueError("expecting a JSON value") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return obj
+
+
+def _reader(content: Any) -> Callable[[], Awaitable[bytes]]:
+    """An awaitable that gives the bytes that arrived (b"" at the end): aiohttp's
+    `readany`, else (an injected session's response) the next item of its iterator."""
+    read = getattr(content, "readany", None)
+    if read is not None:
+        return read  # type: ignore[no-any-return]
+    it = content.__aiter__()
+
+    async def read_next() -> bytes:
+        try:
+            return bytes(await it.__anext__())
+        except StopAsyncIteration:
+            return b""
+
+    return read_next
+
+
+def _has_content(choices: Any) -> bool:
+    """Whether an event's `choices` carry generated text (completions' `text`, chat's
+    `delta.content` or `delta.reasoning_content`)."""
+    for choice in choices:
         if choice.get("text"):
             return True
         delta = choice.get("delta")

@@ -20,6 +20,7 @@ from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive
+from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
 
 if TYPE_CHECKING:
@@ -77,8 +78,15 @@ class _Runner:
 
     def __init__(self, cfg: SweepConfig, store: Store, run_id: str, api_key: str | None,
                  on_event: EventFn | None, deployment: Any,
-                 session_factory: Callable[[], Any] | None = None) -> None:
+                 session_factory: Callable[[], Any] | None = None,
+                 pool: LoadPool | None = None) -> None:
         self.cfg = cfg
+        # Worker processes or Ray actors that send a level's load (--workers / --ray);
+        # None: this process's event loop sends it.
+        self.pool = pool
+        # The level being measured and what it has so far (an interrupted level is stored
+        # with the statistics of what it measured).
+        self._live: tuple[int, _Measured] | None = None
         self.session_factory = session_factory
         self.store = store
         self.run_id = run_id
@@ -148,16 +156,43 @@ class _Runner:
                 with contextlib.suppress(Exception):
                     status = ("interrupted" if isinstance(e, KeyboardInterrupt |
                                                           asyncio.CancelledError) else "failed")
+                    # What the level measured before it stopped is stored with it: its
+                    # requests are in the store, and its row says how many.
+                    duration_s, stats = self._partial(level_id)
                     self.store.finish_level(level_id, status=status,
-                                            status_detail=f"{type(e).__name__}: {e}"[:300])
+                                            status_detail=f"{type(e).__name__}: {e}"[:300],
+                                            duration_s=duration_s, stats=stats)
                 raise
             finally:
                 self._stop_server()
 
+    def _partial(self, level_id: int) -> tuple[float | None, dict[str, Any] | None]:
+        """(duration, statistics) of the measured requests a level stored before it was
+        interrupted or failed; (None, None) when it stored none."""
+        recs: list[RequestRecord]
+        if self._live is not None and self._live[0] == level_id:
+            m = self._live[1]
+            recs = list(m.recs)
+            duration = time.monotonic() - m.t0 if m.t0 is not None else None
+        else:
+            recs = [r for r in self.store.requests(level_id) if not r.warmup]
+            duration = None
+        if not recs:
+            return duration, None
+        if duration is None:  # the span of the requests themselves (wall clock)
+            duration = (max(r.start_s + (r.e2e_s or 0.0) for r in recs)
+                        - min(r.start_s for r in recs))
+        stats = summarize(recs, duration, self.cfg.slo).to_dict() if duration > 0 else None
+        return duration, stats
+
     async def _discover(self, client: OpenAIClient) -> str | None:
         """Model name and server version; None on success, else why the server is unusable."""
-        status, body = await client.get_json("/v1/models")
+        # --request-timeout bounds this call too (a server that accepts and never answers).
+        status, body = await client.get_json(
+            "/v1/models", timeout_s=min(10.0, self.cfg.request_timeout_s))
         if status == 0:
+            if isinstance(body, str) and body.startswith("no answer"):
+                return f"server not answering at {client.base_url}: {body}"
             return f"server unreachable at {client.base_url}: {body}"
         if status in (401, 403):
             return f"HTTP {status} from /v1/models: check --api-key / OPENAI_API_KEY"
@@ -234,7 +269,20 @@ class _Runner:
             self.store.add_prompts(level_id, warm + reqs)
             self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
                       warmup=n_warm, token_count=counter.method)
-            if warm:
+            jobs = None
+            if self.pool is not None:
+                jobs = split_level(
+                    reqs, warm, workers=self.pool.workers, concurrency=lv.concurrency,
+                    rate=lv.rate, seed=seed,
+                    base=WorkerJob(url=url, model=client.model, endpoint=wl.endpoint,
+                                   api_key=self.api_key,
+                                   request_timeout_s=cfg.request_timeout_s,
+                                   extra_body=wl.extra_body(), warm=[], specs=[],
+                                   concurrency=None, rate=None, seed=seed,
+                                   level_time_limit_s=cfg.level_time_limit_s))
+                for rec in await self.pool.warm(jobs):
+                    self.store.add_request(level_id, rec)
+            elif warm:
                 async for rec in drive(client, warm, concurrency=lv.concurrency or streams):
                     self.store.add_request(level_id, rec)
             scraper = Scraper(client, interval_s=cfg.scrape_interval_s,
@@ -243,25 +291,42 @@ class _Runner:
             m = _Measured(counter_method=counter.method, prompt_seed=seed,
                           prompts_sha256=_digest(reqs),
                           url_tried=f"{client.base_url}{client.path}")
+            self._live = (level_id, m)
             stop = asyncio.Event()
             t0 = time.monotonic()
+            m.t0 = t0
             cpu0 = time.process_time()
-            async for rec in drive(client, reqs, concurrency=lv.concurrency, rate=lv.rate,
-                                   deadline=t0 + cfg.level_time_limit_s, stop=stop, seed=seed):
+            if self.pool is not None:
+                records = self.pool.measure()
+            else:
+                records = drive(client, reqs, concurrency=lv.concurrency, rate=lv.rate,
+                                deadline=t0 + cfg.level_time_limit_s, stop=stop, seed=seed)
+            errors = 0
+            async for rec in records:
                 self.store.add_request(level_id, rec)
                 m.recs.append(rec)
-                errors = sum(1 for r in m.recs if not r.ok)
+                errors += not rec.ok
                 self.emit("request", level=lv.idx, ok=rec.ok, done=len(m.recs), errors=errors,
                           output_tokens=rec.output_tokens, elapsed_s=time.monotonic() - t0,
                           error_kind=rec.error_kind)
                 if (not stop.is_set() and len(m.recs) >= cfg.min_requests_for_error_rule
                         and errors / len(m.recs) > cfg.max_error_rate):
                     stop.set()
+                    if self.pool is not None:
+                        self.pool.request_stop()
                     m.stopped = (f"error rate {errors}/{len(m.recs)} over --max-error-rate "
                                  f"{cfg.max_error_rate:g}: {_kinds(m.recs)}")
-            m.duration_s = time.monotonic() - t0
             m.client_cpu_s = time.process_time() - cpu0
+            if self.pool is not None:
+                # The level ran from the workers' common start to the last one's end, each
+                # timed on the same monotonic clock; their CPU adds to this process's.
+                m.duration_s = self.pool.outcome.duration_s
+                m.client_cpu_s += self.pool.outcome.cpu_s
+                m.worker_errors = self.pool.outcome.errors
+            else:
+                m.duration_s = time.monotonic() - t0
             m.server = (await scraper.stop()).to_dict()
+            self._live = None
         return m
 
     async def _classify(self, m: _Measured, url: str) -> tuple[str, str | None]:
@@ -291,6 +356,13 @@ class _Runner:
                 status, detail = "server_died", f"server stopped answering at {url}"
                 if proc is None:  # a server bstar started is restarted for the next level
                     self.fatal = detail
+        if status in ("completed", "time_limit") and recs and len(bad) == len(recs):
+            # Nothing succeeded: the level measured no throughput; resume retries it.
+            status, detail = "failed", f"every request failed: {_kinds(recs)}"
+        if m.worker_errors:
+            status = "failed"
+            detail = "; ".join(filter(None, [detail, *(f"load worker: {e}"
+                                                      for e in m.worker_errors)]))
         if status == "completed" and bad:
             detail = f"{len(bad)} failed requests: {_kinds(recs)}"
         if recs and len(bad) == len(recs) and all(r.http_status == 404 for r in recs):
@@ -349,7 +421,9 @@ class _Measured:
     url_tried: str = ""
     recs: list[RequestRecord] = field(default_factory=list)
     stopped: str | None = None  # why the error-rate rule stopped the level
+    t0: float | None = None  # time.monotonic() at the start of the measured phase
     duration_s: float = 0.0
+    worker_errors: list[str] = field(default_factory=list)  # failures inside load workers
     client_cpu_s: float = 0.0
     server: dict[str, Any] = field(default_factory=dict)
 

@@ -64,6 +64,10 @@ class SweepConfig:
     gpu: str | None = None
     # `DeploymentOptions.to_dict()` of the cost model's deployment (with model and gpu).
     deployment: dict[str, Any] = field(default_factory=dict)
+    # Load from N worker processes (each its own event loop, bstar.loadgen.workers), or
+    # from N Ray actors with `ray` ("local": a cluster started here, else its address).
+    workers: int = 1
+    ray: str | None = None
 
     def validate(self) -> None:
         if self.endpoint not in ("completions", "chat"):
@@ -81,6 +85,24 @@ class SweepConfig:
             raise BstarError("give --url (or --server-cmd to let bstar start the server)")
         if self.input_len < 1 or self.output_len < 1 or self.num_requests < 1:
             raise BstarError("--input-len, --output-len and --num-requests must be >= 1")
+        import math
+
+        if self.concurrency and any(
+                isinstance(c, bool) or not isinstance(c, int) or c < 1
+                for c in self.concurrency):
+            raise BstarError(f"--concurrency values must be integers >= 1, got "
+                             f"{','.join(map(str, self.concurrency))}")
+        if self.rate and any(not (isinstance(r, int | float) and math.isfinite(r) and r > 0)
+                             for r in self.rate):
+            raise BstarError(f"--rate values must be finite and > 0 requests/s, got "
+                             f"{','.join(map(str, self.rate))}")
+        if self.max_num_seqs and any(not isinstance(v, int) or v < 1
+                                     for v in self.max_num_seqs):
+            raise BstarError("--max-num-seqs values must be integers >= 1")
+        if self.warmup_requests is not None and self.warmup_requests < 0:
+            raise BstarError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise BstarError(f"--workers must be an integer >= 1, got {self.workers}")
         if not 0 <= self.max_error_rate <= 1:
             raise BstarError("--max-error-rate must be in [0, 1]")
         if self.url:
@@ -344,6 +366,7 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
     from bstar import __version__
 
     store = Store(db)
+    pool: Any = None
     try:
         if resume:
             run = store.get_run(resume)
@@ -368,9 +391,17 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
                 model=cfg.model, gpu=cfg.gpu, options=cfg.to_options(),
                 bstar_version=bstar_version or __version__)
         levels = cfg.levels()
-        runner = _Runner(cfg, store, run_id, api_key, on_event, deployment, session_factory)
-        runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels))
+        if cfg.workers > 1 or cfg.ray is not None:
+            from bstar.loadgen.workers import LoadPool
+
+            pool = LoadPool(cfg.workers, cfg.ray)
+        runner = _Runner(cfg, store, run_id, api_key, on_event, deployment, session_factory,
+                         pool)
+        runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels),
+                    load=pool.describe() if pool is not None else "this process")
         try:
+            if pool is not None:
+                pool.start()
             runner.run(levels)
         except (KeyboardInterrupt, asyncio.CancelledError):
             store.update_run(run_id, status="interrupted", finished_at=utc_now(),
@@ -409,6 +440,8 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
         result.run = store.get_run(run_id) or result.run
         return result
     finally:
+        if pool is not None:
+            pool.close()
         store.close()
 
 
