@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -208,6 +209,7 @@ def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) ->
         kept = con.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
     assert status == "interrupted"
     assert levels == [(0, "completed"), (1, "interrupted")]
+    _interrupted_level_counts_what_it_stored(db, run_id)
     rc = main(["sweep", "--resume", run_id, "--db", str(db), "--quiet", "--json"])
     assert rc == 0
     res = load_result(db, run_id)
@@ -310,3 +312,143 @@ def test_prompts_from_jsonl(tmp_path: Path) -> None:
                       "ORDER BY idx").fetchall()
     con.close()
     assert got == [(5, 4), (6, 3), (7, 4)] * 2  # used in order, cycling
+
+
+def _interrupted_level_counts_what_it_stored(db: Path, run_id: str) -> None:
+    """The interrupted level's row says how many measured requests it stored (it showed 0
+    with some stored: issue 19, item 13)."""
+    with sqlite3.connect(db) as con:
+        (level_id,) = con.execute("SELECT id FROM levels WHERE status = 'interrupted'"
+                                  ).fetchone()
+        stored = con.execute("SELECT COUNT(*) FROM requests WHERE level_id = ? AND warmup = 0",
+                             (level_id,)).fetchone()[0]
+    lv = next(x for x in load_result(db, run_id).levels if x.status == "interrupted")
+    assert stored > 0 and lv.stats is not None and lv.stats["requests"] == stored
+    assert lv.to_dict()["requests"] == stored
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        text = (task / "children").read_text() if (task / "children").exists() else ""
+        out |= {int(x) for x in text.split()}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_sigint_with_workers_keeps_every_record(token_server: TokenServerFactory,
+                                                tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the whole process group: the worker processes ignore
+    it, the sweep cancels their requests in flight, stores every record they finished,
+    marks the level interrupted with what it stored, and no worker outlives it."""
+    srv = token_server(interval_ms=20)
+    db = tmp_path / "r.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "bstar", "sweep", "--url", srv.url, "--served-model", "tiny",
+           "--concurrency", "2,4", "--input-len", "8", "--output-len", "10",
+           "--num-requests", "40", "--db", str(db), "--quiet", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    n = 0
+    workers: set[int] = set()
+    while time.monotonic() < deadline:  # interrupt once level 2 has stored some requests
+        time.sleep(0.1)
+        workers |= _children(proc.pid)
+        if not db.exists():
+            continue
+        con = sqlite3.connect(db)
+        try:
+            n = con.execute("SELECT COUNT(*) FROM requests q JOIN levels l ON "
+                            "q.level_id = l.id WHERE l.idx = 1 AND q.warmup = 0"
+                            ).fetchone()[0]
+        except sqlite3.OperationalError:
+            n = 0
+        finally:
+            con.close()
+        if n >= 3:
+            break
+    assert n >= 3, "the sweep did not reach its second level"
+    assert len(workers) >= 2
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert b"--resume" in err and b"Traceback" not in err
+    end = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers), "a load worker outlived the sweep"
+    with sqlite3.connect(db) as con:
+        run_id, status = con.execute("SELECT id, status FROM runs").fetchone()
+        levels = con.execute("SELECT idx, status FROM levels ORDER BY id").fetchall()
+        idx = [r[0] for r in con.execute(
+            "SELECT q.idx FROM requests q JOIN levels l ON q.level_id = l.id "
+            "WHERE l.idx = 1 AND q.warmup = 0")]
+    assert status == "interrupted"
+    assert levels == [(0, "completed"), (1, "interrupted")]
+    assert len(idx) == len(set(idx)) >= n  # nothing stored twice, nothing lost
+    _interrupted_level_counts_what_it_stored(db, run_id)
+    rc = main(["sweep", "--resume", run_id, "--db", str(db), "--quiet", "--json"])
+    assert rc == 0
+    res = load_result(db, run_id)
+    assert [lv.status for lv in res.levels] == ["completed"] * 2
+    assert [(lv.stats or {}).get("requests") for lv in res.levels] == [40, 40]
+
+
+def test_silent_server_honours_request_timeout(tmp_path: Path) -> None:
+    """A server that accepts connections and never answers (issue 19, item 5): the sweep
+    gives up after --request-timeout, not 10 s, and says why."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)  # the kernel accepts; nobody ever reads or answers
+    try:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        t0 = time.monotonic()
+        res = run_sweep(cfg(url, request_timeout_s=2), db=tmp_path / "r.db")
+        took = time.monotonic() - t0
+    finally:
+        sock.close()
+    assert res.status == "failed"
+    detail = res.run["status_detail"]
+    assert "not answering" in detail and "within 2 s" in detail, detail
+    assert took < 9  # the 2 s timeout, not the 10 s default of discovery
+    assert res.levels[0].status == "server_failed"
+
+
+def test_level_where_every_request_failed_is_failed(tmp_path: Path) -> None:
+    """Fewer requests than the error-rate rule needs, all failing: the level is `failed`,
+    not `completed` (issue 19, item 13)."""
+    srv = FakeServer(fault="500", fault_every=1, **FAST)
+    res = run_sweep(cfg(srv.url, num_requests=4), db=tmp_path / "r.db",
+                    session_factory=srv.session)
+    lv = res.levels[0]
+    assert lv.status == "failed"
+    assert lv.status_detail is not None and "every request failed" in lv.status_detail
+    assert "http_5xx x4" in lv.status_detail
+    assert res.status == "failed"
+
+
+@pytest.mark.parametrize("flags", [["--concurrency", "0"], ["--concurrency", "-1"],
+                                   ["--concurrency", "2,0"], ["--rate", "0"],
+                                   ["--rate", "inf"], ["--rate", "nan"],
+                                   ["--concurrency", "2", "--workers", "0"],
+                                   ["--concurrency", "2", "--warmup-requests", "-1"]])
+def test_bad_load_flags_exit_2_with_one_line(flags: list[str], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19, item 4: no level runs on a load that cannot be sent."""
+    db = tmp_path / "r.db"
+    rc = main(["sweep", "--url", "http://127.0.0.1:9", *flags, "--db", str(db), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bstar: error: --"), err
+    assert flags[-2] in lines[0]
+    assert not db.exists()
