@@ -15,12 +15,18 @@ against the same server in the same run:
 
   minimal raw asyncio sockets, no JSON parsing: the floor (host and server jitter)
   bstar   bstar.loadgen (OpenAIClient + drive): what `bstar sweep` runs
+  workers the same over `--workers` local processes (bstar.loadgen.workers, `bstar sweep
+          --workers N`): the level's streams split, one event loop each, one start instant
+  ray     the same workers as Ray actors on a local cluster (`bstar sweep --ray`; needs
+          bstar[ray], skipped without it)
   httpx   the same streaming loop on httpx (the alternative HTTP library; the choice)
   aiperf  NVIDIA AIPerf (`pip install aiperf`, in its own venv: --aiperf .../bin/aiperf),
           its ITL taken from its per-request export (inter_chunk_latency), pooled the same way
 
-It prints one table and the ratios bstar/aiperf of the highest sustained concurrency and
-of tokens/s there. Everything runs on 127.0.0.1.
+It prints one table, per client the highest concurrency sustained within 1 ms of the
+minimal client's ITL p99 and within 5% of its tokens/s, and the ratios bstar/aiperf of the
+highest sustained concurrency and of tokens/s there. A client that falls under 95% of the
+floor's tokens/s is not run at higher levels. Everything runs on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from bstar.loadgen.client import OpenAIClient, RequestSpec  # noqa: E402
 from bstar.loadgen.metrics import percentile  # noqa: E402
 from bstar.loadgen.worker import drive  # noqa: E402
+from bstar.loadgen.workers import LoadPool, WorkerJob, split_level  # noqa: E402
 from bstar.servers import ManagedServer, free_port  # noqa: E402
 
 ADDED_LIMIT_MS = 1.0
@@ -78,6 +85,29 @@ async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
             tokens += r.output_tokens if r.ok else 0
         return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
                      interval_ms)
+
+
+async def run_pool(pool: LoadPool, url: str, n: int, requests: int, in_len: int,
+                   out_len: int, interval_ms: float) -> dict[str, float]:
+    """bstar's client over the pool's workers, as `bstar sweep --workers/--ray` runs it:
+    each worker warms its own connections, all start at one instant, the level lasts
+    until the last worker's last token; CPU is the workers' plus this process's."""
+    specs = [RequestSpec(i, out_len, prompt=prompt(i, in_len)) for i in range(requests + n)]
+    base = WorkerJob(url=url, model="tiny", endpoint="completions", api_key=None,
+                     request_timeout_s=600.0, extra_body={}, warm=[], specs=[],
+                     concurrency=None, rate=None, seed=0, level_time_limit_s=3600.0)
+    jobs = split_level(specs[n:], specs[:n], workers=pool.workers, concurrency=n, rate=None,
+                       seed=0, base=base)
+    await pool.warm(jobs)
+    gaps: list[float] = []
+    tokens = 0
+    c0 = time.process_time()
+    async for batch in pool.measure():
+        for r in batch:
+            gaps += r.itl_s
+            tokens += r.output_tokens if r.ok else 0
+    return stats(gaps, tokens, pool.outcome.duration_s,
+                 pool.outcome.cpu_s + time.process_time() - c0, interval_ms)
 
 
 async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
@@ -205,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="requests per stream per level")
-    ap.add_argument("--clients", default="minimal,bstar,httpx,aiperf")
+    ap.add_argument("--clients", default="minimal,bstar,workers,ray,httpx,aiperf")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                    help="processes (or Ray actors) of the workers and ray clients "
+                         "(default: the CPUs)")
+    ap.add_argument("--server-procs", type=int, default=1,
+                    help="token server processes sharing the port (for 1,000+ streams)")
     ap.add_argument("--aiperf", default=shutil.which("aiperf") or
                     str(Path.home() / ".cache/bstar/aiperf-venv/bin/aiperf"))
     ap.add_argument("--tokenizer", help="HF tokenizer folder for AIPerf (default: the tiny "
@@ -223,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("httpx is not installed; skipping it", file=sys.stderr)
             clients.remove("httpx")
+    if "ray" in clients:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("ray is not installed (bstar[ray]); skipping it", file=sys.stderr)
+            clients.remove("ray")
     tokenizer = args.tokenizer
     if "aiperf" in clients and not tokenizer:
         from bstar.tinymodel import default_tiny_dir
@@ -230,15 +271,28 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = str(default_tiny_dir().hf_dir)
     port = free_port()
     server = ManagedServer([sys.executable, str(HERE / "token_server.py"), "--port", str(port),
-                            "--interval-ms", str(args.interval_ms)],
+                            "--interval-ms", str(args.interval_ms),
+                            "--procs", str(args.server_procs)],
                            health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
     rows: list[dict[str, Any]] = []
-    with server:
+    pools: dict[str, LoadPool] = {}
+    behind: set[str] = set()  # clients that fell under 95% of the floor's tokens/s
+    try:
+        server.start()
         url = server.url
         for n in levels:
             requests = n * args.rounds
             for client in clients:
-                if client == "bstar":
+                if client in behind:
+                    continue
+                if client in ("workers", "ray") and client not in pools:
+                    pools[client] = LoadPool(args.workers,
+                                             "local" if client == "ray" else None)
+                    pools[client].start()
+                if client in pools:
+                    s = asyncio.run(run_pool(pools[client], url, n, requests, args.input_len,
+                                             args.output_len, args.interval_ms))
+                elif client == "bstar":
                     s = asyncio.run(run_bstar(url, n, requests, args.input_len,
                                               args.output_len, args.interval_ms))
                 elif client == "minimal":
@@ -251,10 +305,19 @@ def main(argv: list[str] | None = None) -> int:
                     s = run_aiperf(args.aiperf, url, n, requests, args.input_len,
                                    args.output_len, args.interval_ms, tokenizer or "")
                 rows.append({"client": client, "concurrency": n, **s})
-                print(f"{client:6s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
+                floor_s = next((r for r in rows if r["client"] == "minimal"
+                                and r["concurrency"] == n), None)
+                if floor_s and client != "minimal" and s["tok_s"] < TPUT_FRACTION * floor_s[
+                        "tok_s"]:
+                    behind.add(client)
+                print(f"{client:7s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
                       f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
-                      f"{s['added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%",
-                      file=sys.stderr, flush=True)
+                      f"{s['added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%  load "
+                      f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    finally:
+        for pool in pools.values():
+            pool.close()
+        server.stop()
     # Against the floor at the same level: what the client adds beyond host/server jitter.
     floor = {r["concurrency"]: r for r in rows if r["client"] == "minimal"}
     for r in rows:
@@ -266,13 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     tests = {
         "added": ("adding < 1 ms to ITL p99 over the interval",
                   lambda r: r["keeps_up"] and r["added_p99_ms"] < ADDED_LIMIT_MS),
-        "vs_minimal": ("adding < 1 ms to ITL p99 over the minimal client's",
+        "vs_minimal": ("within 1 ms of the minimal client's ITL p99 and within "
+                       f"{100 - TPUT_FRACTION * 100:g}% of its tokens/s",
                        lambda r: r["keeps_up"] and r["vs_minimal_p99_ms"] < ADDED_LIMIT_MS),
         "tput": (f"keeping tokens/s within {100 - TPUT_FRACTION * 100:g}% of the minimal "
                  "client's", lambda r: r["keeps_up"]),
     }
     result: dict[str, Any] = {"interval_ms": args.interval_ms, "added_limit_ms": ADDED_LIMIT_MS,
-                              "cpus": os.cpu_count(), "rows": rows, "sustained": {}}
+                              "cpus": os.cpu_count(), "workers": args.workers,
+                              "server_procs": args.server_procs,
+                              "loadavg": os.getloadavg(), "rows": rows, "sustained": {}}
     for name, (_, passes) in tests.items():
         best: dict[str, dict[str, Any] | None] = {}
         for client in clients:
@@ -293,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"\nfixed-rate token server, {args.interval_ms:g} ms per token, "
-          f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs")
+          f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs, "
+          f"{args.workers} workers, {args.server_procs} server process(es), load average "
+          f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
           f"{'added':>7s} {'vs min':>7s} {'CPU%':>6s}")
     for r in rows:

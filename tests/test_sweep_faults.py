@@ -439,7 +439,7 @@ def test_level_where_every_request_failed_is_failed(tmp_path: Path) -> None:
 @pytest.mark.parametrize("flags", [["--concurrency", "0"], ["--concurrency", "-1"],
                                    ["--concurrency", "2,0"], ["--rate", "0"],
                                    ["--rate", "inf"], ["--rate", "nan"],
-                                   ["--concurrency", "2", "--workers", "0"],
+                                   ["--concurrency", "2", "--workers", "-1"],
                                    ["--concurrency", "2", "--warmup-requests", "-1"]])
 def test_bad_load_flags_exit_2_with_one_line(flags: list[str], tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,10 +62,12 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop a level once this fraction of its requests failed (after 8)")
     g.add_argument("--slo", help="per-request SLOs in ms for goodput and the SLA knee, "
                    "e.g. ttft:500,tpot:50,e2e:3000")
-    g.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="split each level's streams over N local processes, each with its "
-                        "own event loop (default 1: this process); one loop follows about "
-                        "256 streams before it distorts the tails it measures")
+    g.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="send each level's load from N local processes, its streams split "
+                        "between them, each with its own event loop (default 0: this "
+                        "process's loop; 1: one process whose loop does nothing but "
+                        "measure); one loop follows about 256 streams before it distorts "
+                        "the tails it measures")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="place the --workers as Ray actors: on a local cluster started here, "
                         "or on the cluster at ADDRESS, for load from several machines "

@@ -11,7 +11,7 @@ import math
 import shlex
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -296,19 +296,24 @@ class _Runner:
             t0 = time.monotonic()
             m.t0 = t0
             cpu0 = time.process_time()
+            batches: AsyncIterator[list[RequestRecord]]
             if self.pool is not None:
-                records = self.pool.measure()
+                batches = self.pool.measure()  # as the workers return them
             else:
-                records = drive(client, reqs, concurrency=lv.concurrency, rate=lv.rate,
-                                deadline=t0 + cfg.level_time_limit_s, stop=stop, seed=seed)
+                batches = _one_by_one(drive(client, reqs, concurrency=lv.concurrency,
+                                            rate=lv.rate, deadline=t0 + cfg.level_time_limit_s,
+                                            stop=stop, seed=seed))
             errors = 0
-            async for rec in records:
-                self.store.add_request(level_id, rec)
-                m.recs.append(rec)
-                errors += not rec.ok
-                self.emit("request", level=lv.idx, ok=rec.ok, done=len(m.recs), errors=errors,
-                          output_tokens=rec.output_tokens, elapsed_s=time.monotonic() - t0,
-                          error_kind=rec.error_kind)
+            async for batch in batches:
+                for rec in batch:  # stored as they come, one transaction per batch
+                    self.store.add_request(level_id, rec, commit=False)
+                    m.recs.append(rec)
+                    errors += not rec.ok
+                self.store.commit()
+                for rec in batch:
+                    self.emit("request", level=lv.idx, ok=rec.ok, done=len(m.recs),
+                              errors=errors, output_tokens=rec.output_tokens,
+                              elapsed_s=time.monotonic() - t0, error_kind=rec.error_kind)
                 if (not stop.is_set() and len(m.recs) >= cfg.min_requests_for_error_rule
                         and errors / len(m.recs) > cfg.max_error_rate):
                     stop.set()
@@ -426,6 +431,12 @@ class _Measured:
     worker_errors: list[str] = field(default_factory=list)  # failures inside load workers
     client_cpu_s: float = 0.0
     server: dict[str, Any] = field(default_factory=dict)
+
+
+async def _one_by_one(records: AsyncIterator[RequestRecord]
+                      ) -> AsyncIterator[list[RequestRecord]]:
+    async for rec in records:
+        yield [rec]
 
 
 def _digest(specs: list[Any]) -> str:

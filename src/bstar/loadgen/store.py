@@ -284,7 +284,9 @@ class Store:
         return list(out.values())
 
     # -- requests ------------------------------------------------------------------------
-    def add_request(self, level_id: int, r: RequestRecord) -> None:
+    def add_request(self, level_id: int, r: RequestRecord, *, commit: bool = True) -> None:
+        """`commit=False`: the caller commits (`commit()`) a batch of records at once, as
+        the sweep does with the records its load workers return together."""
         self.conn.execute(
             "INSERT INTO requests (level_id, idx, warmup, ok, start_s, ttft_s, e2e_s, itl_s,"
             " prompt_tokens, expected_prompt_tokens, output_tokens, expected_output_tokens,"
@@ -294,6 +296,10 @@ class Store:
              json.dumps([round(x, 7) for x in r.itl_s]), r.prompt_tokens,
              r.expected_prompt_tokens, r.output_tokens, r.expected_output_tokens,
              r.token_source, r.chunks, r.http_status, r.error_kind, r.error))
+        if commit:
+            self.conn.commit()
+
+    def commit(self) -> None:
         self.conn.commit()
 
     def add_prompts(self, level_id: int, specs: list[RequestSpec]) -> None:

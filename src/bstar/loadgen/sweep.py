@@ -64,9 +64,10 @@ class SweepConfig:
     gpu: str | None = None
     # `DeploymentOptions.to_dict()` of the cost model's deployment (with model and gpu).
     deployment: dict[str, Any] = field(default_factory=dict)
-    # Load from N worker processes (each its own event loop, bstar.loadgen.workers), or
-    # from N Ray actors with `ray` ("local": a cluster started here, else its address).
-    workers: int = 1
+    # Load from N worker processes (each its own event loop, bstar.loadgen.workers; 0: this
+    # process's loop), or from N (at least 1) Ray actors with `ray` ("local": a cluster
+    # started here, else its address).
+    workers: int = 0
     ray: str | None = None
 
     def validate(self) -> None:
@@ -101,8 +102,9 @@ class SweepConfig:
             raise BstarError("--max-num-seqs values must be integers >= 1")
         if self.warmup_requests is not None and self.warmup_requests < 0:
             raise BstarError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise BstarError(f"--workers must be an integer >= 1, got {self.workers}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or (
+                self.workers < 0):
+            raise BstarError(f"--workers must be an integer >= 0, got {self.workers}")
         if not 0 <= self.max_error_rate <= 1:
             raise BstarError("--max-error-rate must be in [0, 1]")
         if self.url:
@@ -391,10 +393,10 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
                 model=cfg.model, gpu=cfg.gpu, options=cfg.to_options(),
                 bstar_version=bstar_version or __version__)
         levels = cfg.levels()
-        if cfg.workers > 1 or cfg.ray is not None:
+        if cfg.workers > 0 or cfg.ray is not None:
             from bstar.loadgen.workers import LoadPool
 
-            pool = LoadPool(cfg.workers, cfg.ray)
+            pool = LoadPool(max(1, cfg.workers), cfg.ray)
         runner = _Runner(cfg, store, run_id, api_key, on_event, deployment, session_factory,
                          pool)
         runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels),

@@ -279,18 +279,18 @@ class _ProcessHandle:
                                 name="bstar-load-worker")
         self.proc.start()
         child.close()
-        self._lock = asyncio.Lock()
         self._owed = 0  # replies sent for calls that were cancelled before reading them
 
     async def call(self, method: str, *args: Any) -> Any:
-        async with self._lock:
-            while self._owed:  # a cancelled call's reply: not this call's
-                await self._reply()
-                self._owed -= 1
-            self.conn.send((method, args))
-            self._owed += 1
-            status, value = await self._reply()
+        """One call at a time (LoadPool never overlaps two on one worker; each level may
+        run on a fresh event loop, so the handle holds no loop-bound lock)."""
+        while self._owed:  # a cancelled call's reply: not this call's
+            await self._reply()
             self._owed -= 1
+        self.conn.send((method, args))
+        self._owed += 1
+        status, value = await self._reply()
+        self._owed -= 1
         if status != "ok":
             raise BstarError(f"load worker: {value}")
         return value
@@ -423,11 +423,12 @@ class LoadPool:
                                                                          strict=True)))
         return [rec for recs in warm for rec in recs]
 
-    async def measure(self) -> AsyncIterator[RequestRecord]:
-        """Start every warmed worker at one instant, then yield each measured record as
-        the workers return it; `outcome` then holds the level's duration and the workers'
-        CPU. Cancelled (Ctrl-C), it cancels the workers' requests in flight and still
-        yields every record they had finished, then re-raises."""
+    async def measure(self) -> AsyncIterator[list[RequestRecord]]:
+        """Start every warmed worker at one instant, then yield the measured records in
+        the batches the workers return them (each a few tens of milliseconds' worth, to
+        store in one transaction); `outcome` then holds the level's duration and the
+        workers' CPU. Cancelled (Ctrl-C), it cancels the workers' requests in flight and
+        still yields every record they had finished, then re-raises."""
         handles = self._level
         start = StartAt.after(START_MARGIN_S)
         await asyncio.gather(*(h.call("go", start) for h in handles))
@@ -441,8 +442,8 @@ class LoadPool:
                 results = await asyncio.gather(*(h.call("drain") for h in pending))
                 still = []
                 for h, (recs, done) in zip(pending, results, strict=True):
-                    for rec in recs:
-                        yield rec
+                    if recs:
+                        yield recs
                     if done is None:
                         still.append(h)
                     else:
@@ -452,8 +453,8 @@ class LoadPool:
                     await asyncio.sleep(POLL_S)
         except (asyncio.CancelledError, KeyboardInterrupt):
             # Ctrl-C: cancel the requests in flight, keep every record already finished.
-            async for rec in self._abort(pending):
-                yield rec
+            async for recs in self._abort(pending):
+                yield recs
             raise
 
     def _finished(self, done: WorkerDone) -> None:
@@ -463,7 +464,7 @@ class LoadPool:
         if done.error and done.error != "aborted":
             o.errors.append(done.error)
 
-    async def _abort(self, pending: list[Any]) -> AsyncIterator[RequestRecord]:
+    async def _abort(self, pending: list[Any]) -> AsyncIterator[list[RequestRecord]]:
         deadline = time.monotonic() + ABORT_WAIT_S
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*(h.call("stop", True) for h in pending)),
@@ -477,8 +478,8 @@ class LoadPool:
                 return
             still = []
             for h, (recs, done) in zip(pending, results, strict=True):
-                for rec in recs:
-                    yield rec
+                if recs:
+                    yield recs
                 if done is None:
                     still.append(h)
                 else:
