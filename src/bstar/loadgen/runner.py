@@ -173,7 +173,10 @@ class _Runner:
         if self._live is not None and self._live[0] == level_id:
             m = self._live[1]
             recs = list(m.recs)
-            duration = time.monotonic() - m.t0 if m.t0 is not None else None
+            t0 = m.t0
+            if self.pool is not None and self.pool.started_at is not None:
+                t0 = self.pool.started_at.mono_s  # the workers' common start
+            duration = time.monotonic() - t0 if t0 is not None else None
         else:
             recs = [r for r in self.store.requests(level_id) if not r.warmup]
             duration = None
@@ -269,7 +272,6 @@ class _Runner:
             self.store.add_prompts(level_id, warm + reqs)
             self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
                       warmup=n_warm, token_count=counter.method)
-            jobs = None
             if self.pool is not None:
                 jobs = split_level(
                     reqs, warm, workers=self.pool.workers, concurrency=lv.concurrency,

@@ -354,6 +354,7 @@ class LoadPool:
         self._stop_requested = False
         self._level: list[Any] = []
         self.outcome = LevelOutcome()
+        self.started_at: StartAt | None = None  # the common start of the level measuring
 
     def describe(self) -> str:
         if self.ray_address is None:
@@ -418,6 +419,7 @@ class LoadPool:
         connections); returns the warm-up records."""
         self._stop_requested = False
         self.outcome = LevelOutcome()
+        self.started_at = None
         self._level = self._handles[:len(jobs)]
         warm = await asyncio.gather(*(h.call("warm", j) for h, j in zip(self._level, jobs,
                                                                          strict=True)))
@@ -430,7 +432,7 @@ class LoadPool:
         workers' CPU. Cancelled (Ctrl-C), it cancels the workers' requests in flight and
         still yields every record they had finished, then re-raises."""
         handles = self._level
-        start = StartAt.after(START_MARGIN_S)
+        start = self.started_at = StartAt.after(START_MARGIN_S)
         await asyncio.gather(*(h.call("go", start) for h in handles))
         pending = list(handles)
         stopped = False
