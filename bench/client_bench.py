@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from bstar.loadgen.client import OpenAIClient, RequestSpec  # noqa: E402
 from bstar.loadgen.metrics import percentile  # noqa: E402
-from bstar.loadgen.worker import drive  # noqa: E402
+from bstar.loadgen.worker import drive, event_loop_name, run_loop  # noqa: E402
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level  # noqa: E402
 from bstar.servers import ManagedServer, free_port  # noqa: E402
 
@@ -290,11 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                                              "local" if client == "ray" else None)
                     pools[client].start()
                 if client in pools:
-                    s = asyncio.run(run_pool(pools[client], url, n, requests, args.input_len,
-                                             args.output_len, args.interval_ms))
+                    s = run_loop(run_pool(pools[client], url, n, requests, args.input_len,
+                                          args.output_len, args.interval_ms))
                 elif client == "bstar":
-                    s = asyncio.run(run_bstar(url, n, requests, args.input_len,
-                                              args.output_len, args.interval_ms))
+                    s = run_loop(run_bstar(url, n, requests, args.input_len,
+                                           args.output_len, args.interval_ms))
                 elif client == "minimal":
                     s = asyncio.run(run_minimal(url, n, requests, args.input_len,
                                                 args.output_len, args.interval_ms))
@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"interval_ms": args.interval_ms, "added_limit_ms": ADDED_LIMIT_MS,
                               "cpus": os.cpu_count(), "workers": args.workers,
                               "server_procs": args.server_procs,
+                              "event_loop": event_loop_name(),
                               "loadavg": os.getloadavg(), "rows": rows, "sustained": {}}
     for name, (_, passes) in tests.items():
         best: dict[str, dict[str, Any] | None] = {}
@@ -360,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"\nfixed-rate token server, {args.interval_ms:g} ms per token, "
           f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs, "
-          f"{args.workers} workers, {args.server_procs} server process(es), load average "
+          f"{args.workers} workers, {args.server_procs} server process(es), bstar on "
+          f"{event_loop_name()}, load average "
           f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
           f"{'added':>7s} {'vs min':>7s} {'CPU%':>6s}")

@@ -19,7 +19,7 @@ from bstar.loadgen.client import OpenAIClient, RequestRecord
 from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import Store
-from bstar.loadgen.worker import drive
+from bstar.loadgen.worker import drive, run_loop
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
 
@@ -151,7 +151,7 @@ class _Runner:
                         self.emit("level_end", level=lv.idx, status="server_failed",
                                   detail=first)
                         continue
-                asyncio.run(self._level(lv, level_id, attempt, url))
+                run_loop(self._level(lv, level_id, attempt, url))
             except BaseException as e:
                 with contextlib.suppress(Exception):
                     status = ("interrupted" if isinstance(e, KeyboardInterrupt |

@@ -234,8 +234,10 @@ class LoadWorker:
 
 def _process_main(conn: Any, parent_pid: int) -> None:
     """A worker process: one event loop, commands from the sweep over `conn`."""
+    from bstar.loadgen.worker import run_loop
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's to handle
-    asyncio.run(_serve(conn, parent_pid))
+    run_loop(_serve(conn, parent_pid))
 
 
 async def _serve(conn: Any, parent_pid: int) -> None:
