@@ -25,8 +25,8 @@ against the same server in the same run:
 
 It prints one table, per client the highest concurrency sustained within 1 ms of the
 minimal client's ITL p99 and within 5% of its tokens/s, and the ratios bstar/aiperf of the
-highest sustained concurrency and of tokens/s there. A client that falls under 95% of the
-floor's tokens/s is not run at higher levels. Everything runs on 127.0.0.1.
+highest sustained concurrency and of tokens/s there. A client that collapses (under half
+the floor's tokens/s) is not run at higher levels. Everything runs on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from bstar.servers import ManagedServer, free_port  # noqa: E402
 
 ADDED_LIMIT_MS = 1.0
 TPUT_FRACTION = 0.95
+COLLAPSED = 0.5  # a client under half the floor's tokens/s is not run at higher levels
 
 
 def stats(gaps_s: list[float], tokens: int, wall_s: float, cpu_s: float,
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                            health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
     rows: list[dict[str, Any]] = []
     pools: dict[str, LoadPool] = {}
-    behind: set[str] = set()  # clients that fell under 95% of the floor's tokens/s
+    behind: set[str] = set()  # clients that collapsed (under half the floor's tokens/s)
     try:
         server.start()
         url = server.url
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"client": client, "concurrency": n, **s})
                 floor_s = next((r for r in rows if r["client"] == "minimal"
                                 and r["concurrency"] == n), None)
-                if floor_s and client != "minimal" and s["tok_s"] < TPUT_FRACTION * floor_s[
+                if floor_s and client != "minimal" and s["tok_s"] < COLLAPSED * floor_s[
                         "tok_s"]:
                     behind.add(client)
                 print(f"{client:7s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "

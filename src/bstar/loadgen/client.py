@@ -138,9 +138,22 @@ class OpenAIClient:
         # interface, e.g. a test's in-process fake) is the caller's: used, never closed.
         self._own_session = session is None
         self._session: Any = session
+        self._url_cache: tuple[str, Any] | None = None
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
+
+    def _post_url(self) -> Any:
+        """The completions URL, parsed once (a yarl.URL) for a real aiohttp session; a
+        string for an injected one."""
+        url = self.base_url + self.path
+        if not self._own_session:
+            return url
+        if self._url_cache is None or self._url_cache[0] != url:
+            from yarl import URL
+
+            self._url_cache = (url, URL(url))
+        return self._url_cache[1]
 
     @property
     def path(self) -> str:
@@ -153,10 +166,12 @@ class OpenAIClient:
 
         # trust_env=False: proxies in the environment must never see local traffic.
         # limit=0: the level's concurrency is the only cap on connections.
+        # DummyCookieJar: no cookie filtering per request or parsing per response (an
+        # inference API sets none that matter); the completions URL is parsed once.
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-            trust_env=False,
+            trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
         )
         return self
 
@@ -263,7 +278,7 @@ class OpenAIClient:
                 asyncio.get_running_loop().time() + (limit - now)
             ):
                 async with self._session.post(
-                    self.base_url + self.path, data=body, headers=self._headers
+                    self._post_url(), data=body, headers=self._headers
                 ) as resp:
                     rec.http_status = resp.status
                     if resp.status != 200:

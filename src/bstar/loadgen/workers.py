@@ -243,18 +243,13 @@ def _process_main(conn: Any, parent_pid: int) -> None:
 async def _serve(conn: Any, parent_pid: int) -> None:
     loop = asyncio.get_running_loop()
     worker = LoadWorker()
-    ready = asyncio.Event()
-    loop.add_reader(conn.fileno(), ready.set)
     try:
         while True:
-            try:
-                await asyncio.wait_for(ready.wait(), 1.0)
-            except TimeoutError:
+            # A thread waits on the pipe (a second's wait at a time, releasing the GIL):
+            # the loop's own fd watching of a pipe does not survive uvloop here.
+            if not await loop.run_in_executor(None, conn.poll, 1.0):
                 if os.getppid() != parent_pid:
                     return  # the sweep is gone: so is its load
-                continue
-            if not conn.poll():
-                ready.clear()
                 continue
             try:
                 method, args = conn.recv()
@@ -268,7 +263,6 @@ async def _serve(conn: Any, parent_pid: int) -> None:
                 reply = ("error", f"{type(e).__name__}: {e}"[:300])
             conn.send(reply)
     finally:
-        loop.remove_reader(conn.fileno())
         await worker.close()
 
 
