@@ -76,12 +76,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    from bstar.redact import redact, register_secret
+
+    # The key in use is masked wherever it shows up: stored, printed, in --json.
+    register_secret(getattr(args, "api_key", None))
     module, func = args._run.split(":")
     run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
     try:
         return int(run(args) or 0)
     except BstarError as e:
-        print(f"bstar: error: {e}", file=sys.stderr)
+        # One line, credentials masked (a message may quote a URL or a server's reply).
+        msg = " ".join(redact(str(e)).split())
+        print(f"bstar: error: {msg}", file=sys.stderr)
         return 2
     except ImportError as e:
         # A missing optional part: one line naming the extra and the pip command.

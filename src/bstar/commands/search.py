@@ -4,7 +4,6 @@ process, a local process pool (--jobs N) or on Ray (--ray [ADDRESS])."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -220,7 +219,9 @@ def run_search(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"bstar: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(obj, indent=2))
+        from bstar.commands.emit import dumps
+
+        print(dumps(obj))
         return 0
     from bstar.report.text import print_search
 

@@ -342,7 +342,9 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
     Raises SweepInterrupted on Ctrl-C (the run is marked interrupted and can be resumed).
     """
     from bstar import __version__
+    from bstar.redact import register_secret
 
+    register_secret(api_key)  # masked in everything stored (loadgen/store.py) and printed
     store = Store(db)
     try:
         if resume:

@@ -1,0 +1,100 @@
+"""One redaction for every text bstar stores or prints: API keys and URL credentials.
+
+A secret can come back from anywhere -- a server's error body that echoes the request's
+`Authorization` header (proxies do), an exception message holding the URL, a status line --
+so the store, `--json` and error lines all pass their text through `redact` (or
+`redact_obj` for a JSON-able value) instead of trusting each source. Two nets:
+
+- the values registered with `register_secret` (the `--api-key` / `$OPENAI_API_KEY` in use;
+  `$OPENAI_API_KEY` is always included), replaced wherever they appear;
+- patterns: `user:password@` in a URL, `Bearer <token>` / `Basic <token>`, `sk-...` style
+  keys and `api_key=...`-style pairs.
+
+Pure text in, text out; no I/O beyond reading the environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+MASK = "***"
+
+_registered: set[str] = set()
+
+# scheme://user:password@host -> scheme://user:***@host ; scheme://token@host -> ***@host
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s@?#]+)@")
+_AUTH_SCHEME = re.compile(r"\b(?P<scheme>[Bb]earer|BEARER)(?P<sep>\s+|%20|\+)"
+                          r"(?P<token>[^\s\"',;}\]\\]+)"
+                          r"|\b(?P<scheme2>Basic)(?P<sep2>\s+)(?P<token2>[A-Za-z0-9+/]{8,}=*)")
+_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_\-]{6,}")
+_PAIR = re.compile(r"(?i)(?P<key>[\"']?(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
+                   r"|password|passwd|secret|x-api-key)[\"']?\s*[:=]\s*[\"']?)"
+                   r"(?P<val>[^\s\"'&,;}\]]+)")
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a secret in use (an API key) so that `redact` removes it wherever it shows
+    up, even where no pattern would spot it. Values shorter than 4 characters are ignored
+    (masking every 'a' would garble the text and hide nothing)."""
+    if value and len(value) >= 4:
+        _registered.add(value)
+
+
+def _secrets() -> list[str]:
+    out = set(_registered)
+    env = os.environ.get("OPENAI_API_KEY")
+    if env and len(env) >= 4:
+        out.add(env)
+    return sorted(out, key=len, reverse=True)
+
+
+def _userinfo(m: re.Match[str]) -> str:
+    info = m.group("userinfo")
+    user, sep, _ = info.partition(":")
+    return f"{m.group('scheme')}{user}:{MASK}@" if sep else f"{m.group('scheme')}{MASK}@"
+
+
+def _auth(m: re.Match[str]) -> str:
+    if m.group("scheme"):
+        return f"{m.group('scheme')}{m.group('sep')}{MASK}"
+    return f"{m.group('scheme2')}{m.group('sep2')}{MASK}"
+
+
+def redact(text: str, *, patterns: bool = True) -> str:
+    """`text` with every known secret and credential-looking token replaced by ***;
+    `patterns=False` masks only the registered secrets (text that is the user's own data,
+    such as a prompt, keeps its look-alikes)."""
+    if not text:
+        return text
+    for s in _secrets():
+        if s in text:
+            text = text.replace(s, MASK)
+    if not patterns:
+        return text
+    text = _URL_USERINFO.sub(_userinfo, text)
+    text = _AUTH_SCHEME.sub(_auth, text)
+    text = _KEY_LIKE.sub(MASK, text)
+    return _PAIR.sub(lambda m: f"{m.group('key')}{MASK}", text)
+
+
+def redact_opt(text: str | None) -> str | None:
+    return None if text is None else redact(text)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to store or print: credentials (`user:key@`) and key-like query values
+    masked."""
+    return redact(url)
+
+
+def redact_obj(obj: Any) -> Any:
+    """A JSON-able value with every string in it (keys too) redacted."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {redact(k) if isinstance(k, str) else k: redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_obj(v) for v in obj]
+    return obj
