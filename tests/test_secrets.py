@@ -33,14 +33,14 @@ class _Echo(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path.startswith("/v1/models"):
             self._send(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
         else:
             self._send(500, {"error": {"message": f"upstream failed; request headers: "
                                                   f"{dict(self.headers)}"}})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
         if self.path.startswith("/tokenize"):

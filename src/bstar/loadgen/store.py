@@ -203,6 +203,10 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise BstarError(f"no results DB at {path}: run bstar sweep first, or give --db")
     uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    if not Path(f"{path}-wal").exists():
+        # No writer has the DB open (a WAL DB's -wal lives while it does): read it as it
+        # is. Plain `mode=ro` on a WAL DB would leave -wal and -shm files behind.
+        uri += "&immutable=1"
     try:
         return sqlite3.connect(uri, uri=True, timeout=30.0)
     except sqlite3.Error as e:
