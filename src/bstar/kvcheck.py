@@ -40,7 +40,7 @@ def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None)
     try:
         with opener.open(req, timeout=timeout_s) as r:
             return str(r.read().decode("utf-8", "replace"))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a malformed URL ('http://[::1')
         raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
 
 

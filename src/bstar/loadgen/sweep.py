@@ -84,7 +84,11 @@ class SweepConfig:
         if not 0 <= self.max_error_rate <= 1:
             raise BstarError("--max-error-rate must be in [0, 1]")
         if self.url:
-            host = urllib.parse.urlsplit(self.url).hostname
+            try:
+                parts = urllib.parse.urlsplit(self.url)
+                host, _ = parts.hostname, parts.port
+            except ValueError as e:  # 'http://[::1', a port out of range
+                raise BstarError(f"--url {self.url!r} is not a URL ({e})") from None
             if not host:
                 raise BstarError(f"--url {self.url!r} is not a URL (http://host:port)")
 

@@ -65,10 +65,13 @@ def _arrivals(o: StudyOptions) -> Any:
                          "or --trace FILE")
     if o.trace is not None:
         try:
-            text = Path(o.trace).read_text()
+            text = Path(o.trace).read_bytes()
         except OSError as e:
             raise BstarError(f"cannot read --trace {o.trace}: {e.strerror}") from None
-        return parse_trace(text)
+        try:
+            return parse_trace(text)
+        except BstarError as e:
+            raise BstarError(f"--trace {o.trace}: {e}") from None
     if o.rate is not None:
         return Poisson(o.rate)
     assert o.concurrency is not None
@@ -96,7 +99,8 @@ def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
     num_requests = o.num_requests
     if num_requests is None:
         num_requests = len(arrivals.arrival_s) if o.trace is not None else 1000
-    rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len),
-                           parse_lengths(o.output_len), num_requests, o.seed, cfg, slo)
+    rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len, "--input-len"),
+                           parse_lengths(o.output_len, "--output-len"), num_requests,
+                           o.seed, cfg, slo)
     advice = advise(rows, slo) if len(rows) > 1 else None
     return Study(d, o, rows, advice, arrivals, tokens)
