@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from bstar import __version__
 from bstar.errors import BstarError
@@ -41,10 +42,20 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with bstar's one-line errors: a bad flag is one line on stderr naming the
+    flag and pointing at --help, exit 2 (argparse's default prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole `bstar` parser; with `only`, every command is listed (for `--help`) but
     only that command's module is imported and its flags registered (start-up)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bstar",
         description="How many sequences should your LLM server batch at once? Roofline cost "
                     "model, fits of measured points, live sweeps and simulation.")

@@ -34,6 +34,12 @@ _PAIR = re.compile(r"(?i)(?P<key>[\"']?(?:api[_-]?key|apikey|access[_-]?token|au
                    r"(?P<val>[^\s\"'&,;}\]]+)")
 
 
+# A cheap test first: a string none of the patterns could match is returned as is (a fit's
+# --json holds hundreds of thousands of keys like "tpot_ms").
+_TRIGGER = re.compile(r"@|[Bb]earer|BEARER|Basic|(?i:key|token|pass|secret)"
+                      r"|\b(?:sk|pk|rk|hf|gh[po]|xox[abp])[-_]")
+
+
 def register_secret(value: str | None) -> None:
     """Remember a secret in use (an API key) so that `redact` removes it wherever it shows
     up, even where no pattern would spot it. Values shorter than 4 characters are ignored
@@ -71,7 +77,7 @@ def redact(text: str, *, patterns: bool = True) -> str:
     for s in _secrets():
         if s in text:
             text = text.replace(s, MASK)
-    if not patterns:
+    if not patterns or not _TRIGGER.search(text):
         return text
     text = _URL_USERINFO.sub(_userinfo, text)
     text = _AUTH_SCHEME.sub(_auth, text)

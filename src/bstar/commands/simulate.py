@@ -34,7 +34,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="host swap space per GPU for --preemption swap, GiB (default 4)")
     t = p.add_argument_group("traffic")
     load = t.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=positive_float, default=None,
+    load.add_argument("--rate", type=float, default=None,
                       help="open loop: Poisson arrivals, requests/s")
     load.add_argument("--concurrency", type=positive_int, default=None,
                       help="closed loop: this many users, each with one request in flight")
@@ -49,7 +49,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "or empirical:N1,N2,... (default 512)")
     t.add_argument("--output-len", default="256",
                    help="output tokens, same forms (default 256)")
-    t.add_argument("--num-requests", type=positive_int, default=None,
+    t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "1,000,000)")
     t.add_argument("--seed", type=seed_int, default=0,
