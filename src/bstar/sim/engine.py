@@ -28,6 +28,11 @@ from bstar.sim.traffic import Workload
 
 GiB = 1 << 30
 MAX_REQUESTS = 1_000_000
+# Every pass of the simulator's loop moves a token, a request or the clock: a run that
+# takes more passes than this many per token (prompt and output, plus one per request) is
+# stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).
+# Recompute preemption replays prompts, so the bound leaves room for many replays.
+STEPS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,10 @@ class SimRun:
     itl_values_s: FloatArray  # inter-token gaps, weighted
     itl_weights: IntArray
     timeline: Timeline
-    truncated: bool  # stopped at max_sim_time_s with requests unfinished
+    truncated: bool  # stopped at max_sim_time_s (or the step bound) with requests unfinished
+    # Why the loop ended: "done" (every request finished), "time limit" (max_sim_time_s
+    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token).
+    stop_reason: str = "done"
 
 
 def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
@@ -133,6 +141,11 @@ class _Loop:
                 self._issue(0.0)
         else:
             assert w.arrival_s is not None
+            arr = np.asarray(w.arrival_s, dtype=np.float64)
+            if arr.size and not (np.all(np.isfinite(arr)) and float(arr.min()) >= 0):
+                bad = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
+                raise BstarError(f"request {bad + 1}'s arrival time is {arr[bad]!r}: "
+                                 "arrivals must be finite and not negative")
             reqs.arrival_s[:] = w.arrival_s
             self.heap = [(float(t), i) for i, t in enumerate(w.arrival_s)]
             heapq.heapify(self.heap)
@@ -160,17 +173,29 @@ class _Loop:
         think = self.w.think_s
         n_total = self.w.num_requests
         truncated = False
+        stop = "done"
         stalled = 0
+        tokens = int(np.sum(self.w.input_tokens, dtype=np.int64)
+                     + np.sum(self.w.output_tokens, dtype=np.int64))
+        max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
+        passes = 0
         while True:
+            passes += 1
+            if passes > max_passes:
+                truncated, stop = True, "step limit"
+                break
             while heap and heap[0][0] <= self.now:
                 sched.add(heapq.heappop(heap)[1])
             if sched.idle:
                 if not heap:
                     break
+                if not heap[0][0] > self.now:  # NaN: the clock would never move
+                    raise BstarError(f"arrival time {heap[0][0]!r} does not advance the "
+                                     "clock")
                 self.now = heap[0][0]
                 continue
             if self.now >= limit:
-                truncated = True
+                truncated, stop = True, "time limit"
                 break
             if self.cfg.fast_forward and self._fast_forward():
                 continue
@@ -205,7 +230,7 @@ class _Loop:
                                 *self.itl_arrays_w])
         return SimRun(self.d, self.cfg, self.w, reqs, self.bm.num_blocks, self.bm.block_size,
                       self.now, self.num_steps, sched.num_preemptions, itl_v, itl_w,
-                      self.timeline, truncated or not bool(reqs.done.all()))
+                      self.timeline, truncated or not bool(reqs.done.all()), stop)
 
     # ---- multi-step jump ----------------------------------------------------------------------
     def _fast_forward(self) -> bool:
