@@ -119,10 +119,6 @@ def step_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                 "past the curve")
 
 
-def _interp_log2(b: FloatArray, t: FloatArray, x: float) -> float:
-    return float(np.interp(math.log2(x), np.log2(b), t))
-
-
 def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                   threshold: float = DEFAULT_DOUBLING) -> Knee:
     """Seed 004: "set max_batch_size to the point where the marginal throughput gain of the
@@ -133,6 +129,7 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
     a small gain can be followed by a large one (noise, or a curve that is not concave): the
     knee is the first doubling after which every doubling gains less than `threshold`."""
     b, t = _curve(batch, throughput_tok_s)
+    log2_b = np.log2(b)  # once: an interpolation is then a binary search, not O(n)
     steps: list[tuple[float, float, float, str]] = []  # (half, B, gain, how)
     for i in range(b.size):
         half = b[i] / 2
@@ -146,7 +143,7 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
         if j is not None:
             t_half, how = float(t[j]), ""
         else:
-            t_half = _interp_log2(b, t, half)
+            t_half = float(np.interp(math.log2(half), log2_b, t))
             how = (f"; throughput at B={_b(half)} interpolated in log2(batch) between "
                    f"B={_b(b[k - 1])} and B={_b(b[k])}")
         steps.append((half, float(b[i]), float(t[i] / t_half - 1.0), how))

@@ -27,9 +27,13 @@ def finite(obj: Any) -> Any:
 def dumps(obj: Any) -> str:
     """The one JSON document of `--json`: strict JSON (a NaN or an infinity becomes null,
     never the non-standard `NaN`/`Infinity`), credentials masked (bstar.redact)."""
-    from bstar.redact import redact_obj
+    from bstar.redact import redact_json
 
-    return json.dumps(redact_obj(finite(obj)), indent=2, allow_nan=False)
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: null instead
+        text = json.dumps(finite(obj), indent=2, allow_nan=False)
+    return redact_json(text)
 
 
 def emit(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[], None],
