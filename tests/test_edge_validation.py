@@ -215,3 +215,20 @@ def test_calibrate_shapes_once_same_answer() -> None:
     assert len(many.points) == len(pts)
     one_by_one = np.concatenate([cal.predict_step_s(d, [p]) for p in pts])
     assert np.allclose(cal.predict_step_s(d, uniq)[inv], one_by_one)
+
+
+def test_profiles_and_validate_tables(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    cases = {"reserve.toml": ("[efficiency]\nbandwidth = 0.8\n[memory]\nreserve_bytes = inf\n",
+                              "reserve_bytes"),
+             "table.toml": ("profile = 5\n[efficiency]\nbandwidth = 0.8\n", "[profile]"),
+             "inf.toml": ("[efficiency]\nbandwidth = inf\n", "bandwidth")}
+    for name, (text, needle) in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        assert main(["plan", "--profile", str(p)]) == 2
+        assert needle in _err(capsys)
+    p = tmp_path / "bytes.toml"
+    p.write_bytes(b"\xff\xfe[efficiency]\n")
+    assert main(["plan", "--profile", str(p)]) == 2
+    assert "UTF-8" in _err(capsys)

@@ -714,9 +714,11 @@ class Profile:
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
     except OSError as e:
         raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise BstarError(f"{p}: not valid TOML ({e})") from None
     eff_tab = data.get("efficiency")
@@ -738,10 +740,16 @@ def load_profile(path: str | Path) -> Profile:
         eff = replace(rl.Efficiency(), **values)
     except BstarError as e:
         raise BstarError(f"{p}: {e}") from None
-    prof = data.get("profile", {})
-    mem = data.get("memory", {})
+    prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
+    for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):
+        if not isinstance(tab, dict):
+            raise BstarError(f"{p}: [{name}] must be a table")
     reserve = mem.get("reserve_bytes")
-    sc = data.get("gpu_scale", {})
+    if reserve is not None and (isinstance(reserve, bool)
+                                or not isinstance(reserve, int | float)
+                                or not 0 <= reserve <= 2**50):
+        raise BstarError(f"{p}: memory.reserve_bytes must be a number of bytes in 0..2**50, "
+                         f"got {reserve!r}")
     try:
         bs, cs = float(sc.get("bandwidth", 1.0)), float(sc.get("compute", 1.0))
     except (TypeError, ValueError):

@@ -36,7 +36,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from bstar.validate_curves import is_curves_table
 
     try:
-        text = args.table.read_text(encoding="utf-8")
+        text = args.table.read_text(encoding="utf-8-sig")  # a BOM is not the header
     except (OSError, UnicodeDecodeError) as e:
         raise BstarError(f"{args.table}: cannot read: {e}") from None
     table = read_table(text, str(args.table))
