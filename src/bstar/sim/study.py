@@ -4,7 +4,7 @@ knee advice (`run_study`). The command only maps its flags onto `StudyOptions`."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,16 @@ class Study:
     advice: Any
     arrivals: Any
     max_num_batched_tokens: int
+    # Per level: the largest rate sustained (bstar.sim.capacity) and the latencies at
+    # SUSTAINED_FRACTION of it; None where not computed.
+    capacities: list[Any] | None = None
 
     def to_objects(self) -> list[dict[str, Any]]:
         """The simulate JSON contract, one object per level."""
         objs = [r.to_dict() for r in self.rows]
-        for o in objs:
+        for o, cap in zip(objs, self.capacities or [None] * len(objs), strict=True):
+            if cap is not None:
+                o["capacity"] = cap
             o["max_num_batched_tokens"] = self.max_num_batched_tokens
             o["preemption_mode"] = self.options.preemption
             if self.advice is not None:
@@ -99,4 +104,34 @@ def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
     rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len),
                            parse_lengths(o.output_len), num_requests, o.seed, cfg, slo)
     advice = advise(rows, slo) if len(rows) > 1 else None
-    return Study(d, o, rows, advice, arrivals, tokens)
+    caps = [sustained(d, replace(cfg, scheduler=replace(cfg.scheduler, max_num_seqs=m)),
+                      arrivals, parse_lengths(o.input_len), parse_lengths(o.output_len),
+                      num_requests, o.seed, slo) for m in levels]
+    return Study(d, o, rows, advice, arrivals, tokens, caps)
+
+
+SUSTAINED_FRACTION = 0.9  # the operating point reported beside the capacity (search's cap)
+
+
+def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len: Any,
+              num_requests: int, seed: int, slo: Any = None) -> dict[str, Any]:
+    """The largest rate this level sustains for requests like the study's (its capacity:
+    bstar.sim.capacity, the definition `bstar search` uses) and the latencies of a Poisson
+    load at SUSTAINED_FRACTION of it."""
+    import numpy as np
+
+    from bstar.sim import Poisson, Workload, make_workload, simulate, summarize
+    from bstar.sim.capacity import capacity
+
+    rng = np.random.default_rng(seed)
+    unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
+    cap, _ = capacity(d, cfg, unit)
+    out: dict[str, Any] = cap.to_dict()
+    if cap.capacity_req_s <= 0:
+        return out | {"at_rate_req_s": None}
+    rate = SUSTAINED_FRACTION * cap.capacity_req_s
+    w = Workload(unit.input_tokens, unit.output_tokens,
+                 Poisson(rate).arrivals(rng, unit.num_requests))
+    s = summarize(simulate(d, cfg, w), slo)
+    return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
+                  "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
