@@ -100,3 +100,21 @@ def test_capacity_separates_steady_from_growing_queues() -> None:
         assert queue_grows(run) is grows
         # Past the capacity the waits of the last arrivals dwarf the first ones'.
         assert bool(late > 5 * early) is grows
+
+
+def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bstar.cli import main
+
+    base = ["simulate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--rate", "5",
+            "--input-len", "575", "--output-len", "32", "--max-num-seqs", "64",
+            "--num-requests", "80", "--json"]
+    out = []
+    for extra in ([], ["--prefix-cached-tokens", "560"]):
+        assert main([*base, *extra]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    cold, warm = (o[0] if isinstance(o, list) else o for o in out)
+    assert warm["ttft_ms"]["p50"] < 0.6 * cold["ttft_ms"]["p50"]
+    assert warm["capacity"]["capacity_req_s"] >= cold["capacity"]["capacity_req_s"]
+    assert main([*base, "--prefix-cached-tokens", "-1"]) == 2
