@@ -118,3 +118,16 @@ def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[s
     assert warm["ttft_ms"]["p50"] < 0.6 * cold["ttft_ms"]["p50"]
     assert warm["capacity"]["capacity_req_s"] >= cold["capacity"]["capacity_req_s"]
     assert main([*base, "--prefix-cached-tokens", "-1"]) == 2
+
+
+def test_search_traffic_carries_the_cached_prefix_to_every_rate() -> None:
+    from bstar.search.spec import Traffic, at_rate
+    from bstar.sim import Lengths
+
+    t = Traffic(10.0, Lengths("uniform", low=50, high=900), Lengths.fixed(20),
+                num_requests=50, prefix_cached_tokens=100)
+    unit = t.unit_workload()
+    assert unit.cached_tokens is not None
+    assert np.array_equal(unit.cached_tokens, np.minimum(unit.input_tokens, 100))
+    assert np.array_equal(at_rate(unit, 7.0).cached_tokens, unit.cached_tokens)
+    assert t.to_dict()["prefix_cached_tokens"] == 100

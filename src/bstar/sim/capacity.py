@@ -116,10 +116,10 @@ def open_loop(unit: Workload, rate_req_s: float, num_requests: int, seed: int = 
                     cached_tokens=cached)
 
 
-def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload,
-             seed: int = 0) -> tuple[Capacity, SimRun]:
+def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
+             rel_tol: float = REL_TOL) -> tuple[Capacity, SimRun]:
     """The deployment's capacity for requests like `unit`'s: the largest Poisson rate whose
-    queue does not grow (see the module docstring); with the run at that rate."""
+    queue does not grow (see the module docstring), to `rel_tol`; with the run there."""
     from bstar.sim.block_manager import num_gpu_blocks
     from bstar.sim.metrics import summarize
 
@@ -128,9 +128,10 @@ def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload,
                                               d.block_tokens))
     floor = capacity_req_s(sat)
     mean_out = float(np.mean(unit.output_tokens))
-    # Enough requests for the batch to fill and then to show a growing wait: several
-    # batches' worth, at least 400, at most 4,000.
-    n = int(min(4000, max(400, 8 * seqs)))
+    # Enough requests for the batch to fill (by Little's law near capacity, about two
+    # batches' worth of arrivals) and then to show a growing wait: six batches' worth, at
+    # least 400, at most 3,000.
+    n = int(min(3000, max(400, 6 * seqs)))
 
     def grows(rate: float) -> tuple[bool, SimRun]:
         run = simulate(d, cfg, open_loop(unit, rate, n, seed))
@@ -156,7 +157,7 @@ def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload,
         hi = hi_
         if hi < 1e-6:
             break
-    while hi / max(lo, 1e-12) - 1 > REL_TOL and lo > 0:
+    while hi / max(lo, 1e-12) - 1 > rel_tol and lo > 0:
         mid = float(np.sqrt(lo * hi))
         g, run = grows(mid)
         if g:
