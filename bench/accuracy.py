@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bstar import roofline as rl  # noqa: E402
+from bstar import step  # noqa: E402
 from bstar import validate_curves as vc  # noqa: E402
 from bstar.calibrate import Point, fit_steps, predict_step_s  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
@@ -254,10 +255,13 @@ def tp_forms_report() -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("\nTensor parallel: the all-reduce latency's growth with N, leave one model out on "
           "LMDeploy's A100 rows (ITL / throughput)")
-    keep = rl.allreduce_rounds
+    keep = step.allreduce_rounds
     try:
         for name, f in forms.items():
-            rl.allreduce_rounds = f  # calibrate and the cost model both read it from here
+            # The one price of a step reads it from bstar.step when it builds a deployment's
+            # shape: swap it there and drop the shapes already built.
+            step.allreduce_rounds = f
+            step._SHAPES.clear()
             (g,) = vc.score_curves(rows).groups
             out[name] = g.model_lomo
             tp = {m: e for m, e in g.model_lomo.items() if m in ("internlm/internlm-20b",
@@ -266,7 +270,8 @@ def tp_forms_report() -> dict[str, Any]:
                 f"{m} (TP {2 if 'internlm' in m else 4}) {pct(e['step_ms'] or math.nan)} / "
                 f"{pct(e['throughput_tok_s'] or math.nan)}" for m, e in tp.items()))
     finally:
-        rl.allreduce_rounds = keep
+        step.allreduce_rounds = keep
+        step._SHAPES.clear()
     return out
 
 
