@@ -1,21 +1,43 @@
 """Paged KV cache as vLLM allocates it: fixed blocks of `block_size` tokens from one pool, a
 sequence of t computed tokens holding ceil(t / block_size) blocks.
 
-The pool is sized by the cost model's memory accounting (the same as B_mem): per-GPU KV pool
-bytes // bytes of one block per GPU. Without prefix caching, which physical blocks a sequence
-holds does not change any step's time, so the pool is kept as counts, not block ids.
+The pool is sized by the cost model's memory accounting (the same as B_mem,
+`roofline.kv_layout`): per-GPU KV pool bytes // bytes of one block per GPU, a block being one
+page of each layer of a vLLM KV cache group. Without prefix caching, which physical blocks a
+sequence holds does not change any step's time, so the pool is kept as counts, not block ids.
+
+A model whose layers all attend fully takes ceil(t / block_size) blocks for t tokens. A hybrid
+one (sliding windows, chunked or state layers) takes each kind's share (`seq_blocks`: pass it
+as `blocks_fn`), as vLLM's hybrid KV cache manager does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
 
 
 def block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
-    """Bytes of one KV block on each GPU: block_size tokens over all layers."""
-    return d.model.kv_bytes_per_seq(block_size, d.kv, num_gpus=d.num_gpus,
-                                    block_tokens=block_size)
+    """Bytes of one KV block on each GPU: a page of block_size tokens (or a padded state)
+    for each layer of a KV cache group (all layers when every layer is the same kind)."""
+    return rl.kv_layout(replace(d, block_tokens=block_size), block_size).bytes_per_block
+
+
+def seq_blocks(d: rl.Deployment, block_size: int) -> Callable[[int], int]:
+    """Blocks a sequence of t computed tokens holds, summed over the model's layer kinds as
+    `roofline.kv_layout` counts them (non-decreasing in t)."""
+    d = replace(d, block_tokens=block_size)
+    kinds = rl.kv_layout(d, block_size).kinds
+    if len(kinds) == 1 and kinds[0].kind in ("full", "dsa"):
+        return lambda t: -(-t // block_size)
+
+    def blocks(t: int) -> int:
+        return rl.kv_layout(d, max(t, 1)).blocks_per_seq if t > 0 else 0
+
+    return blocks
 
 
 def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
@@ -23,9 +45,11 @@ def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
 
 
 class BlockManager:
-    __slots__ = ("block_size", "num_blocks", "num_free", "num_host_blocks", "num_host_free")
+    __slots__ = ("block_size", "blocks_fn", "num_blocks", "num_free", "num_host_blocks",
+                 "num_host_free")
 
-    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 blocks_fn: Callable[[int], int] | None = None) -> None:
         if num_blocks < 1:
             raise BstarError("the KV cache has no blocks: the weights and the reserve leave no "
                              "GPU memory for KV (raise --gpu-util, --num-gpus or lower "
@@ -37,8 +61,11 @@ class BlockManager:
         self.num_free = num_blocks
         self.num_host_blocks = num_host_blocks  # swap space in host memory
         self.num_host_free = num_host_blocks
+        self.blocks_fn = blocks_fn
 
     def blocks_for(self, tokens: int) -> int:
+        if self.blocks_fn is not None:
+            return self.blocks_fn(tokens)
         return -(-tokens // self.block_size)
 
     @property

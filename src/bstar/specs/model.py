@@ -836,7 +836,10 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "model", source: str =
     if mt == "opt":
         return _from_opt(cfg, name, where, assume_unmodeled)
     h = _int(cfg, where, "hidden_size", "n_embd", "d_model")
-    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer", "num_layers")
+    blocks = cfg.get("layers_block_type", cfg.get("hybrid_override_pattern"))
+    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer", "num_layers",
+                    default=len(blocks) if mt == "nemotron_h" and isinstance(blocks, list | str)
+                    else None)
     if n_layers > _MAX_LAYERS:
         raise BstarError(f"{where}: num_hidden_layers = {n_layers} is out of range "
                          f"(1..{_MAX_LAYERS:,})")
@@ -900,8 +903,11 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "model", source: str =
     if "mamba" in kinds:
         kw |= _mamba(cfg, mt, h, where)
     act = _act_dtype(cfg)
-    kw["state_bits"] = (16 if act != "fp32" else 32,
-                        _dtype_bits(cfg.get("mamba_ssm_cache_dtype"), act, where))
+    # vLLM keeps Nemotron-H's recurrent state in float32 unless the config says otherwise
+    # (NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE); others in the model dtype.
+    ssm_default = "float32" if mt == "nemotron_h" else None
+    kw["state_bits"] = (get_precision(act).bits, _dtype_bits(
+        cfg.get("mamba_ssm_cache_dtype", ssm_default), act, where))
     quant = _quantization(cfg, where, act, assume_unmodeled)
     qkv_bias = bool(cfg.get("attention_bias", False)) or mt in ("qwen2", "qwen2_moe")
     gemma = mt.startswith("gemma2") or mt.startswith("gemma3")
@@ -935,7 +941,7 @@ def _check_unmodeled(cfg: Mapping[str, Any], mt: str, where: str, assume: bool) 
     if assume:
         return
     for key, what in _UNMODELED.items():
-        if cfg.get(key):
+        if cfg.get(key) and not (mt == "nemotron_h" and key == "layers_block_type"):
             raise BstarError(f"{where}: {key!r} ({what}) changes what the model holds and "
                              f"bstar does not model it{_ASSUME_HINT} ignoring it")
     if mt not in _STATE_FAMILIES:
@@ -955,6 +961,8 @@ def _layer_kinds(cfg: Mapping[str, Any], mt: str, n_layers: int, max_pos: int, w
     chunk = _int(cfg, where, "attention_chunk_size", default=0) if mt.startswith("llama4") \
         else 0
     types = cfg.get("layer_types")
+    if mt == "nemotron_h":
+        return _nemotron_blocks(cfg, n_layers, where)[0], window, chunk
     if types is not None:
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise BstarError(f"{where}: 'layer_types' must be a list of strings, got "
@@ -975,16 +983,6 @@ def _layer_kinds(cfg: Mapping[str, Any], mt: str, n_layers: int, max_pos: int, w
                 k = "full"
             kinds.append(k)
         return tuple(kinds), window, chunk
-    pattern = cfg.get("hybrid_override_pattern")
-    if pattern is not None:
-        if not isinstance(pattern, str) or len(pattern) != n_layers:
-            raise BstarError(f"{where}: 'hybrid_override_pattern' must be a string of one "
-                             f"character per layer ({n_layers})")
-        for c in pattern:
-            if c not in _PATTERN:
-                raise BstarError(f"{where}: hybrid_override_pattern has {c!r}, a layer kind "
-                                 "bstar does not model (M, *, - and E are)")
-        return tuple(_PATTERN[c][0] for c in pattern), window, chunk
     if mt == "jamba":
         period = _positive(cfg, where, "attn_layer_period")
         offset = _int(cfg, where, "attn_layer_offset")
@@ -1018,10 +1016,37 @@ def _layer_kinds(cfg: Mapping[str, Any], mt: str, n_layers: int, max_pos: int, w
     return ("sliding",) * n_layers, window, chunk
 
 
-def _mlp_kinds(cfg: Mapping[str, Any], mt: str, n_layers: int, where: str) -> tuple[str, ...]:
+def _nemotron_blocks(cfg: Mapping[str, Any], n_layers: int,
+                     where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Nemotron-H's layers (mixer kinds, MLP kinds): hybrid_override_pattern (M Mamba-2,
+    * attention, - MLP, E MoE) or, as transformers 5 writes it, layers_block_type
+    ("linear_attention" is its name for a Mamba-2 layer)."""
     pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str):
-        return tuple(_PATTERN[c][1] for c in pattern)
+    if pattern is None:
+        blocks = cfg.get("layers_block_type", cfg.get("layer_types"))
+        names = {"linear_attention": "M", "mamba": "M", "full_attention": "*",
+                 "attention": "*", "mlp": "-", "moe": "E"}
+        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+            raise BstarError(f"{where}: Nemotron-H needs 'hybrid_override_pattern' or "
+                             "'layers_block_type' (a list of strings)")
+        for b in blocks:
+            if b not in names:
+                raise BstarError(f"{where}: layers_block_type has {b!r}, a layer kind bstar "
+                                 "does not model")
+        pattern = "".join(names[b] for b in blocks)
+    if not isinstance(pattern, str) or len(pattern) != n_layers:
+        raise BstarError(f"{where}: 'hybrid_override_pattern' must be a string of one "
+                         f"character per layer ({n_layers})")
+    for c in pattern:
+        if c not in _PATTERN:
+            raise BstarError(f"{where}: hybrid_override_pattern has {c!r}, a layer kind "
+                             "bstar does not model (M, *, - and E are)")
+    return tuple(_PATTERN[c][0] for c in pattern), tuple(_PATTERN[c][1] for c in pattern)
+
+
+def _mlp_kinds(cfg: Mapping[str, Any], mt: str, n_layers: int, where: str) -> tuple[str, ...]:
+    if mt == "nemotron_h":
+        return _nemotron_blocks(cfg, n_layers, where)[1]
     if mt.startswith("llama4"):
         moe = cfg.get("moe_layers")
         if moe is None:
@@ -1108,6 +1133,12 @@ def _vision_tensors(cfg: Mapping[str, Any], where: str) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
+def _act_dtype(cfg: Mapping[str, Any]) -> str:
+    dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    # float32 checkpoints (Gemma-2) are served in bf16: vLLM's dtype "auto" downcasts them.
+    return "fp16" if dt == "float16" else "bf16"
+
+
 def _dtype_bits(name: Any, default: str, where: str) -> int:
     if name in (None, "auto"):
         return get_precision(default).bits
@@ -1115,12 +1146,6 @@ def _dtype_bits(name: Any, default: str, where: str) -> int:
     if bits is None:
         raise BstarError(f"{where}: mamba_ssm_cache_dtype {name!r} is not a dtype bstar knows")
     return bits
-
-
-def _act_dtype(cfg: Mapping[str, Any]) -> str:
-    dt = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    # float32 checkpoints (Gemma-2) are served in bf16: vLLM's dtype "auto" downcasts them.
-    return "fp16" if dt == "float16" else "bf16"
 
 
 def _quantization(cfg: Mapping[str, Any], where: str, act: str,
@@ -1183,6 +1208,7 @@ def _quantization(cfg: Mapping[str, Any], where: str, act: str,
             return _unknown_quant("bitsandbytes without load_in_4bit/8bit", where, act, assume)
     else:
         return _unknown_quant(f"quant_method {method!r}", where, act, assume)
+    name = get_precision(name).name  # int4-g128 is int4
     return dict(default_dtype=name, quant_scope=scope, quant_skip=skip, quant_lm_head=lm_head)
 
 
