@@ -102,8 +102,9 @@ def test_qwen3_next_b_mem_follows_vllm_hybrid_pool() -> None:
     """B_mem at 8k on an H200, from vLLM V1's rules written out here: the attention block
     grows to 16 x cdiv(state, 16 x page per token) tokens so its page holds a state; the
     36 state layers pad their page to it; layers go in KV cache groups of 12 (the fewest
-    of a kind), and a sequence takes cdiv(8192, block) blocks of the full group and one of
-    each of the three state groups."""
+    of a kind), and a sequence takes cdiv(8192, block) blocks of the full group and two of
+    each of the three state groups (mamba_cache_mode "align": the running state and the
+    last block-aligned one)."""
     cfg = config("qwen3-next-80b-a3b")
     tp = 2  # 159 GB of weights: two H200s; KV heads and states split over both
     d = deployment("qwen3-next-80b-a3b", num_gpus=tp)
@@ -111,13 +112,13 @@ def test_qwen3_next_b_mem_follows_vllm_hybrid_pool() -> None:
     state = qwen3_next_state_bytes(cfg) // tp
     block = 16 * math.ceil(state / (16 * per_token))
     page = block * per_token
-    blocks = math.ceil(8192 / block) + 36 // 12
+    blocks = math.ceil(8192 / block) + 2 * (36 // 12)
     expected = rl.kv_pool_bytes(d) // (blocks * 12 * page)
     assert rl.b_mem(d, 8192) == expected
     assert rl.kv_layout(d, 8192).block_tokens == block
-    # pricing every layer as full attention (before issue 18) gave under a third of it
+    # pricing every layer as full attention (before issue 18) gave under 40% of it
     all_full = rl.kv_pool_bytes(d) // (48 * 8192 * per_token)
-    assert expected > 3 * all_full
+    assert expected > 2.5 * all_full
 
 
 def test_nemotron_h_state_in_float32_from_its_config() -> None:

@@ -14,7 +14,7 @@ and splits the difference into its causes:
   holds floor(pool / block bytes) blocks and a sequence takes ceil(tokens / block_size).
 - layer kinds (hybrid models): vLLM V1 gives each kind of layer its own KV cache groups
   sharing one pool (`roofline.kv_layout`, docs/models.md): a sliding window takes
-  window - 1 + max_num_batched_tokens tokens, a state layer one page padded to the
+  window - 1 + max_num_batched_tokens tokens, a state layer two pages padded to the
   attention page, whose block grows to hold it. A block is then one page of each layer of
   a group, and a sequence takes the blocks of every group.
 - KV precision: the bytes per token follow the cache dtype.

@@ -253,8 +253,10 @@ def kv_layout(d: Deployment, context_tokens: int,
       (SlidingWindowSpec: the window, the tokens being computed, and a block the window may
       start inside); chunked: cdiv(min(chunk + in-flight, tokens), block)
       (ChunkedLocalAttentionSpec);
-    - state: one page (MambaSpec), padded to the attention page; the attention block grows
-      until its page holds the largest state (Platform._align_hybrid_block_size);
+    - state: two pages (MambaSpec in mamba_cache_mode "align", the default with prefix
+      caching: the running state and the last block-aligned one), padded to the attention
+      page; the attention block grows until its page holds the largest state
+      (Platform._align_hybrid_block_size);
     - layers of each kind are split into KV cache groups of `group_size` layers (the fewest
       layers of a kind, or the most when under 1.5x the fewest), the last group padded.
 
@@ -279,7 +281,9 @@ def kv_layout(d: Deployment, context_tokens: int,
     ctx = context_tokens
     for g in groups:
         if g.kind == "state":
-            tokens, blocks = 0, 1
+            # MambaSpec under mamba_cache_mode "align", vLLM's default while prefix caching
+            # is on (MambaModelConfig): the running state and the last block-aligned one.
+            tokens, blocks = 0, 2
         elif g.kind == "sliding":
             tokens = min(g.window_tokens - 1 + in_flight, ctx)
             blocks = -(-tokens // block) + 1

@@ -88,7 +88,7 @@ def _kind_held(k: dict[str, Any]) -> str:
 
 def _kind_allocated(k: dict[str, Any]) -> str:
     if k["kind"] == "state":
-        return f"{k['kind']} 1 page each"
+        return f"{k['kind']} 2 pages each"
     return f"{k['kind']} {k['allocated_tokens_per_layer']:,} tokens"
 
 
