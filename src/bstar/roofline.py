@@ -254,7 +254,8 @@ def kv_layout(d: Deployment, context_tokens: int,
       start inside); chunked: cdiv(min(chunk + in-flight, tokens), block)
       (ChunkedLocalAttentionSpec);
     - state: two pages (MambaSpec in mamba_cache_mode "align", the default with prefix
-      caching: the running state and the last block-aligned one), padded to the attention
+      caching: the running state and the last block-aligned one; a Mamba-2 mixer a third,
+      its prefill checkpoint), padded to the attention
       page; the attention block grows until its page holds the largest state
       (Platform._align_hybrid_block_size);
     - layers of each kind are split into KV cache groups of `group_size` layers (the fewest
@@ -282,8 +283,9 @@ def kv_layout(d: Deployment, context_tokens: int,
     for g in groups:
         if g.kind == "state":
             # MambaSpec under mamba_cache_mode "align", vLLM's default while prefix caching
-            # is on (MambaModelConfig): the running state and the last block-aligned one.
-            tokens, blocks = 0, 2
+            # is on (MambaModelConfig): the running state and the last block-aligned one,
+            # and for a Mamba-2 mixer a prefill checkpoint (MambaMixer2.get_kv_cache_spec).
+            tokens, blocks = 0, 3 if g.mixer == "mamba2" else 2
         elif g.kind == "sliding":
             tokens = min(g.window_tokens - 1 + in_flight, ctx)
             blocks = -(-tokens // block) + 1
@@ -323,6 +325,7 @@ def kv_per_kind(d: Deployment, context_tokens: int,
             "bytes": g.num_layers * (held * per_token + g.state_bytes_per_seq),
             "allocated_tokens_per_layer": k.tokens_per_seq,
             "allocated_blocks": k.pool_groups * k.blocks_per_seq,
+            "allocated_blocks_per_layer": k.blocks_per_seq,
             "allocated_bytes_per_gpu": k.bytes_per_seq}
         if g.window_tokens:
             row["window_tokens"] = g.window_tokens

@@ -88,7 +88,7 @@ def _kind_held(k: dict[str, Any]) -> str:
 
 def _kind_allocated(k: dict[str, Any]) -> str:
     if k["kind"] == "state":
-        return f"{k['kind']} 2 pages each"
+        return f"state {k['allocated_blocks_per_layer']} pages a layer"
     return f"{k['kind']} {k['allocated_tokens_per_layer']:,} tokens"
 
 

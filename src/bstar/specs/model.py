@@ -84,6 +84,7 @@ class LayerGroup:
     chunk_tokens: int = 0  # "chunked": attention_chunk_size
     topk_tokens: int = 0  # "dsa": index_topk
     index_values_per_token: int = 0  # "dsa": part of kv_values_per_token read for all tokens
+    mixer: str = ""  # "state": the layer that holds it, "gdn", "mamba1" or "mamba2"
 
     def held(self, tokens: Any) -> Any:
         """Tokens of KV one layer holds for a sequence of `tokens`; int or numpy array in,
@@ -634,8 +635,10 @@ class ModelSpec:
                                   **{**base, "kv_values_per_token": values + idx}))
         for kind in ("linear_attention", "mamba"):
             if count.get(kind):
-                heads = self.linear_heads[1] if kind == "linear_attention" else self.mamba[1]
-                out.append(LayerGroup("state", count[kind], kv_heads=heads,
+                heads = self.linear_heads[1] if kind == "linear_attention" \
+                    else self.mamba[1] or self.mamba[5]
+                mixer = "gdn" if kind == "linear_attention" else f"mamba{self.mamba[0]}"
+                out.append(LayerGroup("state", count[kind], kv_heads=heads, mixer=mixer,
                                       state_bytes_per_seq=self.state_bytes_per_seq_per_layer(
                                           kind)))
         return tuple(out)
