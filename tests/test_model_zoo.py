@@ -364,3 +364,32 @@ def test_sliding_pool_share_is_window_plus_batched_tokens() -> None:
     assert lay.bytes_per_seq == (2048 + sliding.blocks_per_seq) * 12 * 16 * per_token
     assert rl.default_max_num_batched_tokens(d) == 8192  # an H200 under vllm serve
     assert rl.default_max_num_batched_tokens(replace(d, gpu=get_gpu("a100-80gb-sxm"))) == 2048
+
+
+def test_granite4_and_jamba_states_from_their_keys() -> None:
+    granite = {"model_type": "granitemoehybrid", "hidden_size": 1536, "num_hidden_layers": 4,
+               "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 1000,
+               "intermediate_size": 512, "shared_intermediate_size": 4096,
+               "num_local_experts": 0, "layer_types": ["mamba", "mamba", "attention", "mamba"],
+               "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_n_groups": 1,
+               "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2,
+               "torch_dtype": "bfloat16"}
+    m = from_hf_config(granite)
+    inner = 48 * 64
+    conv = (inner + 2 * 1 * 128) * 3
+    ssm = 48 * 64 * 128
+    assert [(g.kind, g.num_layers) for g in m.layer_groups()] == [("full", 1), ("state", 3)]
+    assert m.layer_groups()[1].state_bytes_per_seq == 2 * (conv + ssm)
+    assert m.intermediate_size == 4096  # the shared MLP is the dense MLP without experts
+    jamba = {"model_type": "jamba", "hidden_size": 512, "num_hidden_layers": 8,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000,
+             "intermediate_size": 1024, "attn_layer_period": 8, "attn_layer_offset": 4,
+             "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
+             "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+             "mamba_expand": 2, "mamba_dt_rank": "auto", "torch_dtype": "bfloat16"}
+    j = from_hf_config(jamba)
+    assert j.kinds().count("full") == 1 and j.mlps().count("moe") == 4
+    inner = 2 * 512
+    assert j.layer_groups()[1].state_bytes_per_seq == 2 * (inner * 3 + inner * 16)
+    assert rl.kv_layout(rl.Deployment(model=j, gpu=get_gpu("h200")), 4096) \
+        .kinds[1].blocks_per_seq == 2  # Mamba-1: no prefill checkpoint page
