@@ -269,6 +269,11 @@ class ModelSpec:
         dense_mlp = not self.is_moe or self.num_dense_layers > 0
         if dense_mlp and self.intermediate_size % tp:
             return f"its MLP width {self.intermediate_size} does not divide by {tp}"
+        if self.linear_heads and (self.linear_heads[0] % tp or self.linear_heads[1] % tp):
+            return (f"its {self.linear_heads[0]} key and {self.linear_heads[1]} value heads of "
+                    f"linear attention do not divide by {tp}")
+        if self.mamba and (self.mamba[1] or self.mamba[5]) % tp:
+            return f"its Mamba heads ({self.mamba[1] or self.mamba[5]}) do not divide by {tp}"
         if self.is_moe and self.moe_intermediate_size % tp:
             return (f"each of its {self.num_experts} experts' MLP width "
                     f"{self.moe_intermediate_size} does not divide by {tp}")
@@ -864,6 +869,8 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "model", source: str =
         kw["mtp_layers"] = _int(cfg, where, "num_nextn_predict_layers", default=0)
     kinds, window, chunk = _layer_kinds(cfg, mt, n_layers, max_pos, where, assume_unmodeled)
     mlp_kinds = _mlp_kinds(cfg, mt, n_layers, where)
+    if all(k == "none" for k in kinds):
+        raise BstarError(f"{where}: no layer attends or holds a state (every layer is an MLP)")
     n_exp = _int(cfg, where, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if n_exp:
         kw |= dict(num_experts=n_exp,
