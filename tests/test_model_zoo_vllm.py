@@ -48,8 +48,10 @@ common = dict(vocab_size=259, hidden_size=256, intermediate_size=512, num_attent
               num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
               bos_token_id=257, eos_token_id=258, tie_word_embeddings=False)
 if kind == "qwen3_next":
+    # a state (128 KiB of recurrent state in float32) larger than a 128-token attention
+    # page (128 KiB): the engine grows the block to 256 tokens and pads the state's page
     cfg = tf.Qwen3NextConfig(num_hidden_layers=4, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
         linear_conv_kernel_dim=4, full_attention_interval=2, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=128,
         shared_expert_intermediate_size=128, **common)
@@ -180,3 +182,5 @@ def test_hybrid_state_pool_agrees_with_vllm_cpu(vllm_python: str, tmp_path: Path
     assert spec.num_params == written  # bstar's tensors are the checkpoint's
     r = _check(tmp_path, vllm_python, out, pool_blocks=40)
     assert any(k.kind == "state" for k in r["layout"].kinds)
+    if kind == "qwen3_next":  # the attention block grew until its page holds the state
+        assert r["layout"].block_tokens == 256 == r["check"].block_size

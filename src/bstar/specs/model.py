@@ -840,7 +840,13 @@ def from_hf_config(cfg: Mapping[str, Any], *, name: str = "model", source: str =
                or tc.get("quantization_config")}
     mt = str(cfg.get("model_type", "llama"))
     _check_unmodeled(cfg, mt, where, assume_unmodeled)
-    max_pos = _int(cfg, where, "max_position_embeddings", default=0)
+    max_pos = cfg.get("max_position_embeddings")
+    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int | float)
+                                or not math.isfinite(max_pos) or max_pos != int(max_pos)
+                                or not 0 <= max_pos <= 1 << 40):
+        raise BstarError(f"{where}: 'max_position_embeddings' must be a non-negative integer, "
+                         f"got {max_pos!r}")
+    max_pos = int(max_pos or 0)
     if mt == "opt":
         return _from_opt(cfg, name, where, assume_unmodeled)
     h = _int(cfg, where, "hidden_size", "n_embd", "d_model")
