@@ -393,3 +393,23 @@ def test_granite4_and_jamba_states_from_their_keys() -> None:
     assert j.layer_groups()[1].state_bytes_per_seq == 2 * (inner * 3 + inner * 16)
     assert rl.kv_layout(rl.Deployment(model=j, gpu=get_gpu("h200")), 4096) \
         .kinds[1].blocks_per_seq == 2  # Mamba-1: no prefill checkpoint page
+
+
+@pytest.mark.parametrize("pid", ["gpt-oss-20b", "nemotron-h-8b", "llama-3-8b"])
+def test_simulator_blocks_match_b_mem(pid: str) -> None:
+    from bstar.sim.block_manager import (
+        BlockManager,
+        block_bytes_per_gpu,
+        num_engine_blocks,
+        seq_blocks,
+    )
+
+    d = deployment(pid)
+    blocks, per_seq = num_engine_blocks(d, 16), seq_blocks(d, 16)
+    assert blocks // per_seq(8192) == rl.b_mem(d, 8192)
+    bm = BlockManager(blocks, 16, blocks_fn=per_seq)
+    assert bm.blocks_for(8192) == rl.kv_layout(d, 8192).blocks_per_seq
+    assert all(per_seq(t) <= per_seq(t + 1) for t in range(0, 3000, 7))  # never shrinks
+    if pid == "llama-3-8b":  # one kind: the engine's block is the classic one
+        assert num_engine_blocks(d, 16) * block_bytes_per_gpu(d, 16) \
+            == blocks * rl.kv_layout(d, 16).bytes_per_block

@@ -1,14 +1,15 @@
 """Paged KV cache as vLLM allocates it: fixed blocks of `block_size` tokens from one pool, a
 sequence of t computed tokens holding ceil(t / block_size) blocks.
 
-The pool is sized by the cost model's memory accounting (the same as B_mem,
-`roofline.kv_layout`): per-GPU KV pool bytes // bytes of one block per GPU, a block being one
-page of each layer of a vLLM KV cache group. Without prefix caching, which physical blocks a
-sequence holds does not change any step's time, so the pool is kept as counts, not block ids.
+The pool is sized by the cost model's memory accounting (the same as B_mem): per-GPU KV pool
+bytes // bytes of one block per GPU. Without prefix caching, which physical blocks a sequence
+holds does not change any step's time, so the pool is kept as counts, not block ids.
 
-A model whose layers all attend fully takes ceil(t / block_size) blocks for t tokens. A hybrid
-one (sliding windows, chunked or state layers) takes each kind's share (`seq_blocks`: pass it
-as `blocks_fn`), as vLLM's hybrid KV cache manager does.
+A model whose layers all attend fully takes ceil(t / block_size) blocks of every layer for t
+tokens. For a hybrid one (sliding windows, chunked or state layers) vLLM V1 pools each kind
+apart (`roofline.kv_layout`): `num_engine_blocks` sizes that pool and `seq_blocks` (passed as
+`blocks_fn`) counts a sequence's blocks in it; without them a hybrid is counted as if every
+layer held every token (conservative).
 """
 
 from __future__ import annotations
@@ -21,9 +22,25 @@ from bstar.errors import BstarError
 
 
 def block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
-    """Bytes of one KV block on each GPU: a page of block_size tokens (or a padded state)
-    for each layer of a KV cache group (all layers when every layer is the same kind)."""
+    """Bytes of one KV block on each GPU: block_size tokens over all layers (a block of
+    every layer, as a model whose layers are all one kind lays out its pool)."""
+    return d.model.kv_bytes_per_seq(block_size, d.kv, num_gpus=d.num_gpus,
+                                    block_tokens=block_size)
+
+
+def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
+    return max(0, rl.kv_pool_bytes(d) // block_bytes_per_gpu(d, block_size))
+
+
+def engine_block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
+    """Bytes of one block of vLLM V1's pool (`roofline.kv_layout`): a page for each layer of
+    a KV cache group. With `seq_blocks` it sizes a hybrid model's pool as the engine does."""
     return rl.kv_layout(replace(d, block_tokens=block_size), block_size).bytes_per_block
+
+
+def num_engine_blocks(d: rl.Deployment, block_size: int) -> int:
+    """The pool in `engine_block_bytes_per_gpu` blocks (pair it with `seq_blocks`)."""
+    return max(0, rl.kv_pool_bytes(d) // engine_block_bytes_per_gpu(d, block_size))
 
 
 def seq_blocks(d: rl.Deployment, block_size: int) -> Callable[[int], int]:
@@ -40,8 +57,6 @@ def seq_blocks(d: rl.Deployment, block_size: int) -> Callable[[int], int]:
     return blocks
 
 
-def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
-    return max(0, rl.kv_pool_bytes(d) // block_bytes_per_gpu(d, block_size))
 
 
 class BlockManager:
