@@ -364,6 +364,8 @@ def test_sliding_pool_share_is_window_plus_batched_tokens() -> None:
     assert lay.bytes_per_seq == (2048 + sliding.blocks_per_seq) * 12 * 16 * per_token
     assert rl.default_max_num_batched_tokens(d) == 8192  # an H200 under vllm serve
     assert rl.default_max_num_batched_tokens(replace(d, gpu=get_gpu("a100-80gb-sxm"))) == 2048
+    cpu = replace(get_gpu("h200"), id="cpu", name="this CPU")
+    assert rl.default_max_num_batched_tokens(replace(d, gpu=cpu)) == 2048
 
 
 def test_granite4_and_jamba_states_from_their_keys() -> None:

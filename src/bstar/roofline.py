@@ -196,8 +196,11 @@ def kv_bytes_per_seq(d: Deployment, context_tokens: int) -> int:
 def default_max_num_batched_tokens(d: Deployment) -> int:
     """vLLM's default max_num_batched_tokens for `vllm serve` (vllm/engine/arg_utils.py,
     `get_batch_defaults`): 16384 on GPUs of 160 GiB or more, 8192 on 70 GiB or more but an
-    A100, 2048 otherwise. A sliding or chunked layer's pool share depends on it."""
+    A100, 2048 otherwise and on a CPU (a device file whose id or name says "cpu"). A sliding
+    or chunked layer's pool share depends on it."""
     mem, gid = d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}".lower()
+    if "cpu" in gid:
+        return 2048
     if mem >= 160 * GiB:
         return 16384
     if mem >= 70 * GiB and "a100" not in gid:
