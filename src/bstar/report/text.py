@@ -72,6 +72,26 @@ def _table(**kw: Any) -> Table:
     return Table(**kw)
 
 
+def _kind_held(k: dict[str, Any]) -> str:
+    """'12 sliding layers x 128 tokens (window 128) 3.1 MB': one kind's share of a sequence."""
+    from bstar.units import fmt_bytes
+
+    n, kind = k["layers"], k["kind"]
+    if kind == "state":
+        return (f"{n} state layers x {k['state_bytes_per_layer']:,} bytes (fixed) "
+                f"{fmt_bytes(k['bytes'])}")
+    extra = {"sliding": f" (window {k.get('window_tokens', 0):,})",
+             "chunked": f" (chunk {k.get('chunk_tokens', 0):,})",
+             "dsa": f" (reads top {k.get('topk_tokens', 0):,})"}.get(kind, "")
+    return f"{n} {kind} layers x {k['tokens_per_layer']:,} tokens{extra} {fmt_bytes(k['bytes'])}"
+
+
+def _kind_allocated(k: dict[str, Any]) -> str:
+    if k["kind"] == "state":
+        return f"state {k['allocated_blocks_per_layer']} pages a layer"
+    return f"{k['kind']} {k['allocated_tokens_per_layer']:,} tokens"
+
+
 def _defaults_line(defaults: tuple[dict[str, Any], ...], b_mem: int,
                    st: Callable[[str, str], str]) -> str:
     """Each engine's own default cap in one line; a warning when one is above B_mem or far
@@ -131,6 +151,12 @@ def print_plan(plan: Plan, out: TextIO | None = None) -> None:
                  else "none (memory-bound at any batch)")
         put(st(f"context {cp.context_tokens} tokens", "bold") + ": KV per sequence "
             f"{fmt_bytes(cp.kv_bytes_per_seq)}")
+        kinds = cp.kv_per_kind
+        if len(kinds) > 1 or any(k["kind"] != "full" for k in kinds):
+            put("  one sequence holds " + "; ".join(_kind_held(k) for k in kinds))
+            put("  the engine allocates " + "; ".join(_kind_allocated(k) for k in kinds)
+                + f" = {fmt_bytes(cp.kv_bytes_per_seq_allocated)} per GPU (vLLM V1's per "
+                "kind pools, docs/models.md)")
         for w in cp.warnings:
             put("  " + st(f"warning: {w}", "yellow"))
         put(f"  B* = W / kv_per_seq = {st(fmt_b_star(cp.b_star), 'bold')}   B_mem = "
