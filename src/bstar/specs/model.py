@@ -562,6 +562,31 @@ class ModelSpec:
                 dense += b
         return dense, expert, embed
 
+    def weight_bytes_16bit(self, weight: Precision) -> tuple[int, int]:
+        """Of `weight_bytes_parts`' dense and routed-expert bytes, those kept in the 16-bit
+        activation dtype under `weight` (norms, biases, routers, ignored modules, the LM head
+        of a checkpoint that does not quantize it): a step streams them as 16-bit weights."""
+        if weight.bits >= 16:
+            dense, expert, _ = self.weight_bytes_parts(weight)
+            return dense, expert
+        act = get_precision(self.act_dtype)
+        native = bool(self.quant_scope) and weight.name == self.default_dtype
+        dense = expert = 0
+        for t in self.tensors():
+            if t.kind == "embedding":
+                continue
+            if t.kind == "linear" and native:
+                b = act.value_bytes(t.rows * t.cols) * (t.count - self.quantized_count(t))
+            elif t.kind == "linear" and t.role != "conv":
+                b = 0
+            else:
+                b = act.value_bytes(t.params)
+            if t.expert:
+                expert += b
+            else:
+                dense += b
+        return dense, expert
+
     def weight_bytes(self, weight: Precision) -> int:
         """Resident weight bytes W (all experts, quantization scales included)."""
         return sum(self.weight_bytes_parts(weight))
@@ -793,7 +818,7 @@ def _int(cfg: Mapping[str, Any], where: str, *keys: str, default: int | None = N
 
 
 ASSUME_ENV = "BSTAR_ASSUME_UNMODELED"
-_ASSUME_HINT = f"; {ASSUME_ENV}=1 proceeds"
+_ASSUME_HINT = f"; --assume-unmodeled (or {ASSUME_ENV}=1) proceeds"
 
 # layer_types entries and the kind each is (docs/models.md).
 _LAYER_TYPES = {"full_attention": "full", "attention": "full", "global_attention": "full",
