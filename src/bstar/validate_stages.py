@@ -88,6 +88,7 @@ MAX_WINDOW_S = 150.0  # seconds of arrivals (the measured stages ran 600-1200 s)
 MAX_REQUESTS = 4000
 WARMUP_FRACTION = 0.1  # the first requests meet an empty server: left out of the figures
 FIT_WINDOW_S = 40.0  # per stage and evaluation, inside a leave-one-model-out fit
+FIT_ITERATIONS = 3
 # Saturation (module docstring).
 GROWTH_LIMIT = 0.02
 FAILED_LIMIT = 0.01
@@ -544,35 +545,88 @@ def evaluate(stages: Sequence[Stage], eff: rl.Efficiency | None = None, *,
     return scores, summarize_scores(scores)
 
 
+def _with_values(prior: rl.Efficiency, values: Mapping[str, float]) -> rl.Efficiency:
+    """`prior` with `values`; a stream or rate not given follows its lead at the prior's
+    ratio, as in bstar.calibrate.fit_efficiency (kv_bandwidth follows bandwidth)."""
+    from bstar.calibrate import _FOLLOWS
+
+    out = dict(values)
+    for k, lead in _FOLLOWS.items():
+        if lead in values and k not in values:
+            out[k] = min(getattr(prior, k) * values[lead] / getattr(prior, lead), 1.0)
+    return replace(prior, **out)
+
+
 def fit_stages(stages: Sequence[Stage], prior: rl.Efficiency, fit: Sequence[str],
-               max_window_s: float = FIT_WINDOW_S, seed: int = 0) -> rl.Efficiency | None:
+               max_window_s: float = FIT_WINDOW_S, seed: int = 0,
+               iterations: int = FIT_ITERATIONS) -> rl.Efficiency | None:
     """The parameters `fit` fitted to the stages' measured E2E, TTFT and per-token means
-    (the measured-steady stages; log space, robust, bounded: bstar.calibrate.fit_efficiency),
-    each stage simulated for at most `max_window_s`. None when they cannot determine them."""
-    from bstar.calibrate import fit_efficiency
+    (the measured-steady stages), each stage simulated for at most `max_window_s`. None when
+    they cannot determine them.
+
+    A simulation costs ~0.3 s a stage, too much for a least-squares fit that calls it a few
+    hundred times, so the fit runs on a surrogate refreshed by simulation (Gauss-Newton with
+    a line search): around the current values every predicted mean is log-linear in the
+    parameters, with slopes from one simulation per parameter (a 10% step);
+    bstar.calibrate.fit_efficiency (log space, robust, bounded) fits the parameters to the
+    measurements through that surrogate; the simulation at the result is kept if its robust
+    cost is lower (else the step is halved, twice at most); `iterations` times. About
+    (len(fit) + 2) x iterations simulations of each stage."""
+    from bstar.calibrate import _SCALE, _UPPER, ROBUST_SCALE, fit_efficiency
 
     steady = [s for s in stages if measured_state(s) == STEADY]
-    fit = tuple(k for k in fit if k != "allreduce_latency_s"
+    fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
                 or any(s.num_gpus > 1 for s in steady))
     pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in s.measured().items()
              if v > 0]
     if not fit or len(pairs) < len(fit) + 1:
         return None
     base = {i: stage_deployment(s) for i, s in enumerate(steady)}
-    cache: dict[tuple[float, ...], np.ndarray] = {}
+    log_meas = np.log([v for _, _, v in pairs])
 
-    def pred_all(v: Mapping[str, float]) -> np.ndarray:
-        key = tuple(float(v[k]) for k in sorted(v))
-        if key not in cache:  # fit_efficiency's starts repeat when no roof is fitted
-            e = replace(prior, **v)
-            preds = {i: simulate_stage(s, deployment=base[i].with_eff(e),
-                                       max_window_s=max_window_s, seed=seed).values()
-                     for i, s in enumerate(steady)}
-            cache[key] = np.array([max(preds[i][k], 1e-9) if math.isfinite(preds[i][k])
-                                   else 1e9 for i, k, _ in pairs])
-        return cache[key]
+    def simulate_at(values: Mapping[str, float]) -> np.ndarray:
+        """log of the predicted means, aligned with `pairs`."""
+        e = _with_values(prior, values)
+        preds = {i: simulate_stage(s, deployment=base[i].with_eff(e),
+                                   max_window_s=max_window_s, seed=seed).values()
+                 for i, s in enumerate(steady)}
+        y = np.array([preds[i][k] for i, k, _ in pairs])
+        return np.log(np.where(np.isfinite(y) & (y > 0), y, 1e9))
 
-    return fit_efficiency(pred_all, [v for _, _, v in pairs], prior, fit).eff
+    def cost(log_y: np.ndarray) -> float:  # least_squares' soft_l1 at fit_efficiency's scale
+        z = ((log_y - log_meas) / ROBUST_SCALE) ** 2
+        return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+    x = {k: float(getattr(prior, k)) for k in fit}
+    y = simulate_at(x)
+    c = cost(y)
+    for _ in range(iterations):
+        slopes = {}
+        for k in fit:
+            h = 0.1 * x[k] if x[k] > 0 else 0.1 * _SCALE[k]
+            if x[k] + h > _UPPER.get(k, math.inf):
+                h = -h
+            slopes[k] = (simulate_at({**x, k: x[k] + h}) - y) / h
+        x0, y0 = dict(x), y
+
+        def surrogate(v: Mapping[str, float], x0: dict[str, float] = x0,
+                      y0: np.ndarray = y0,
+                      slopes: dict[str, np.ndarray] = slopes) -> np.ndarray:
+            return np.exp(y0 + sum(slopes[k] * (v[k] - x0[k]) for k in fit))
+
+        new = fit_efficiency(surrogate, np.exp(log_meas), _with_values(prior, x0), fit).eff
+        step = {k: float(getattr(new, k)) - x0[k] for k in fit}
+        for shrink in (1.0, 0.5, 0.25):
+            trial = {k: x0[k] + shrink * step[k] for k in fit}
+            y_trial = simulate_at(trial)
+            if cost(y_trial) < c:
+                x, y, c = trial, y_trial, cost(y_trial)
+                break
+        else:
+            break  # no step lowers the simulated cost: done
+        if all(abs(step[k]) <= 0.01 * max(abs(x0[k]), 1e-12) for k in fit):
+            break
+    return _with_values(prior, x)
 
 
 @dataclass

@@ -170,7 +170,7 @@ def render_stages(v: dict[str, Any]) -> str:
                    f"{g['profile_basis']}; LOMO fits {', '.join(g['fit'])} without the "
                    "stage's model)")
         hdr = f"  {'stage':<31}{'load':>9}  {'state meas':<11}"
-        hdr += "".join(f"{'pred ' + name:<13}" for k, name in ways if k != "generic")
+        hdr += "".join(f"{'pred ' + name:<15}" for k, name in ways if k != "generic")
         for _, m in _METRIC_NAMES:
             hdr += f"{m + ' ms':>15}" + "".join(f"{name:>9}" for k, name in ways
                                                  if k != "generic")
@@ -185,7 +185,7 @@ def render_stages(v: dict[str, Any]) -> str:
                     continue
                 p = s["predicted"].get(k)
                 mark = "" if p is None else (" ok" if p["state_right"] else " WRONG")
-                line += f"{(_state(p['state']) if p else '-') + mark:<13}"
+                line += f"{(_state(p['state']) if p else '-') + mark:<15}"
             for key, _ in _METRIC_NAMES:
                 line += f"{meas[key]:>15.1f}"
                 for k, _ in ways:
