@@ -215,3 +215,21 @@ def test_cli_prints_and_json_parses(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "load stages" in out and "overloaded" in out and "states 2/2" in out
     assert "(overloaded: state only)" in out
+
+
+def test_leave_one_model_out_fits_the_other_model() -> None:
+    stages = vs.stages_from_csv(table([
+        {**BASE, "stage": "a", "e2e_mean_ms": 900},
+        {**BASE, "stage": "b", "model": "mistral-7b", "dtype": "bf16", "e2e_mean_ms": 900}]))
+    v = vs.score_stages(stages, ("overhead_s",), max_window_s=10, fit_window_s=10)
+    (g,) = v.groups
+    assert set(g.summaries) == {"generic", "profile", "lomo"}
+    assert set(g.lomo_eff) == {"llama-2-7b", "mistral-7b"}
+    assert [sc.stage.stage for sc in g.scores["lomo"]] == ["a", "b"]
+    # Each model's stage is predicted with what the other model's stage fitted.
+    for lomo, prof in zip(g.scores["lomo"], g.scores["profile"], strict=True):
+        assert lomo.prediction.e2e_mean_ms != prof.prediction.e2e_mean_ms
+    d = v.to_dict()
+    assert d["groups"][0]["stages"][1]["predicted"]["lomo"]["state"] == vs.STEADY
+    one = vs.score_stages(stages[:1], lomo=True, max_window_s=10)
+    assert "one model" in one.groups[0].notes[0] and "lomo" not in one.groups[0].summaries

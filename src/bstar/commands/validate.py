@@ -196,6 +196,14 @@ def render_stages(v: dict[str, Any]) -> str:
                     line += f"{_err(e):>9}"
             if not s["latency_scored"]:
                 line += "  (overloaded: state only)"
+            growing = [k for k, _ in ways if s["predicted"].get(k)
+                       and s["predicted"][k]["state"] != "steady"]
+            if growing or meas["state"] != "steady":
+                g_meas = meas.get("ttft_growth")
+                line += "  TTFT growth/s: meas " + (
+                    "-" if g_meas is None else f"{g_meas:.3g}") + "".join(
+                    f", {name} {s['predicted'][k]['ttft_growth']:.3g}" for k, name in ways
+                    if k != "generic" and s["predicted"].get(k))
             out.append(line)
         n_steady = next(iter(g["summary"].values()))["latency_stages"]
         out.append(f"  mean / median |error| over the {n_steady} stages measured steady; "
