@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -383,7 +383,7 @@ class StagePrediction:
                 "tpot_mean_ms": self.tpot_mean_ms}
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return asdict(self)
 
 
 def ttft_growth(ttft_p50_s: float, ttft_p90_s: float, window_s: float) -> float:

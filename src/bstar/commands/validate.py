@@ -166,9 +166,10 @@ def render_stages(v: dict[str, Any]) -> str:
     for g in v["groups"]:
         ways = [(k, name) for k, name in _WAYS if k in g["summary"]]
         out.append("")
+        lomo = (f"; LOMO fits {', '.join(g['fit'])} without the stage's model"
+                if "lomo" in g["summary"] else "")
         out.append(f"{Path(g['gpu']).name} x {g['engine']} (profile {g['profile']}, "
-                   f"{g['profile_basis']}; LOMO fits {', '.join(g['fit'])} without the "
-                   "stage's model)")
+                   f"{g['profile_basis']}{lomo})")
         hdr = f"  {'stage':<31}{'load':>9}  {'state meas':<11}"
         hdr += "".join(f"{'pred ' + name:<15}" for k, name in ways if k != "generic")
         for _, m in _METRIC_NAMES:
