@@ -55,13 +55,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
 from bstar.fit.points import read_table
+
+if TYPE_CHECKING:
+    from bstar.sim.traffic import Workload
 
 REQUIRED = ("stage", "model", "gpu", "num_gpus", "engine", "max_num_seqs",
             "max_num_batched_tokens", "arrival", "duration_s", "prompt_len_p50",
@@ -307,8 +310,9 @@ def stage_requests(stage: Stage, max_window_s: float = MAX_WINDOW_S,
     return max(1, min(round(n), max_requests))
 
 
-def stage_workload(stage: Stage, num_requests: int, seed: int = 0) -> Any:
-    """The stage's requests (`bstar.sim.Workload`): its arrival process and lengths."""
+def stage_workload(stage: Stage, num_requests: int, seed: int = 0) -> Workload:
+    """The stage's requests: its arrival process and lengths (a closed loop for
+    `concurrency`, whose users send the next request as soon as one finishes)."""
     from bstar.sim.traffic import Workload
 
     rng = np.random.default_rng(seed)
