@@ -397,6 +397,16 @@ def ttft_growth(ttft_p50_s: float, ttft_p90_s: float, window_s: float) -> float:
     return max(0.0, ttft_p90_s - ttft_p50_s) / (0.4 * window_s) if window_s > 0 else 0.0
 
 
+def capacity_req_s(rate_req_s: float | None, growth: float | None,
+                   state: str) -> float | None:
+    """Requests per second a growing stage's server completes, rate / (1 + g) (module
+    docstring); None for a steady stage (its capacity is only known to be above the rate)
+    or a closed loop."""
+    if state != GROWING or rate_req_s is None or growth is None or growth <= 0:
+        return None
+    return rate_req_s / (1.0 + growth)
+
+
 def saturation_state(growth: float, failed_fraction: float = 0.0,
                      growth_limit: float = GROWTH_LIMIT,
                      failed_limit: float = FAILED_LIMIT) -> str:
@@ -484,8 +494,10 @@ class StageScore:
         return self.measured_state == STEADY
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.prediction.to_dict(), "errors": self.errors,
-                "state_right": self.state_right}
+        p = self.prediction
+        return {**p.to_dict(), "errors": self.errors, "state_right": self.state_right,
+                "capacity_req_s": capacity_req_s(self.stage.rate_req_s, p.ttft_growth,
+                                                 p.state)}
 
 
 def score_stage(stage: Stage, prediction: StagePrediction) -> StageScore:
@@ -677,7 +689,9 @@ class StagesGroup:
                 "output_len": s.output_len,
                 "measured": {**s.measured(), "ttft_p90_ms": s.ttft_p90_ms,
                              "e2e_p90_ms": s.e2e_p90_ms, "requests_failed": s.requests_failed,
-                             "ttft_growth": measured_growth(s), "state": sc.measured_state},
+                             "ttft_growth": measured_growth(s), "state": sc.measured_state,
+                             "capacity_req_s": capacity_req_s(
+                                 s.rate_req_s, measured_growth(s), sc.measured_state)},
                 "latency_scored": sc.latency_scored,
                 "predicted": {way: (m[id(s)].to_dict() if id(s) in m else None)
                               for way, m in by_way.items()}})
