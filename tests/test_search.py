@@ -28,9 +28,10 @@ from bstar.search import (
     tp_split_error,
 )
 from bstar.search.candidates import Replica, sim_config
-from bstar.search.evaluate import Task, capacity_req_s, evaluate, failures, saturated_workload
+from bstar.search.evaluate import Task, evaluate, failures
 from bstar.search.spec import at_rate
 from bstar.sim import Lengths, parse_lengths, parse_slo, simulate, summarize
+from bstar.sim.capacity import capacity_req_s, saturated_workload
 from bstar.specs.gpu import get_gpu
 from bstar.specs.model import ModelSpec
 from bstar.specs.presets import get_model

@@ -81,6 +81,13 @@ class Efficiency:
       H200 with torch._scaled_mm, int4 a stated guess): 8-bit weights do not halve the step time.
     - grouped: price the step per kernel group (cost model 2); False = one max over the
       step's totals (cost model 1, the seeds' arithmetic).
+    - request_overhead_s: the server's fixed work per request outside the GPU steps (HTTP,
+      tokenization, hand-off to the engine, the first token's detokenization and stream):
+      a request becomes schedulable this long after it arrives, so it adds to TTFT and E2E
+      but not to a step. 0 by default (a bare step harness has none); engine profiles set it.
+    - scheduling_lag_steps: 1 when the engine schedules step k+1 while step k runs (vLLM
+      V1's async scheduling, SGLang's overlap scheduler): a request that arrives during a
+      step joins the step after next. 0: it joins the next step.
     """
 
     bandwidth: float = 0.80
@@ -98,15 +105,20 @@ class Efficiency:
     fp8_weight_stream: float = 0.75
     int4_weight_stream: float = 0.70
     grouped: bool = True
+    request_overhead_s: float = 0.0
+    scheduling_lag_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.scheduling_lag_steps not in (0, 1):
+            raise BstarError("scheduling_lag_steps must be 0 or 1, got "
+                             f"{self.scheduling_lag_steps}")
         for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",
                   "fp8_weight_stream", "int4_weight_stream"):
             v = getattr(self, k)
             if not 0 < v <= 1:
                 raise BstarError(f"{k} efficiency must be in (0, 1], got {v}")
         for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s", "layer_s",
-                  "decode_layer_s", "chunk_layer_s", "score_bytes"):
+                  "decode_layer_s", "chunk_layer_s", "score_bytes", "request_overhead_s"):
             if getattr(self, k) < 0:
                 raise BstarError(f"{k} must not be negative")
         if not self.roof_sharpness >= 1:

@@ -748,10 +748,27 @@ def _print_simulation_tail(c: Console, study: Study) -> None:
         c.print(f"    {r.max_num_seqs:>6}  KV {_bars(tl['kv_utilization'][::2], 1.0):<50} "
                 f"queue {_bars(tl['num_waiting'][::2], queue_top):<50} 0..{span:,.0f} s")
     rate = getattr(arrivals, "rate_per_s", None)
+    caps = study.capacities or []
+    for r, cap in zip(rows, caps, strict=False):
+        if cap is None:
+            continue
+        bound = (f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
+                 else f"a full batch of {cap['running_max']}")
+        line = (f"  capacity at max_num_seqs {r.max_num_seqs}: sustains up to "
+                f"{cap['capacity_req_s']:.2f} req/s ({cap['capacity_tok_s']:,.0f} out tok/s, "
+                f"{bound})")
+        if cap.get("at_rate_req_s"):
+            line += (f"; at {cap['at_rate_fraction']:.0%} of it ({cap['at_rate_req_s']:.2f} "
+                     f"req/s, Poisson) TTFT p50/p99 {cap['ttft_ms']['p50']:,.1f}/"
+                     f"{cap['ttft_ms']['p99']:,.1f} ms, TPOT p50/p99 "
+                     f"{cap['tpot_ms']['p50']:.2f}/{cap['tpot_ms']['p99']:.2f} ms")
+        c.print(line)
     best = max(r.request_throughput_req_s for r in rows)
-    if rate is not None and best < 0.95 * rate:
-        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, at most {best:.2f} req/s served "
-                "at any level; the queue grows for the whole run and TTFT is mostly waiting "
+    top = max((cap["capacity_req_s"] for cap in caps if cap is not None), default=None)
+    if rate is not None and ((top is not None and rate >= top)
+                             or (top is None and best < 0.95 * rate)):
+        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, above the capacity of every "
+                "level; the queue grows for the whole run and TTFT is mostly waiting "
                 "(its tail grows with --num-requests)[/]")
     for r in rows:
         if r.truncated:
