@@ -243,3 +243,13 @@ def test_capacity_of_a_growing_stage() -> None:
     cap = vs.capacity_req_s(s.rate_req_s, vs.measured_growth(s), vs.measured_state(s))
     assert cap == pytest.approx(3.16, abs=0.02)
     assert cap * s.output_len == pytest.approx(s.output_tok_s, rel=0.03)
+
+
+def test_shared_prefix_is_a_prefix_cache_hit() -> None:
+    s = stage(shared_prefix_len=100)
+    assert (vs.stage_workload(s, 20).cached_tokens == 100).all()
+    assert vs.stage_workload(s, 20, prefix_cache=False).cached_tokens is None
+    assert vs.stage_workload(stage(), 20).cached_tokens is None  # no column, no hits
+    hit = vs.simulate_stage(s, max_window_s=20)
+    cold = vs.simulate_stage(s, max_window_s=20, prefix_cache=False)
+    assert hit.ttft_mean_ms < cold.ttft_mean_ms

@@ -15,10 +15,11 @@ Each stage is simulated like for like (`simulate_stage`): the stage's deployment
 gaps of 1/rate, as inference-perf's constant load sends; poisson: exponential gaps), its
 prompt lengths drawn from the table's percentiles (`draw_prompt_lengths`: the
 piecewise-linear inverse CDF through min, p10, p25, p50, p75, p90, p99 and max) and its
-fixed output length (`ignore_eos`). Every step is priced by `bstar.step.price` through the
-simulator. To stay fast, a stage is simulated for at most MAX_WINDOW_S seconds of arrivals
-(and MAX_REQUESTS requests); the first WARMUP_FRACTION of the requests (an empty server's
-warm-up) are left out of the figures.
+fixed output length (`ignore_eos`), the shared system prompt as prefix-cache hits
+(`shared_prefix_len`; vLLM V1 caches prefixes by default). Every step is priced by
+`bstar.step.price` through the simulator. To stay fast, a stage is simulated for at most
+MAX_WINDOW_S seconds of arrivals (and MAX_REQUESTS requests); the first WARMUP_FRACTION of
+the requests (an empty server's warm-up) are left out of the figures.
 
 Scored per stage: the means of E2E, TTFT and the time per output token (E2E - TTFT) /
 (output_len - 1), |predicted / measured - 1|, and the saturation state (`saturation_state`):
@@ -29,9 +30,12 @@ Scored per stage: the means of E2E, TTFT and the time per output token (E2E - TT
   server's TTFT does not grow: g is ~0 (1e-5 on the shared stages).
 - "queue growing" when g > GROWTH_LIMIT (the server serves under ~98% of what is offered) or
   more than FAILED_LIMIT of the requests failed (timed out: the client gave up on a queue);
-  else "steady". The same rule reads the measured row (`measured_state`, from its TTFT p50,
-  p90, duration and failures) and the simulation (`predicted_state`, from the simulated TTFT
-  over the simulated window; a simulation cut off at its time limit is growing too).
+  else "steady": what the measured row shows (`measured_state`, from its TTFT p50, p90,
+  duration and failures). The simulation has every request's wait, so its state
+  (`predicted_state`) is `bstar.sim.capacity.queue_grows`, the one definition `bstar
+  simulate` and `bstar search` use: the slope of the wait against arrival time over the
+  second half of the arrivals, above the same GROWTH_LIMIT (or a run cut off at its time
+  limit). Its g from the percentiles is reported beside it.
 
 The latency errors are aggregated over the stages the data measure as steady: an overloaded
 stage's TTFT and E2E are set by how long it ran and by the client's timeout, not by the
@@ -62,6 +66,7 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.errors import BstarError
 from bstar.fit.points import read_table
+from bstar.sim.capacity import GROWTH_SLOPE
 
 if TYPE_CHECKING:
     from bstar.sim.traffic import Workload
@@ -93,7 +98,7 @@ WARMUP_FRACTION = 0.1  # the first requests meet an empty server: left out of th
 FIT_WINDOW_S = 40.0  # per stage and evaluation, inside a leave-one-model-out fit
 FIT_ITERATIONS = 3
 # Saturation (module docstring).
-GROWTH_LIMIT = 0.02
+GROWTH_LIMIT = GROWTH_SLOPE  # 0.02 s of wait per s of arrivals: the capacity's definition
 FAILED_LIMIT = 0.01
 STEADY, GROWING = "steady", "queue growing"
 # What a stage's leave-one-model-out fit calibrates: the weight stream and the engine's CPU
@@ -310,23 +315,30 @@ def stage_requests(stage: Stage, max_window_s: float = MAX_WINDOW_S,
     return max(1, min(round(n), max_requests))
 
 
-def stage_workload(stage: Stage, num_requests: int, seed: int = 0) -> Workload:
+def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
+                   prefix_cache: bool = True) -> Workload:
     """The stage's requests: its arrival process and lengths (a closed loop for
-    `concurrency`, whose users send the next request as soon as one finishes)."""
+    `concurrency`, whose users send the next request as soon as one finishes). With
+    `prefix_cache`, every prompt's first `shared_prefix_len` tokens are prefix-cache hits
+    (`Workload.cached_tokens`; whole blocks, as vLLM's cache: the shared system prompts of a
+    stage stay cached once its first requests have run)."""
     from bstar.sim.traffic import Workload
 
     rng = np.random.default_rng(seed)
     inp = draw_prompt_lengths(stage, rng, num_requests)
     out = np.full(num_requests, stage.output_len, dtype=np.int64)
+    cached = (np.minimum(inp, stage.shared_prefix_len)
+              if prefix_cache and stage.shared_prefix_len else None)
     if stage.arrival == "concurrency":
         assert stage.concurrency is not None
-        return Workload(inp, out, None, stage.concurrency, np.zeros(num_requests))
+        return Workload(inp, out, None, stage.concurrency, np.zeros(num_requests),
+                        cached_tokens=cached)
     assert stage.rate_req_s is not None
     if stage.arrival == "constant":
         arrival = np.arange(num_requests, dtype=np.float64) / stage.rate_req_s
     else:
         arrival = np.cumsum(rng.exponential(1.0 / stage.rate_req_s, size=num_requests))
-    return Workload(inp, out, arrival)
+    return Workload(inp, out, arrival, cached_tokens=cached)
 
 
 _DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
@@ -427,14 +439,12 @@ def measured_state(stage: Stage) -> str:
     return saturation_state(measured_growth(stage) or 0.0, stage.failed_fraction)
 
 
-def predicted_state(prediction: StagePrediction) -> str:
-    return GROWING if prediction.truncated else saturation_state(prediction.ttft_growth)
 
 
 def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
                    engine: str | None = None, deployment: rl.Deployment | None = None,
                    max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
-                   seed: int = 0) -> StagePrediction:
+                   seed: int = 0, prefix_cache: bool = True) -> StagePrediction:
     """Simulate one stage like for like (module docstring). The deployment is
     `deployment` if given, else `stage_deployment(stage, engine, eff)`."""
     from bstar.sim import SchedulerConfig, SimConfig, simulate
@@ -442,7 +452,7 @@ def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
 
     d = deployment if deployment is not None else stage_deployment(stage, engine, eff)
     n = stage_requests(stage, max_window_s, max_requests)
-    w = stage_workload(stage, n, seed)
+    w = stage_workload(stage, n, seed, prefix_cache)
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
     run = simulate(d, cfg, w)
     r = run.requests
@@ -469,9 +479,21 @@ def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
         e2e_mean_ms=num(e["mean"]), e2e_p50_ms=num(e["p50"]), e2e_p90_ms=num(e["p90"]),
         tpot_mean_ms=num(p["mean"]), tpot_p90_ms=num(p["p90"]),
         output_tok_s=float(out_tok.sum() / span) if span > 0 else 0.0,
-        ttft_growth=growth, state="", preemptions=run.num_preemptions,
+        ttft_growth=growth, state=predicted_state(run), preemptions=run.num_preemptions,
         truncated=run.truncated)
-    return replace(pred, state=predicted_state(pred))
+    return pred
+
+
+def predicted_state(run: Any) -> str:
+    """The simulated state: "queue growing" when `bstar.sim.capacity.queue_grows` (the
+    wait's slope against arrival time over the second half of the arrivals, above the same
+    0.02 s per s: the one definition `bstar simulate` and `bstar search` use) or when the
+    run was cut off at its time limit; else "steady"."""
+    from bstar.sim.capacity import queue_grows
+
+    if run.workload.closed_loop:
+        return GROWING if run.truncated else STEADY
+    return GROWING if run.truncated or queue_grows(run) else STEADY
 
 
 # ---- scoring -----------------------------------------------------------------------------
