@@ -279,6 +279,7 @@ def stored_sweep(token_server: Any, db: Path) -> dict[str, Any]:
     return run_sweep(cfg, db=db, deployment=d).to_dict()
 
 
+@pytest.mark.slow  # starts the token server
 def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"
@@ -323,6 +324,7 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert not (tmp_path / "none.db").exists()
 
 
+@pytest.mark.slow  # starts the token server
 def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Without the plot extra the terminal still shows the curve's shape."""

@@ -247,6 +247,7 @@ def test_simulate_report_in_chromium(tmp_path: Path) -> None:
     check_report(out, ["simulate"], "report-simulate.png")
 
 
+@pytest.mark.slow  # starts the token server
 def test_sweep_run_report_in_chromium(token_server: Any, tmp_path: Path) -> None:
     from test_report import stored_sweep
 

@@ -27,6 +27,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:  # type:
     return dict(json.loads(capsys.readouterr().out))
 
 
+@pytest.mark.slow  # starts the token server
 def test_resume_and_report_keep_the_profile(token_server: TokenServerFactory, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     srv = token_server(interval_ms=2)
