@@ -104,17 +104,17 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from bstar.report.build import demo_report
     from bstar.report.html import write_html
-    from bstar.report.views import fit_view, run_signature
+    from bstar.report.views import demo_views
 
     calibration, uncalibrated = _calibrate(result, out / "calibration.toml")
     say(f"calibrated the cost model on its own {len(calibration.points)} levels: median "
         f"|error| {calibration.median_abs_error:.1%} (uncalibrated {uncalibrated:.1%}; roof "
         f"shape k = {calibration.eff.roof_sharpness:g}); predicting with it and replaying "
         "the levels in the simulator")
-    signature = run_signature(sweep, fit, "The tiny model on this CPU, four ways",
-                              deployment=calibration.apply(_deployment(sweep)))
-    report = write_html(demo_report(sweep, fit_view(fit), "bstar demo", signature),
-                        out / "report.html")
+    views = demo_views(sweep, fit, calibration.apply(_deployment(sweep)),
+                       calibration_summary(calibration, uncalibrated),
+                       "The tiny model on this CPU, four ways")
+    report = write_html(demo_report(views, "bstar demo"), out / "report.html")
     say("report written")
     rec = sweep.get("recommendation") or {}
     if args.json:
@@ -125,7 +125,7 @@ def run_demo(args: argparse.Namespace) -> int:
                           "predictions": [p.to_dict() for p in fit.predictions]},
                           "calibration": {
                               "profile": str((out / "calibration.toml").resolve()),
-                              "metric": "itl_p50",
+                              "metric": CALIBRATION_METRIC,
                               "median_abs_error": calibration.median_abs_error,
                               "uncalibrated_median_abs_error": uncalibrated,
                               "roof_sharpness": calibration.eff.roof_sharpness}},
@@ -145,6 +145,18 @@ def _deployment(sweep: dict[str, Any]) -> Any:
     return sweep_deployment(sweep.get("options") or {})
 
 
+def calibration_summary(calibration: Any, uncalibrated: float) -> dict[str, Any]:
+    """What the report says the calibrated prediction rests on, from the calibration."""
+    return {"levels": len(calibration.points), "metric": CALIBRATION_METRIC,
+            "metric_words": "their median inter-token gap: one decode step",
+            "median_abs_error": calibration.median_abs_error,
+            "uncalibrated_median_abs_error": uncalibrated,
+            "roof_sharpness": calibration.eff.roof_sharpness}
+
+
+CALIBRATION_METRIC = "itl_p50"
+
+
 def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     """The cost model calibrated on the demo's own levels (their median inter-token gap:
     one decode step), from the llama.cpp profile's priors on the probed CPU; written as a
@@ -154,7 +166,7 @@ def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     from bstar import calibrate as cal
 
     d = _deployment(result.to_dict())
-    points = cal.points_from_sweep(result, "itl_p50")
+    points = cal.points_from_sweep(result, CALIBRATION_METRIC)
     # As many parameters as the levels can carry: the weight stream and the per-step cost
     # first (they set batch 1), then compute and the per-sequence cost.
     fit = cal.DEFAULT_FIT if len(points) > len(cal.DEFAULT_FIT) else \
