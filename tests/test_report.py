@@ -293,7 +293,9 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert re.findall(r'data-plot="([^"]+)"', html) == ["signature", "sweep"]
     # Like for like: each level's predicted tok/s counts the prefill its measured tok/s does.
     assert all(lv["predicted"]["throughput_basis"] == "incl_prefill" for lv in sweep["levels"])
-    assert "pred. tok/s incl. prefill" in html
+    # The run stored no profile: its prediction is the uncalibrated one, and says so.
+    assert "uncalibrated pred. tok/s (incl. prefill)" in html
+    assert ">calibrated pred." not in html
     for lv in sweep["levels"]:
         assert f"{lv['throughput_tok_s']:,.1f}" in html
     sig = ET.fromstring(re.search(r'id="plot-signature".*?(<svg.*?</svg>)', html, re.S)
@@ -352,3 +354,124 @@ def test_predicted_knee_ignores_batches_past_b_mem() -> None:
     assert k is not None
     assert k["batch"] is None or k["batch"] <= c["b_mem"]
     assert "B_mem" in k["reason"]
+
+
+# ---- the demo's report: one story ------------------------------------------------------------
+DEMO_RUN = Path(__file__).resolve().parent / "fixtures" / "demo-run"
+DEMO_RUN_ID = "20261201-102616-283c"  # a `bstar demo` run on a 2-core CPU, stored as it ran
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What `bstar demo` computes after its sweep (`commands.demo.analyse`: the fit, the
+    calibration on the run's own levels, the views the report draws), on a stored run; and
+    the report it writes."""
+    import os
+    import shutil
+
+    from bstar.commands.demo import analyse
+    from bstar.loadgen.sweep import load_result
+    from bstar.report.build import demo_report
+    from bstar.report.html import render_html
+
+    work = tmp_path_factory.mktemp("demo")
+    shutil.copytree(DEMO_RUN / "bstar-demo", work / "bstar-demo")
+    cwd = os.getcwd()
+    os.chdir(work)  # the run stored its model and CPU files relative to where it ran
+    try:
+        result = load_result(Path("bstar-demo/bstar.db"), DEMO_RUN_ID)
+        sweep, fit, views, calibration, uncal = analyse(result, Path("bstar-demo"),
+                                                        lambda _: None)
+        report = demo_report(views, "bstar demo")
+        html = render_html(report)
+    finally:
+        os.chdir(cwd)
+    return {"sweep": sweep, "fit": fit, "views": views, "calibration": calibration,
+            "uncalibrated": uncal, "report": report, "html": html}
+
+
+def test_demo_report_predictions_agree_or_say_they_are_uncalibrated(
+        demo_run: dict[str, Any]) -> None:
+    """Every predicted throughput point beside a measured level is within 15% of it, or is
+    labelled uncalibrated, or (a calibrated miss) says it misses."""
+    views = demo_run["views"]
+    measured = {lv["concurrency"]: lv["throughput_tok_s"] for lv in demo_run["sweep"]["levels"]}
+    for name in ("sweep", "signature"):
+        rows = views[name]["level_predictions"]
+        assert [r["batch"] for r in rows] == sorted(measured)
+        for row in rows:
+            assert row["measured_tok_s"] == measured[row["batch"]]
+            first, second = row["predicted"]
+            # The drawn prediction is the calibrated one; the uncalibrated one is beside it.
+            assert first["calibrated"] and not second["calibrated"]
+            for q in row["predicted"]:
+                err = q["throughput_tok_s"] / measured[row["batch"]] - 1
+                assert q["error"] == pytest.approx(err)
+                assert q["throughput_basis"] == "incl_prefill"  # like for like
+                assert q["label"] == ("calibrated" if q["calibrated"] else "uncalibrated") \
+                    + " cost model (output tok/s incl. prefill)"
+                assert q["agrees"] == (abs(err) <= 0.15)
+    # The calibrated line agrees where the levels behave (1, 2, 4: within 15%); level 8 of
+    # this run is slower than level 16 (a noisy, shared CPU), and its point says it misses.
+    cal = {r["batch"]: r["predicted"][0] for r in views["sweep"]["level_predictions"]}
+    assert all(cal[b]["agrees"] for b in (1, 2, 4))
+    assert not cal[8]["agrees"]
+    # The uncalibrated prediction is the stored one the sweep made at each level.
+    for lv in demo_run["sweep"]["levels"]:
+        unc = next(r for r in views["sweep"]["level_predictions"]
+                   if r["batch"] == lv["concurrency"])["predicted"][1]
+        assert unc["throughput_tok_s"] == pytest.approx(lv["predicted"]["throughput_tok_s"])
+
+
+def _svg_of(html: str, name: str) -> ET.Element:
+    return ET.fromstring(re.search(rf'id="plot-{name}".*?(<svg.*?</svg>)', html, re.S).group(1))
+
+
+def _tips(root: ET.Element) -> dict[str, ET.Element]:
+    return {(g.find(f"{SVG}title").text or ""): g for g in root.iter(f"{SVG}g")
+            if g.get("id", "").startswith("tip-") and g.find(f"{SVG}title") is not None}
+
+
+def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
+    """The page's predicted marks: every hover text of a predicted point names its basis
+    and calibration and, for a calibrated miss, the miss; the legends name both lines."""
+    html = demo_run["html"]
+    for name in ("signature", "sweep"):
+        tips = _tips(_svg_of(html, name))
+        pred = [t for t in tips if "cost model (" in t]
+        assert len(pred) == 2 * 5  # calibrated and uncalibrated, at each of the 5 levels
+        for t in pred:
+            m = re.search(r"([+-]\d+)% vs measured", t)
+            assert m is not None, t
+            assert t.startswith(("calibrated cost model (output tok/s incl. prefill)",
+                                 "uncalibrated cost model (output tok/s incl. prefill)")), t
+            if t.startswith("calibrated") and abs(int(m.group(1))) > 15:
+                assert t.endswith("(misses by more than 15%)"), t
+    charts = {c.name: c for c in demo_run["report"].charts}
+    for name in ("signature", "sweep"):
+        legend = [x.get_text() for lg in charts[name].fig.legends for x in lg.get_texts()]
+        assert "calibrated cost model (output tok/s incl. prefill)" in legend, legend
+        assert "uncalibrated cost model (output tok/s incl. prefill)" in legend, legend
+    # No raw identifiers reach the page, and repeated warnings are one line with a count.
+    text = re.sub(r"<svg.*?</svg>", "", html, flags=re.S)
+    for raw in ("bound: unknown", "tpot_lower_bound", "bound: doubling", "b_mem<",
+                "incl_prefill", "decode_only"):
+        assert raw not in text, raw
+    warnings = re.findall(r"<li>warning: (.*?)</li>", text, re.S)
+    assert len(warnings) == 1 and warnings[0].startswith("5 alike, e.g. "), warnings
+    assert len(demo_run["fit"].warnings) == 5
+
+
+def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) -> None:
+    """The sweep chart's recommended and knee lines sit at the x of the measured point of
+    the batch they name (read from the SVG: the line's path and the point's marker)."""
+    root = _svg_of(demo_run["html"], "sweep")
+    rec = demo_run["sweep"]["recommendation"]["max_num_seqs"]
+    tips = _tips(root)
+    point = next(g for t, g in tips.items() if t.startswith(f"concurrency {rec}: "))
+    x_point = float(next(point.iter(f"{SVG}use")).get("x"))
+    for kind in ("rec", "knee"):
+        lines = [g for g in root.iter(f"{SVG}g") if g.get("id") == f"mark-{kind}"]
+        assert len(lines) == 2, kind  # on the TPOT and the throughput panel
+        d = next(lines[1].iter(f"{SVG}path")).get("d").split()
+        assert float(d[1]) == pytest.approx(x_point, abs=0.01), kind

@@ -188,7 +188,8 @@ def _vline(ax: Axes, x: float | None, kind: str, label: str) -> None:
         ax.plot([], [], color=color, linestyle=ls, linewidth=1.4,
                 label=f"{label} ({'right' if x > hi else 'left'} of the chart)")
         return
-    ax.axvline(x, color=color, linestyle=ls, linewidth=1.4, label=label, zorder=3)
+    line = ax.axvline(x, color=color, linestyle=ls, linewidth=1.4, label=label, zorder=3)
+    line.set_gid(f"mark-{kind}")  # the SVG names the mark, so a test can find where it is
 
 
 def regime_spans(b_star_read: float, crossover: float | None, b_mem: int, lo: float,
