@@ -43,15 +43,42 @@ def png_stats(data: bytes) -> tuple[int, int, float]:
     return im.width, im.height, float(grey.std())
 
 
-def test_plot_png_is_large_and_not_blank(tmp_path: Path) -> None:
+def _tip_xy(g: ET.Element) -> tuple[float, float]:
+    u = next(g.iter(f"{SVG}use"))
+    return float(u.get("x")), float(u.get("y"))
+
+
+def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
+    """`--plot x.png` writes the plan's picture, judged by what it shows: the file is that
+    chart's rendering, and the chart (read from its SVG) has every point of both contexts at
+    its batch, throughput rising up the page, and the knee line at the recommended batch."""
+    from bstar.report import charts as ch
+
     out = tmp_path / "plan.png"
     assert main(["plan", "--context", "512,2048", "--plot", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h, std = png_stats(out.read_bytes())
-    # Two rows of (latency, throughput) and the roofline: a tall, wide picture.
-    assert w > 1500 and h > 1500
-    assert out.stat().st_size > 100_000
-    assert std > 20  # a blank or single-colour image has ~0
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions().build()  # what `bstar plan` builds without flags
+    plan = make_plan(d, [512, 2048])
+    chart = ch.plan_overview(plan_view(plan))
+    assert out.read_bytes() == chart.png()  # exactly the picture of this plan
+    root = ET.fromstring(chart.svg())
+    tips = _tips(root)
+    for c in plan.to_dict()["contexts"]:
+        for pt in c["curve"]:
+            assert any(t.startswith(f"batch {pt['batch']} ") for t, _ in tips), pt["batch"]
+    # Two latency and two throughput panels and the roofline, one knee line per
+    # latency/throughput panel, each where that context's recommended star stands.
+    knees = [g for g in root.iter(f"{SVG}g") if g.get("id") == "mark-knee"]
+    assert len(knees) == 4
+    stars = [g for t, g in tips if t.startswith("recommended max_num_seqs = ")]
+    assert len(stars) == 4
+    xs_line = sorted(float(next(g.iter(f"{SVG}path")).get("d").split()[1]) for g in knees)
+    xs_star = sorted(_tip_xy(g)[0] for g in stars)
+    assert xs_star == pytest.approx(xs_line, abs=0.01)
+    assert [c.recommendation.max_num_seqs for c in plan.contexts] == [
+        int(t.split(" = ")[1].split("\n")[0]) for t, _ in tips
+        if t.startswith("recommended max_num_seqs = ")][::2]
 
 
 def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
@@ -66,12 +93,36 @@ def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
     assert len(list(root.iter(f"{SVG}title"))) > 10
 
 
-def test_compare_plot(tmp_path: Path) -> None:
+def test_compare_plot_bars_stand_as_tall_as_their_numbers(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The compare picture, judged by its marks: one B* and one B_mem bar top per row,
+    each labelled with its row, and a larger number stands higher on the page."""
+    from bstar.report import charts as ch
+
+    args = ["compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b", "--context",
+            "512,8192"]
     out = tmp_path / "compare.png"
-    assert main(["compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b", "--context",
-                 "512,8192", "--plot", str(out)]) == 0
-    w, h, std = png_stats(out.read_bytes())
-    assert w > 1000 and h > 600 and std > 20
+    assert main([*args, "--plot", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    chart = ch.compare_chart(rows)
+    assert out.read_bytes() == chart.png()
+    tips = _tips(ET.fromstring(chart.svg()))
+    fit = [r for r in rows if r.get("fits", True)]
+    assert len(tips) == len(rows) + len(fit)  # B* always; B_mem where the model fits
+    for panel, key in ((0, "b_star"), (1, "b_mem")):
+        marks = []
+        for r in (rows if key == "b_star" else fit):
+            head = (f"{r['model']}\n{r['gpu']} at {r['context_tokens']:,} tokens\nB* "
+                    f"{r['b_star']:.1f}, B_mem {r['b_mem']:,}\n")
+            found = [g for t, g in tips if t.startswith(head)]
+            assert len(found) == 2 if r.get("fits", True) else 1, head
+            marks.append((float(r[key]), _tip_xy(found[panel])[1]))
+        # SVG y grows downwards: sorted by the number, the marks rise.
+        ys = [y for _, y in sorted(marks)]
+        assert all(y1 >= y2 - 1e-6 for y1, y2 in itertools.pairwise(ys)), key
 
 
 def test_plot_rejects_other_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -341,19 +392,32 @@ def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path
     assert f"throughput {expected}" in out
 
 
-def test_predicted_knee_ignores_batches_past_b_mem() -> None:
-    from bstar.plan import make_plan
-    from bstar.report.views import predicted_knee
-    from bstar.roofline import Deployment
-    from bstar.specs.gpu import get_gpu
-    from bstar.specs.presets import get_model
-
-    plan = make_plan(Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm")), [8192])
-    c = plan.to_dict()["contexts"][0]
-    k = predicted_knee(c["curve"])
-    assert k is not None
-    assert k["batch"] is None or k["batch"] <= c["b_mem"]
-    assert "B_mem" in k["reason"]
+def test_plan_view_marks_the_plans_own_knee() -> None:
+    """The knee a plan picture marks is the one the recommendation was chosen from; checked
+    against the rule itself on the cost model: the doubling from the knee gains under 15%,
+    the doubling into it 15% or more (past B_mem the running batch, and so throughput,
+    stops growing)."""
+    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+    plan = make_plan(d, [8192])
+    c = plan_view(plan)["contexts"][0]
+    k = c["knee"]
+    assert k == plan.to_dict()["contexts"][0]["recommendation"]["knees"]["doubling"]
+    b = k["batch"]
+    assert b == plan.contexts[0].recommendation.max_num_seqs == 38
+    t = rl.curve(d, [b // 2, b, 2 * b], 8192).throughput_tok_s
+    assert t[2] / t[1] - 1 < 0.15 <= t[1] / t[0] - 1
+    assert b <= c["b_mem"] < 2 * b
+    # The plan's powers of two alone stop at B_mem before they flatten: a knee of the
+    # picture's own would have been "none" here.
+    # In the SVG, the knee line stands where the recommended star is (both at batch 38).
+    for chart in plots.plan_charts_for_context(plan_view(plan), c):
+        root = ET.fromstring(chart.svg())
+        knee = [g for g in root.iter(f"{SVG}g") if g.get("id") == "mark-knee"]
+        assert len(knee) == 1, chart.name
+        x_line = float(next(knee[0].iter(f"{SVG}path")).get("d").split()[1])
+        star = next(g for t, g in _tips(root)
+                    if t.startswith(f"recommended max_num_seqs = {b}\n"))
+        assert float(next(star.iter(f"{SVG}use")).get("x")) == pytest.approx(x_line, abs=0.01)
 
 
 # ---- the demo's report: one story ------------------------------------------------------------
@@ -363,6 +427,10 @@ DEMO_RUN_ID = "20261201-102616-283c"  # a `bstar demo` run on a 2-core CPU, stor
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return build_demo_run(tmp_path_factory.mktemp("demo"))
+
+
+def build_demo_run(work: Path) -> dict[str, Any]:
     """What `bstar demo` computes after its sweep (`commands.demo.analyse`: the fit, the
     calibration on the run's own levels, the views the report draws), on a stored run; and
     the report it writes."""
@@ -374,7 +442,6 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from bstar.report.build import demo_report
     from bstar.report.html import render_html
 
-    work = tmp_path_factory.mktemp("demo")
     shutil.copytree(DEMO_RUN / "bstar-demo", work / "bstar-demo")
     cwd = os.getcwd()
     os.chdir(work)  # the run stored its model and CPU files relative to where it ran
@@ -427,9 +494,10 @@ def _svg_of(html: str, name: str) -> ET.Element:
     return ET.fromstring(re.search(rf'id="plot-{name}".*?(<svg.*?</svg>)', html, re.S).group(1))
 
 
-def _tips(root: ET.Element) -> dict[str, ET.Element]:
-    return {(g.find(f"{SVG}title").text or ""): g for g in root.iter(f"{SVG}g")
-            if g.get("id", "").startswith("tip-") and g.find(f"{SVG}title") is not None}
+def _tips(root: ET.Element) -> list[tuple[str, ET.Element]]:
+    """Every hover mark of an SVG chart: (its text, its group), in drawing order."""
+    return [(g.find(f"{SVG}title").text or "", g) for g in root.iter(f"{SVG}g")
+            if g.get("id", "").startswith("tip-") and g.find(f"{SVG}title") is not None]
 
 
 def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
@@ -438,7 +506,7 @@ def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
     html = demo_run["html"]
     for name in ("signature", "sweep"):
         tips = _tips(_svg_of(html, name))
-        pred = [t for t in tips if "cost model (" in t]
+        pred = [t for t, _ in tips if "cost model (" in t]
         assert len(pred) == 2 * 5  # calibrated and uncalibrated, at each of the 5 levels
         for t in pred:
             m = re.search(r"([+-]\d+)% vs measured", t)
@@ -468,7 +536,7 @@ def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) 
     root = _svg_of(demo_run["html"], "sweep")
     rec = demo_run["sweep"]["recommendation"]["max_num_seqs"]
     tips = _tips(root)
-    point = next(g for t, g in tips.items() if t.startswith(f"concurrency {rec}: "))
+    point = next(g for t, g in tips if t.startswith(f"concurrency {rec}: "))
     x_point = float(next(point.iter(f"{SVG}use")).get("x"))
     for kind in ("rec", "knee"):
         lines = [g for g in root.iter(f"{SVG}g") if g.get("id") == f"mark-{kind}"]

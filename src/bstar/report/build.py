@@ -187,7 +187,7 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
             f"{rec['max_num_seqs']:,}" if rec else
             (f"needs --num-gpus {row['min_num_gpus']}" if row.get("min_num_gpus")
              else "does not fit"),
-            _words(rec.get("bound")) if rec else ""])
+            _words(rec.get("bound")).removeprefix("bound: ") if rec else ""])
         classes.append("" if fits else "nofit")
     r.sections.append(Section(
         "B* and B_mem", "compare",

@@ -55,7 +55,9 @@ def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
         cd["ai_limit_flops_per_byte"] = float(
             flops_per_token_per_gpu / (float(one.kv_bytes_read[0]) or 1.0))
         cd["sla_batch"] = sla_batch(d, ctx, cp.b_mem, max_tpot_ms)
-        cd["knee"] = predicted_knee(cd["curve"])
+        # The knee the recommendation was chosen from (seed 004's doubling rule on the
+        # plan's fine grid), so the picture marks the plan's knee, never one of its own.
+        cd["knee"] = (cd["recommendation"].get("knees") or {}).get("doubling")
     return out
 
 
@@ -86,23 +88,6 @@ def sla_batch(d: rl.Deployment, context_tokens: int, b_mem: int,
     grid = np.arange(1, max(b_mem, 1) + 1)
     k = knee.sla_knee(grid, rl.curve(d, grid, context_tokens).tpot_s * 1e3, max_tpot_ms)
     return k.batch or 0
-
-
-def predicted_knee(curve_points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Seed 004's knee (the next doubling gains under 15% throughput) on the plan's curve,
-    which runs in powers of two past B_mem by default, so the plateau is on it."""
-    from bstar import knee
-
-    # Past B_mem the engine cannot run the batch (throughput is B_mem's): a knee there would
-    # recommend a setting that only preempts.
-    pts = [p for p in curve_points if p["regime"] != "memory-exhausted"]
-    if len(pts) < 2:
-        return None
-    k = knee.doubling_knee([p["batch"] for p in pts], [p["throughput_tok_s"] for p in pts])
-    out = k.to_dict()
-    if out["batch"] is None and len(pts) < len(curve_points):
-        out["reason"] += "; memory (B_mem) binds before throughput flattens"
-    return out
 
 
 def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
