@@ -543,3 +543,19 @@ def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) 
         assert len(lines) == 2, kind  # on the TPOT and the throughput panel
         d = next(lines[1].iter(f"{SVG}path")).get("d").split()
         assert float(d[1]) == pytest.approx(x_point, abs=0.01), kind
+
+
+def test_search_footer_names_the_efficiencies_it_used(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """bstar search's footer states the efficiencies of its 'defaults' rows from the search
+    itself: here the flags given, not the defaults typed into a sentence."""
+    assert main(["search", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--num-gpus", "1",
+                 "--rate", "4", "--input-len", "128", "--output-len", "32", "--num-requests",
+                 "40", "--slo", "ttft:2000,tpot:100", "--max-num-seqs", "32", "--bw-eff",
+                 "0.55", "--flops-eff", "0.45", "--overhead-ms", "1.25", "--db",
+                 str(tmp_path / "s.db")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("'defaults' rows rest on the stated efficiencies (bandwidth 0.55, compute 0.45, "
+            "1.25 ms + ") in out
+    assert "0.70" not in out and "0.60" not in out

@@ -58,6 +58,7 @@ def test_resume_and_report_keep_the_profile(token_server: TokenServerFactory, tm
     curve = sweep_view(shown)["predicted_curve"]
     assert curve["batch"][0] == 1
     assert curve["tpot_ms"][0] == pytest.approx(predict_level(calibrated, 1, ctx)["tpot_ms"])
+    assert curve["calibrated"] and curve["label"].startswith("calibrated cost model")
 
 
 def test_level_prediction_is_the_quantity_the_level_measures() -> None:
