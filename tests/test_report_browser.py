@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
+    pytest.mark.slow,  # starts Chromium for each report
     pytest.mark.skipif(CHROMIUM is None and os.environ.get("BSTAR_REQUIRE_BROWSER") != "1",
                        reason="chromium is not installed (scripts/test installs it)"),
     # A chart whose legend or labels squeeze its axes to nothing is a broken picture.

@@ -283,6 +283,7 @@ def test_tensor_parallel_and_moe_run() -> None:
 # ---- property: any small setting conserves tokens, and the jump changes nothing ----
 
 
+@pytest.mark.slow  # 25 simulations, twice each
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), max_num_seqs=st.integers(1, 40),
        budget=st.sampled_from([16, 48, 256, 2048]), users=st.integers(1, 30),
