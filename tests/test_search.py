@@ -244,6 +244,7 @@ def test_cli_errors_are_one_line(argv: list[str], msg: str, tmp_path: Path,
     assert err.startswith("bstar: error:") and msg in err
 
 
+@pytest.mark.slow  # a whole search
 def test_calibrated_rows_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prof = tmp_path / "h100.toml"
     prof.write_text('[profile]\ngpu = "h100-sxm"\nengine = "vllm"\n\n[efficiency]\n'

@@ -222,6 +222,7 @@ def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) ->
         assert con.execute("SELECT COUNT(*) FROM requests").fetchone()[0] > kept  # kept + new
 
 
+@pytest.mark.slow  # starts the token server per level
 def test_server_cmd_restarts_per_max_num_seqs(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
@@ -271,6 +272,7 @@ def test_open_loop_rate_levels(tmp_path: Path) -> None:
     assert d["knee"]["points"] == 0 and "need at least two" in d["knee"]["note"]
 
 
+@pytest.mark.slow  # starts the token server
 def test_managed_server_killed_mid_level(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
