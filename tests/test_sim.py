@@ -71,6 +71,7 @@ def test_every_request_finishes_with_exactly_its_tokens(preemption: str, gpu_uti
         assert run.num_preemptions > 0  # the small pool must exercise the preemption path
 
 
+@pytest.mark.slow  # simulates every step twice
 def test_fast_forward_matches_step_by_step() -> None:
     """The multi-step jump is an optimization only: same times, same tokens."""
     d = dep(gpu_util=0.235)

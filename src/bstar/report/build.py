@@ -11,66 +11,29 @@ from typing import Any
 from bstar.report import charts as ch
 from bstar.report.html import Card, Report, Section, Table
 from bstar.report.views import drawable_levels, level_x
+from bstar.report.words import (
+    CONTEXT_NOTE,
+    FIT_BOUND_WORDS,
+    REGIME_CELL,
+    REGIME_NOTE,
+    ROOF_WORDS,
+    SIGNATURE_INTRO,
+    TPOT_NOTE,
+    UNITS_NOTE,
+    calibration_note,
+    collapse,
+    fit_basis,
+    prediction_cells,
+    prediction_columns,
+    words,
+)
+from bstar.report.words import (
+    fmt_ms as _ms,
+)
+from bstar.report.words import (
+    fmt_num as _num,
+)
 from bstar.units import fmt_bytes
-
-UNITS_NOTE = ("Bytes are exact integers; GB = 10^9 bytes and GiB = 2^30 bytes, and sizes are "
-              "printed in both. GPU memory is what the device reports (an '80GB' A100 holds "
-              "80 GiB); bandwidth and FLOP/s are decimal, dense datasheet figures.")
-TPOT_NOTE = ("TPOT is per request: the time one user waits between two tokens, which equals "
-             "the decode step time. Amortized time per token = step time / batch = "
-             "1 / throughput; seed 000's 'TPOT' curve is the amortized one, vLLM's "
-             "mean_tpot_ms is per request.")
-CONTEXT_NOTE = ("Context = the KV tokens each running sequence holds (prompt plus tokens "
-                "generated so far), the seeds' seq_len. All running sequences are assumed to "
-                "hold the same context.")
-REGIME_NOTE = ("Regimes: 1 weight-dominated (B < B*: the weights are most of the bytes read "
-               "per step), 2 KV-dominated (B* ≤ B ≤ B_mem), 3 memory-exhausted (B > B_mem: "
-               "the engine preempts and time-slices), and compute-bound wherever the FLOP "
-               "term of the step exceeds the byte term.")
-
-
-# What a recommendation's `bound`, a knee rule or a regime means, in the page's words (the
-# identifiers are the JSON contract's; they never reach the page themselves).
-BOUND_WORDS = {
-    "knee": "bound: the knee", "b_mem": "bound: memory (B_mem)",
-    "b_star": "bound: B* (KV read = weight read)", "compute": "bound: the compute crossover",
-    "sla": "bound: the TPOT SLA", "sla-unmet": "the TPOT SLA is not met",
-    "sweep_end": "bound: the last level swept", "max-level": "bound: the largest level",
-    "none": "no knee found", "load": "bound: the offered load",
-    "single-level": "one level only",
-    "step": "rule: 5% per step (seed 000)", "doubling": "rule: 15% per doubling (seed 004)",
-    "bca": "rule: BCA (Recasens et al. 2025)",
-    "memory-bound": "memory-bound", "compute-bound": "compute-bound",
-    "unknown": "regime past the data not known",
-}
-FIT_BOUND_WORDS = {"tpot_lower_bound": "the compute roof past the data is not known: the TPOT "
-                                      "is a lower bound and the throughput an upper bound"}
-
-
-def _words(key: str | None) -> str:
-    return "" if not key else BOUND_WORDS.get(key, key.replace("_", " "))
-
-
-def _collapse(messages: list[str]) -> list[str]:
-    """Messages that differ only in their numbers, as one line with a count (the first
-    one's numbers as the example)."""
-    import re
-
-    groups: dict[str, list[str]] = {}
-    for m in messages:
-        groups.setdefault(re.sub(r"[-+]?\d[\d,.]*(e[-+]?\d+)?", "#", m), []).append(m)
-    return [ms[0] if len(ms) == 1 else f"{len(ms)} alike, e.g. {ms[0]}"
-            for ms in groups.values()]
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
-
-
-def _num(v: float | None, digits: int = 1) -> str:
-    return "–" if v is None else f"{v:,.{digits}f}"
 
 
 # ---- plan ----------------------------------------------------------------------------------
@@ -90,7 +53,7 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
             rec.get("bound", ""), "bad")
         r.cards.append(Card(f"context {c['context_tokens']:,} tokens → max_num_seqs",
                             f"{rec['max_num_seqs']:,}", rec["reason"],
-                            _words(rec.get("bound")), rec.get("flags", {}), tone))
+                            words(rec.get("bound")), rec.get("flags", {}), tone))
     e, roof = p["efficiency"], p["roof"]
     r.sections.append(Section(
         "Model and hardware", "hardware", "The inputs of the cost model; every number below "
@@ -187,7 +150,7 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
             f"{rec['max_num_seqs']:,}" if rec else
             (f"needs --num-gpus {row['min_num_gpus']}" if row.get("min_num_gpus")
              else "does not fit"),
-            _words(rec.get("bound")).removeprefix("bound: ") if rec else ""])
+            words(rec.get("bound")).removeprefix("bound: ") if rec else ""])
         classes.append("" if fits else "nofit")
     r.sections.append(Section(
         "B* and B_mem", "compare",
@@ -205,16 +168,6 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
 
 
 # ---- sweep ---------------------------------------------------------------------------------
-SIGNATURE_INTRO = (
-    "The same curve four ways. Dashed: the cost model's prediction for this deployment, with "
-    "its regimes shaded and B*, B_mem and its knee marked; the legend says whether it is "
-    "calibrated and what its throughput counts, and where a calibration exists the "
-    "uncalibrated prediction is the dotted grey line. Solid: the fit of the measured "
-    "levels (dotted where it extrapolates, diamonds its predictions). Dots: the measured "
-    "levels (median, whisker to p99). Squares: the simulator replaying the same levels "
-    "through a continuous-batching scheduler stepped by the cost model.")
-
-
 def signature_section(v: dict[str, Any]) -> Section:
     present = [v[k]["label"] if k == "predicted" else k
                for k in ("predicted", "fitted", "measured", "simulated") if v.get(k)]
@@ -237,7 +190,7 @@ def sweep_report(s: dict[str, Any], command: str = "",
     if rec:
         r.cards.append(Card("measured recommendation → max_num_seqs",
                             f"{rec['max_num_seqs']:,}", rec.get("reason", ""),
-                            _words(rec.get("bound")), rec.get("flags", {}), "good"))
+                            words(rec.get("bound")), rec.get("flags", {}), "good"))
     knee = s.get("knee") or {}
     drawn = drawable_levels(levels)
     # Columns the server left empty (llama.cpp has no preemption or KV metrics) are left out.
@@ -246,7 +199,7 @@ def sweep_report(s: dict[str, Any], command: str = "",
               if any(lv.get(key) is not None for lv in drawn)]
     by_batch = {row["batch"]: row["predicted"] for row in s.get("level_predictions") or []}
     series = [x for x in (s.get("predicted_curve"), s.get("uncalibrated_curve")) if x]
-    pred_cols = [c for i, x in enumerate(series) for c in _prediction_columns(x, i == 0)]
+    pred_cols = [c for i, x in enumerate(series) for c in prediction_columns(x, i == 0)]
     rows = []
     for lv in drawn:
         def p(key: str, q: str, lv: dict[str, Any] = lv) -> str:
@@ -259,7 +212,7 @@ def sweep_report(s: dict[str, Any], command: str = "",
             cells.append("–" if v is None else f"{100 * v:.0f}%" if key.startswith("kv")
                          else str(v))
         for i, q in enumerate(by_batch.get(level_x(lv), [])):
-            cells += _prediction_cells(q, i == 0)
+            cells += prediction_cells(q, i == 0)
         rows.append(cells + ["–"] * (9 + len(server) + len(pred_cols) - len(cells)))
     facts = [(k, str(v)) for k, v in (("run", s.get("run_id")), ("results DB", s.get("db")),
                                        ("levels", len(levels)))
@@ -298,21 +251,6 @@ def sweep_report(s: dict[str, Any], command: str = "",
     return r
 
 
-def _prediction_columns(series: dict[str, Any], first: bool) -> list[str]:
-    """A predicted series' columns in the per-level table, named as the series is."""
-    cal = "calibrated" if series["calibrated"] else "uncalibrated"
-    basis = "incl. prefill" if series["throughput_basis"] == "incl_prefill" else "B / TPOT"
-    cols = [f"{cal} pred. tok/s ({basis})", "vs measured"]
-    return ([f"{cal} pred. TPOT", *cols] if first else cols)
-
-
-def _prediction_cells(q: dict[str, Any], first: bool) -> list[str]:
-    # Only a calibrated prediction claims to agree; the uncalibrated one is labelled so.
-    err = f"{q['error']:+.0%}" + ("" if q["agrees"] or not q["calibrated"] else " (misses)")
-    cells = [_num(q["throughput_tok_s"], 1), err]
-    return [_ms(q["tpot_ms"]), *cells] if first else cells
-
-
 # ---- simulate ------------------------------------------------------------------------------
 def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
     """`results` are simulate JSON objects, one per max_num_seqs."""
@@ -326,7 +264,7 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
     if advice:
         r.cards.append(Card("simulated recommendation → max_num_seqs",
                             f"{advice['max_num_seqs']:,}", advice["reason"],
-                            _words(advice["bound"]),
+                            words(advice["bound"]),
                             tone="good" if advice["bound"] == "knee" else "info"))
     best = max(rs, key=lambda x: x["throughput_tok_s"])
     r.cards.append(Card("highest simulated throughput", f"{best['throughput_tok_s']:,.0f} tok/s",
@@ -383,7 +321,7 @@ def fit_report(f: dict[str, Any], command: str = "",
         knees = {**f["knees"].get("measured", {}), **f["knees"].get("fitted", {})}
         reason = (knees.get(f.get("knee_rule") or "") or {}).get("reason", "")
         r.cards.append(Card("knee → max_num_seqs", f"{f['knee_batch']:,}", reason,
-                            _words(f.get("knee_rule")), tone="good"))
+                            words(f.get("knee_rule")), tone="good"))
     basis = fit_basis(f)
     for q in f["predictions"]:
         r.cards.append(Card(
@@ -395,7 +333,7 @@ def fit_report(f: dict[str, Any], command: str = "",
             f"{_ms(q['high']['tpot_ms'])} ms); throughput interval "
             f"{q['low']['throughput_tok_s']:,.0f}–{q['high']['throughput_tok_s']:,.0f} tok/s"
             + (f"; {FIT_BOUND_WORDS.get(q['bound'], q['bound'])}" if q.get("bound") else ""),
-            _words(q["regime"]), tone="info" if q.get("extrapolated") else "good"))
+            words(q["regime"]), tone="info" if q.get("extrapolated") else "good"))
     iv = pr.get("intervals") or {}
 
     def with_iv(key: str, fmt: str, unit: str) -> str:
@@ -454,8 +392,8 @@ def fit_report(f: dict[str, Any], command: str = "",
         facts=facts, charts=[ch.fit_chart(f)], tables=tables))
     if signature is not None:
         r.sections.append(signature_section(signature))
-    notes = [*(f"warning: {w}" for w in _collapse(list(f.get("warnings", [])))),
-             *_collapse(list(f.get("notes", [])))]
+    notes = [*(f"warning: {w}" for w in collapse(list(f.get("warnings", [])))),
+             *collapse(list(f.get("notes", [])))]
     if notes:
         r.sections.append(Section("Warnings and notes", "notes", notes=notes))
     r.assumptions = [
@@ -467,18 +405,6 @@ def fit_report(f: dict[str, Any], command: str = "",
         "Past the measured range the curve is an extrapolation: it holds only while the "
         "model's regimes hold (no preemption, same context).", UNITS_NOTE]
     return r
-
-
-def fit_basis(f: dict[str, Any]) -> str:
-    """What a fit's throughput counts, in the page's words."""
-    return ("output tok/s incl. prefill"
-            if str(f.get("throughput_kind") or "").startswith("output")
-            else "decode only, B / TPOT")
-
-
-ROOF_WORDS = {"data": "fitted from the data", "critical-batch": "from the critical batch given",
-              "cost-model": "the cost model's compute term", "unknown": "not known"}
-REGIME_CELL = {"unknown": "not known"}
 
 
 # ---- demo: a sweep and its fit on one page ---------------------------------------------------
@@ -499,16 +425,6 @@ def demo_report(views: dict[str, Any], command: str = "") -> Report:
         *([calibration_note(cal)] if cal else []),
         *dict.fromkeys(s.assumptions + f.assumptions)]
     return r
-
-
-def calibration_note(cal: dict[str, Any]) -> str:
-    """What the calibrated prediction rests on, from the calibration itself."""
-    return (f"Calibrated: the cost model's efficiencies were fitted to this run's "
-            f"{cal['levels']} levels ({cal['metric_words']}): median |error| "
-            f"{cal['median_abs_error']:.1%}, against {cal['uncalibrated_median_abs_error']:.1%} "
-            f"before (roof shape k = {cal['roof_sharpness']:g}). The uncalibrated prediction "
-            "is drawn beside it, labelled. A calibrated throughput that misses its level by "
-            "more than 15% says so at that level.")
 
 
 # ---- search --------------------------------------------------------------------------------

@@ -326,7 +326,10 @@ def level_prediction_text(b: int, q: dict[str, Any], xname: str = "batch") -> st
     prediction, the value, its error against the level and, past the tolerance, the miss."""
     text = (f"{q['label']} at {xname} {b}: {_fmt(q['throughput_tok_s'], 'tok/s')}, "
             f"{q['error']:+.0%} vs measured")
-    return text if q["agrees"] or not q["calibrated"] else text + " (misses by more than 15%)"
+    from bstar.report.views import AGREE_TOL
+
+    return text if q["agrees"] or not q["calibrated"] else (
+        text + f" (misses by more than {AGREE_TOL:.0%})")
 
 
 def _level_predictions(ax: Axes, tips: _Tips, rows: list[dict[str, Any]], colors: list[str],

@@ -23,6 +23,7 @@ from bstar.report.charts.base import (
     _Tips,
     _vline,
 )
+from bstar.report.words import FIT_BOUND_WORDS, words
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -77,10 +78,6 @@ def _fit_marks(ax: Axes, f: dict[str, Any]) -> None:
                + (f" ({rule})" if rule else ""))
 
 
-_REGIME_WORDS = {"unknown": "regime past the data not known"}
-_BOUND_WORDS = {"tpot_lower_bound": "TPOT a lower bound: the roof past the data is not known"}
-
-
 def fit_chart(f: dict[str, Any]) -> Chart:
     """Measured points, the fitted step-time model and its extrapolation with intervals."""
     dn = f["dense"]
@@ -114,10 +111,11 @@ def fit_chart(f: dict[str, Any]) -> Chart:
                             fmt="none", ecolor=FIT_COLOR, elinewidth=1.6, capsize=5, zorder=5)
                 tips.point(ax, q["batch"], q[key],
                            f"predicted at batch {q['batch']} "
-                           f"({_REGIME_WORDS.get(q['regime'], q['regime'])}): "
+                           f"({words(q['regime'])}): "
                            f"{name} {_fmt(q[key], unit)}\ninterval {_fmt(lo_v, unit)} – "
-                           f"{_fmt(hi_v, unit)}" + (f"\n{_BOUND_WORDS.get(q['bound'], q['bound'])}"
-                                                   if q.get("bound") else ""),
+                           f"{_fmt(hi_v, unit)}"
+                           + (f"\n{FIT_BOUND_WORDS.get(q['bound'], q['bound'])}"
+                              if q.get("bound") else ""),
                            marker="D", markersize=8, color=FIT_COLOR)
                 # Alternate above/below: predictions on a plateau share one height.
                 ax.annotate(_fmt(q[key], unit), xy=(q["batch"], q[key]),
