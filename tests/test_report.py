@@ -357,8 +357,11 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     sig = ET.fromstring(re.search(r'id="plot-signature".*?(<svg.*?</svg>)', html, re.S)
                         .group(1))
     sig_titles = [t.text or "" for t in sig.iter(f"{SVG}title")]
-    for kind in ("measured", "simulated"):  # both panels, every level
+    for kind in ("measured", "simulated (uncalibrated cost model)"):  # both panels, each level
         assert sum(t.startswith(f"{kind} at batch") for t in sig_titles) == 8, kind
+    # The one prediction (the stored, uncalibrated one) beside each level, on throughput.
+    assert sum(t.startswith("uncalibrated cost model (output tok/s incl. prefill) at batch ")
+               for t in sig_titles) == 4
     assert sum(t.startswith("fit predicts batch") for t in sig_titles) == 4
     root = ET.fromstring(re.search(r'id="plot-sweep".*?(<svg.*?</svg>)', html, re.S).group(1))
     titles = [t.text or "" for t in root.iter(f"{SVG}title")]
