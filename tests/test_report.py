@@ -528,6 +528,9 @@ def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
         legend = [x.get_text() for lg in charts[name].fig.legends for x in lg.get_texts()]
         assert "calibrated cost model (output tok/s incl. prefill)" in legend, legend
         assert "uncalibrated cost model (output tok/s incl. prefill)" in legend, legend
+        if name == "signature":  # the plan's knee is of the calibrated decode-only curve
+            assert any(x.startswith("predicted knee (calibrated, decode only) = ")
+                       for x in legend), legend
     # No raw identifiers reach the page, and repeated warnings are one line with a count.
     text = re.sub(r"<svg.*?</svg>", "", html, flags=re.S)
     for raw in ("bound: unknown", "tpot_lower_bound", "bound: doubling", "b_mem<",

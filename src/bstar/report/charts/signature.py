@@ -116,8 +116,9 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
             if plan:
                 _mark_batches(ax, {**plan, "sla_batch": None, "knee": None})
                 if (plan.get("knee") or {}).get("batch"):
+                    cal = "calibrated" if (pred or {}).get("calibrated") else "uncalibrated"
                     _vline(ax, plan["knee"]["batch"], "knee_pred",
-                           f"predicted knee = {plan['knee']['batch']}")
+                           f"predicted knee ({cal}, decode only) = {plan['knee']['batch']}")
             if fit and fit.get("knee_batch"):
                 _vline(ax, fit["knee_batch"], "knee_fit", f"fitted knee = {fit['knee_batch']}")
             if v.get("measured_knee"):
