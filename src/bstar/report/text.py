@@ -882,7 +882,13 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
     cal = sorted({r["gpu"] for r in s["candidates"] if r["calibrated"]})
     c.print("[dim]terms: "
             + (f"calibrated profiles apply on {', '.join(cal)}; " if cal else "")
-            + "'defaults' rows rest on the stated efficiencies (bandwidth 0.70, compute 0.60, "
-              "0.5 ms + 5 us/seq per step). * = on a Pareto front (cost or tok/s per GPU vs "
-              "TPOT p99). binding: what stopped a higher rate per replica (SLO, memory, "
-              "compute).[/]")
+            + f"'defaults' rows rest on the stated efficiencies ({_search_eff(s)}). "
+              "* = on a Pareto front (cost or tok/s per GPU vs TPOT p99). binding: what "
+              "stopped a higher rate per replica (SLO, memory, compute).[/]")
+
+
+def _search_eff(s: dict[str, Any]) -> str:
+    """The efficiencies the search's 'defaults' rows used, from its own spec."""
+    e = s["spec"]["efficiency"]
+    return (f"bandwidth {e['bandwidth']:.2f}, compute {e['compute']:.2f}, "
+            f"{e['overhead_s'] * 1e3:g} ms + {e['overhead_per_seq_s'] * 1e6:g} us/seq per step")
