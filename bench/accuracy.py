@@ -336,6 +336,24 @@ def fit_lmdeploy_profile() -> dict[str, float]:
     return vals
 
 
+# The vllm profile's terms that real vLLM V1 load stages on GPUs pin (engines.toml [vllm]);
+# the same terms validate_stages' leave-one-model-out fits.
+VLLM_FIT = vs.DEFAULT_FIT
+
+
+def fit_vllm_profile() -> dict[str, float]:
+    """The vllm profile's terms fitted to every load stage of data/vllm-h100 (real vLLM V1 on
+    H100-SXM, TP 1 and 2), starting from the profile's own values."""
+    path = ROOT / "data" / "vllm-h100" / "stages.csv"
+    stages = vs.load_stages(path)
+    eff = vs.fit_stages(stages, get_engine("vllm").efficiency(), VLLM_FIT)
+    assert eff is not None
+    vals = {k: getattr(eff, k) for k in VLLM_FIT}
+    print("    fitted vllm profile on every stage of data/vllm-h100: "
+          + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
+    return vals
+
+
 def bstar_report() -> list[dict[str, Any]]:
     """Seed 000's B* against the knee of the measured H200 decode curves: where the measured
     throughput stops gaining 15% per doubling (seed 004), and what B* leaves unused."""
@@ -379,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.only_stages:
         report_stages = {"vllm_h100_stages": stages_report()}
+        if args.fit_profiles:
+            report_stages["fitted_vllm"] = fit_vllm_profile()
         if args.json:
             print(json.dumps(report_stages, indent=1, default=str))
         return 0
@@ -399,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "overhead_per_seq_s", "roof_sharpness"))
     report["b_star"] = bstar_report()
     report["vllm_h100_stages"] = stages_report()
+    if args.fit_profiles:
+        report["fitted_vllm"] = fit_vllm_profile()
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     return 0

@@ -67,6 +67,10 @@ def stage_rows(folder: Path) -> list[dict[str, Any]]:
             "prompt_len_p75": round(prompt["p75"], 4), "prompt_len_p90": round(prompt["p90"], 4),
             "prompt_len_p99": round(prompt["p99"], 4), "prompt_len_max": int(prompt["max"]),
             "shared_prefix_len": data["system_prompt_len"],
+            # inference-perf's shared_prefix generator makes groups x users prompts once and
+            # sends them in turn: every later request repeats one of them exactly.
+            "distinct_prompts": int(data["num_unique_system_prompts"])
+            * int(data["num_users_per_system_prompt"]),
             "output_len": output_len,
             "ignore_eos": str(bool(profile["server"].get("ignore_eos"))).lower(),
             "requests_sent": m["load_summary"]["count"], "requests_ok": ok["count"],

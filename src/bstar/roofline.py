@@ -55,7 +55,8 @@ class Efficiency:
     engine profile (`--engine`, bstar/presets/engines.toml) or by calibration against a
     sweep (`bstar calibrate`). The GPU-side defaults are fitted to real H200 steps
     (data/h200/, `python bench/accuracy.py`); the engine-side ones (overheads, per-layer
-    costs) are the vLLM profile's.
+    costs) are a generic prior (the first `vllm` guess): `--engine` (default vllm, fitted to
+    real vLLM load stages) replaces them.
 
     - bandwidth 0.80: weight streaming by the GEMMs (H200 fit 0.800; big matrices reach
       0.92 of the datasheet in data/h200/gemv.jsonl, small ones far less; the per-layer

@@ -79,9 +79,9 @@ COLUMNS = ("stage", "model", "gpu", "num_gpus", "engine", "engine_version", "dty
            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "arrival", "rate_req_s",
            "concurrency", "duration_s", "prompt_len_min", "prompt_len_p10", "prompt_len_p25",
            "prompt_len_p50", "prompt_len_p75", "prompt_len_p90", "prompt_len_p99",
-           "prompt_len_max", "shared_prefix_len", "output_len", "ignore_eos",
-           "requests_sent", "requests_ok", "requests_failed", "ttft_mean_ms", "ttft_p50_ms",
-           "ttft_p90_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "tpot_mean_ms",
+           "prompt_len_max", "shared_prefix_len", "distinct_prompts", "output_len",
+           "ignore_eos", "requests_sent", "requests_ok", "requests_failed", "ttft_mean_ms",
+           "ttft_p50_ms", "ttft_p90_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "tpot_mean_ms",
            "tpot_p90_ms", "output_tok_s", "source", "note")
 ARRIVALS = ("constant", "poisson", "concurrency")
 # The prompt-length percentiles a table may give, as quantiles (min and max: 0 and 1).
@@ -101,9 +101,13 @@ FIT_ITERATIONS = 3
 GROWTH_LIMIT = GROWTH_SLOPE  # 0.02 s of wait per s of arrivals: the capacity's definition
 FAILED_LIMIT = 0.01
 STEADY, GROWING = "steady", "queue growing"
-# What a stage's leave-one-model-out fit calibrates: the weight stream and the engine's CPU
-# time per step (and, when the other models ran tensor parallel, the all-reduce latency).
-DEFAULT_FIT = ("bandwidth", "overhead_s", "allreduce_latency_s")
+# What a stage's leave-one-model-out fit calibrates (and what bench/accuracy.py
+# --fit-profiles fits the vllm profile's terms to): the KV stream of the engine's attention,
+# its CPU time per step and its fixed work per request. The all-reduce latency and the time
+# per running sequence stay stated guesses: one TP-1 and one TP-2 model cannot tell a
+# per-step cost from a per-all-reduce one (fitted together they trade off, to 0.3 us per
+# all-reduce), nor the per-sequence cost from the KV stream.
+DEFAULT_FIT = ("kv_bandwidth", "overhead_s", "request_overhead_s")
 
 
 def is_stages_table(header: Sequence[str]) -> bool:
@@ -135,6 +139,9 @@ class Stage:
     dtype: str = ""
     max_model_len: int = 0
     shared_prefix_len: int = 0
+    # The workload repeats this many prompts in turn (0: every prompt is new): after the
+    # first round each request finds its whole prompt in the prefix cache.
+    distinct_prompts: int = 0
     ignore_eos: bool = True
     requests_sent: int = 0
     requests_ok: int = 0
@@ -270,6 +277,7 @@ def stages_from_csv(text: str, where: str = "table", base_dir: Path | None = Non
             rate_req_s=rate, concurrency=users, engine_version=_cell(r, "engine_version"),
             dtype=_cell(r, "dtype"), max_model_len=count("max_model_len"),
             shared_prefix_len=count("shared_prefix_len"),
+            distinct_prompts=count("distinct_prompts"),
             ignore_eos=eos not in ("false", "0", "no"),
             requests_sent=count("requests_sent"), requests_ok=count("requests_ok"),
             requests_failed=count("requests_failed"),
@@ -321,14 +329,22 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     `concurrency`, whose users send the next request as soon as one finishes). With
     `prefix_cache`, every prompt's first `shared_prefix_len` tokens are prefix-cache hits
     (`Workload.cached_tokens`; whole blocks, as vLLM's cache: the shared system prompts of a
-    stage stay cached once its first requests have run)."""
+    stage stay cached once its first requests have run), and where the workload repeats
+    `distinct_prompts` prompts in turn, every repeat is a hit on its whole prompt."""
     from bstar.sim.traffic import Workload
 
     rng = np.random.default_rng(seed)
-    inp = draw_prompt_lengths(stage, rng, num_requests)
+    k = stage.distinct_prompts
+    if k:  # the same k prompts in turn: draw their lengths once
+        inp = np.resize(draw_prompt_lengths(stage, rng, k), num_requests)
+    else:
+        inp = draw_prompt_lengths(stage, rng, num_requests)
     out = np.full(num_requests, stage.output_len, dtype=np.int64)
-    cached = (np.minimum(inp, stage.shared_prefix_len)
-              if prefix_cache and stage.shared_prefix_len else None)
+    cached = None
+    if prefix_cache and (stage.shared_prefix_len or k):
+        cached = np.minimum(inp, stage.shared_prefix_len)
+        if k:  # a repeated prompt is a hit whole (the engine computes its last block)
+            cached[k:] = inp[k:]
     if stage.arrival == "concurrency":
         assert stage.concurrency is not None
         return Workload(inp, out, None, stage.concurrency, np.zeros(num_requests),
@@ -778,11 +794,14 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
         lomo_eff: dict[str, dict[str, float]] = {}
         if lomo and len(models) > 1:
             held: list[StageScore] = []
+            # The engine's structure (its scheduling lag, per-layer costs) is kept; the terms
+            # fitted start from the generic defaults, so the held-out model's data are in none.
+            start = replace(prof_eff, **{k: getattr(generic, k) for k in fit})
             for m in models:
                 if progress:
                     progress(f"{gpu} x {eng}: fitting {', '.join(fit)} without {m}")
                 train = [s for s in ss if s.model != m]
-                e = fit_stages(train, generic, fit, fit_window_s, seed)
+                e = fit_stages(train, start, fit, fit_window_s, seed)
                 if e is None:
                     notes.append(f"{m}: the other models' steady stages cannot determine "
                                  f"{', '.join(fit)}")
