@@ -25,6 +25,7 @@ def sweep(url: str, db: Path, capsys: pytest.CaptureFixture[str], *extra: str) -
     return json.loads(out.out)
 
 
+@pytest.mark.slow  # starts the token server
 def test_runs_list_show_export_compare(token_server: TokenServerFactory, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"

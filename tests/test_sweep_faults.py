@@ -59,6 +59,7 @@ def db_requests(db: Path) -> list[tuple[Any, ...]]:
         con.close()
 
 
+@pytest.mark.slow  # starts the token server
 def test_clean_run_records_everything(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(**FAST)
     db = tmp_path / "r.db"
@@ -105,6 +106,7 @@ def test_404_on_wrong_path(tmp_path: Path) -> None:
     assert all(e and "HTTP 404" in e for _, _, e in db_requests(db))
 
 
+@pytest.mark.slow  # starts the token server
 def test_401_and_api_key_never_stored(token_server: TokenServerFactory, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,6 +149,7 @@ def test_intermittent_faults_are_recorded_and_level_continues(
     assert lv.stats["throughput_tok_s"] > 0
 
 
+@pytest.mark.slow  # starts the token server
 def test_server_dying_mid_level(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(fault="die", fault_every=5, **FAST)
     db = tmp_path / "r.db"
@@ -173,6 +176,7 @@ def test_level_time_limit(tmp_path: Path) -> None:
     assert lv.stats is not None and lv.stats["completed"] >= 3
 
 
+@pytest.mark.slow  # starts the token server
 def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(interval_ms=20)
     db = tmp_path / "r.db"
@@ -218,6 +222,7 @@ def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) ->
         assert con.execute("SELECT COUNT(*) FROM requests").fetchone()[0] > kept  # kept + new
 
 
+@pytest.mark.slow  # starts the token server per level
 def test_server_cmd_restarts_per_max_num_seqs(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
@@ -267,6 +272,7 @@ def test_open_loop_rate_levels(tmp_path: Path) -> None:
     assert d["knee"]["points"] == 0 and "need at least two" in d["knee"]["note"]
 
 
+@pytest.mark.slow  # starts the token server
 def test_managed_server_killed_mid_level(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "

@@ -46,7 +46,8 @@ from bstar.errors import BstarError
 # Cost model 2's parameters (bstar.roofline.Efficiency), in fitting order.
 PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
           "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
-          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream")
+          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
+          "request_overhead_s")
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
@@ -60,14 +61,16 @@ MIXED_FIT = ("attention_compute", "chunk_layer_s")
 _SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_seq_s": 1e-6,
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-6,
           "decode_layer_s": 1e-6, "chunk_layer_s": 1e-6, "score_bytes": 1.0,
-          "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+          "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
+          "request_overhead_s": 1e-3}
 _LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
 # Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
 # running sequence; 1 ms per layer; 100 us per all-reduce.
 _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_seq_s": 1e-3,
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-3,
           "decode_layer_s": 1e-3, "chunk_layer_s": 1e-3, "score_bytes": 256.0,
-          "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+          "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
+          "request_overhead_s": 0.5}
 # Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
 _BANDWIDTHS = ("bandwidth", "kv_bandwidth")
 _COMPUTES = ("compute", "attention_compute")

@@ -38,7 +38,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
     ("validate", "validate",
-     "the planner vs published measurements: error per row, uncalibrated and calibrated"),
+     "the planner vs measurements: rows, whole curves, or load stages (simulated)"),
 )
 
 

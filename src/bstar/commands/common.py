@@ -130,6 +130,12 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                        help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
     g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
                    default=1, help="tensor-parallel degree (default: 1)")
+    g.add_argument("--assume-unmodeled", action="store_true",
+                   help="read a config whose layer kind, quantization method or memory key "
+                        "bstar does not model on a stated assumption (unknown layers as full "
+                        "attention, unknown quantization as the config's dtype; "
+                        "docs/models.md) instead of refusing it; the same as "
+                        "BSTAR_ASSUME_UNMODELED=1")
     g.add_argument("--dtype", default="",
                    help="weight precision: bf16, fp16, fp8, int8, int4 (W4A16, group 128) "
                         "(default: the checkpoint's)")
@@ -172,6 +178,12 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
     defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
     from bstar.deployment import DeploymentOptions
 
+    if getattr(args, "assume_unmodeled", False):
+        import os
+
+        from bstar.specs.model import ASSUME_ENV
+
+        os.environ[ASSUME_ENV] = "1"  # read where the config is (bstar.specs.presets)
     flags = {"model": model or _single(getattr(args, "model", None)),
              "gpu": gpu or _single(getattr(args, "gpu", None)),
              "num_gpus": getattr(args, "num_gpus", None),

@@ -71,6 +71,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--output-len", default="256", help="output tokens, same forms (default 256)")
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
+    t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
+                   help="tokens at the start of every prompt the prefix cache already holds "
+                        "(a shared system prompt): prefill computes the rest (default 0)")
     t.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the traffic (default 0)")
     t.add_argument("--draws", type=positive_int, default=3,
@@ -137,7 +140,8 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
     traffic = Traffic(demand, parse_lengths(args.input_len, "--input-len"),
                       parse_lengths(args.output_len, "--output-len"),
-                      num_requests, args.seed, trace, args.draws)
+                      num_requests, args.seed, trace, args.draws,
+                      args.prefix_cached_tokens)
     from bstar.deployment import DeploymentOptions
 
     eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,

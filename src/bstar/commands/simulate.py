@@ -49,6 +49,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "or empirical:N1,N2,... (default 512)")
     t.add_argument("--output-len", default="256",
                    help="output tokens, same forms (default 256)")
+    t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
+                   help="tokens at the start of every prompt that the prefix cache already "
+                        "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
+                        "prefill computes only the rest, in whole KV blocks (default 0)")
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "1,000,000)")
@@ -91,7 +95,8 @@ def study_options(args: argparse.Namespace) -> Any:
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
         trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
         output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
-        slo=args.slo, max_sim_time_s=args.max_sim_time_s)
+        slo=args.slo, max_sim_time_s=args.max_sim_time_s,
+        prefix_cached_tokens=args.prefix_cached_tokens)
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:

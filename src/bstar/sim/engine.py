@@ -124,6 +124,13 @@ def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.input_tokens, w.output_tokens)
+    if w.cached_tokens is not None:
+        # A hit covers whole blocks and never the last prompt token (it must be computed to
+        # sample the first output token), as vLLM's prefix cache.
+        bs_ = d.block_tokens
+        hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
+                         reqs.prompt_tokens - 1) // bs_ * bs_
+        reqs.num_computed[:] = np.maximum(hit, 0)
     bm = BlockManager(blocks_total, bs, host_blocks)
     sched = Scheduler(cfg.scheduler, reqs, bm)
     return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
@@ -147,9 +154,15 @@ class _Loop:
                 raise BstarError(f"request {bad + 1}'s arrival time is {arr[bad]!r}: "
                                  "arrivals must be finite and not negative")
             reqs.arrival_s[:] = w.arrival_s
-            self.heap = [(float(t), i) for i, t in enumerate(w.arrival_s)]
+            # The server's per-request work before the engine can schedule it.
+            delay = d.eff.request_overhead_s
+            self.heap = [(float(t) + delay, i) for i, t in enumerate(w.arrival_s)]
             heapq.heapify(self.heap)
         self.now = 0.0
+        # With a scheduling lag of one step, the schedule of the step starting now was made
+        # when the previous step started: only requests that had arrived by then join it.
+        self.lag = bool(d.eff.scheduling_lag_steps)
+        self.step_start = 0.0
         self.num_steps = 0
         self.itl_scalar_v: list[float] = []
         self.itl_scalar_w: list[int] = []
@@ -164,7 +177,7 @@ class _Loop:
         rid = self.next_issue
         self.next_issue += 1
         self.reqs.arrival_s[rid] = t
-        heapq.heappush(self.heap, (t, rid))
+        heapq.heappush(self.heap, (t + self.d.eff.request_overhead_s, rid))
 
     def run(self) -> SimRun:
         sched, heap, reqs = self.sched, self.heap, self.reqs
@@ -184,7 +197,8 @@ class _Loop:
             if passes > max_passes:
                 truncated, stop = True, "step limit"
                 break
-            while heap and heap[0][0] <= self.now:
+            horizon = self.step_start if self.lag and not sched.idle else self.now
+            while heap and heap[0][0] <= horizon:
                 sched.add(heapq.heappop(heap)[1])
             if sched.idle:
                 if not heap:
@@ -212,6 +226,7 @@ class _Loop:
             dt = self.k.batch_step_s(plan.start, plan.new) \
                 + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
             t0, self.now = self.now, self.now + dt
+            self.step_start = t0
             self.num_steps += 1
             out = sched.update(plan, t0, self.now)
             if out.contiguous_tokens:
@@ -282,8 +297,10 @@ class _Loop:
         ends = self.now + np.cumsum(steps_s)
         cut = k_max
         if not admit_blocked and self.heap:
-            # The step during which the arrival lands still runs; the next one sees it.
-            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1)
+            # The step during which the arrival lands still runs; the next one sees it (with
+            # a scheduling lag, the one after).
+            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1
+                      + int(self.lag))
         # Do not start steps past the time limit.
         cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
         if cut < 2:
@@ -308,6 +325,7 @@ class _Loop:
         r.num_blocks[ids] = held + need
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut
+        self.step_start = float(ends[-2]) if cut > 1 else self.now
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut

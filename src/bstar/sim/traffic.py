@@ -140,6 +140,9 @@ class Workload:
     arrival_s: FloatArray | None = None  # open loop; None for closed loop
     num_users: int = 0
     think_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # Prompt tokens whose KV a prefix cache already holds (vLLM's automatic prefix caching:
+    # whole blocks of a shared prefix); None = no hits. Prefill computes only the rest.
+    cached_tokens: IntArray | None = None
 
     @property
     def num_requests(self) -> int:
