@@ -27,7 +27,9 @@ from bstar.cli import main
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs signal.alarm")
 
 CASE_TIMEOUT_S = 30  # a bound against a hang, far above any case's run time
-EXAMPLES = {"gpu": 200, "model": 150, "points": 250, "trace": 150, "flags": 300, "db": 60}
+# Sized to run in about a minute on a shared 2-core machine: a simulate case costs ~1 s
+# (it measures each level's capacity too), a plan case ~20 ms.
+EXAMPLES = {"gpu": 260, "model": 200, "points": 250, "trace": 100, "flags": 260, "db": 60}
 CASES = sum(EXAMPLES.values())
 OK_STATUS = {0, 1, 2, 3}
 _ids = itertools.count()
@@ -175,7 +177,7 @@ model_values = st.one_of(
 @_settings("model")
 @given(fields=st.dictionaries(st.sampled_from(MODEL_KEYS), model_values, max_size=3),
        raw=st.sampled_from(["object", "list", "bytes", "text"]), junk=junk_bytes,
-       command=st.sampled_from(["plan", "simulate", "compare"]))
+       command=st.sampled_from(["plan", "plan-json", "compare"]))
 def test_model_configs(work: Path, fields: dict[str, object], raw: str, junk: bytes,
                        command: str) -> None:
     folder = work / f"m{next(_ids)}"
@@ -189,10 +191,8 @@ def test_model_configs(work: Path, fields: dict[str, object], raw: str, junk: by
         cfg.write_text("{not json")
     else:
         cfg.write_text(json.dumps({**GOOD_MODEL, **fields}, default=str))
-    argv = [command, "--model", str(cfg if fields else folder), "--gpu", "h100-sxm"]
-    if command == "simulate":
-        argv += ["--rate", "5", "--num-requests", "20", "--max-num-seqs", "8",
-                 "--input-len", "64", "--output-len", "16"]
+    argv = [command.removesuffix("-json"), "--model", str(cfg if fields else folder), "--gpu",
+            "h100-sxm", *(["--json"] if command.endswith("-json") else [])]
     run_cli(argv)
 
 
@@ -302,7 +302,8 @@ def _flags(table: dict[str, st.SearchStrategy[str]]) -> st.SearchStrategy[list[s
 
 
 @_settings("flags")
-@given(data=st.data(), command=st.sampled_from(["plan", "simulate", "fit", "search"]))
+@given(data=st.data(), command=st.sampled_from(["plan"] * 4 + ["fit"] * 3 + ["search"] * 3
+                                               + ["simulate"]))
 def test_flags(work: Path, data: st.DataObject, command: str) -> None:
     if command == "plan":
         argv = ["plan", *data.draw(_flags(PLAN_FLAGS))]
@@ -310,8 +311,10 @@ def test_flags(work: Path, data: st.DataObject, command: str) -> None:
         flags = data.draw(_flags(SIM_FLAGS))
         if "--rate" not in flags and "--concurrency" not in flags:
             flags += ["--rate", "5"]
-        # Cheap sizes: a hostile value of these (1e6 requests) is legal, only slow.
-        argv = ["simulate", *flags, "--num-requests", "40"]
+        # Cheap sizes first (a later flag wins): a hostile value of these (1e6 requests) is
+        # legal, only slow.
+        argv = ["simulate", "--input-len", "64", "--output-len", "16", *flags,
+                "--num-requests", "10"]
         if "--max-num-seqs" not in flags:
             argv += ["--max-num-seqs", "8"]
     elif command == "fit":
