@@ -32,7 +32,6 @@ def test_all_names_resolve() -> None:
 SHADOWED = {"recommend"}
 
 
-@pytest.mark.xfail(strict=True, reason="bstar.recommend is shadowed by the submodule")
 def test_recommend_is_the_function_after_a_plan() -> None:
     from bstar.recommend import recommend
 

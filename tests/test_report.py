@@ -199,7 +199,10 @@ def test_plan_report_html_is_self_contained(tmp_path: Path) -> None:
     # Nothing to fetch: no src/href to anywhere (SVG namespaces are names, not loads).
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert "Content-Security-Policy" in html
-    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
+    # What the command built: the default engine's (vllm) profile.
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-3-8b", gpu="a100-80gb-sxm").build()
     plan = make_plan(d, [512, 2048], max_tpot_ms=15)
     for c in plan.contexts:
         assert f"{c.recommendation.max_num_seqs:,}" in html
@@ -297,7 +300,9 @@ def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
     ns = build_parser().parse_args(["fit", *args])
     v = fit_signature(fit_from_args(ns)[0], deployment_options(ns), ns.context)
     assert v is not None and v["plan"]["context_tokens"] == 1024
-    d = bstar.Deployment(model=bstar.get_model("llama-2-7b"), gpu=bstar.get_gpu("h100-sxm"))
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()  # as the command's
     assert v["plan"]["b_mem"] == rl.b_mem(d, 1024)
     assert v["predicted"]["tpot_ms"][0] == pytest.approx(
         float(rl.curve(d, [1], 1024).tpot_s[0]) * 1e3)

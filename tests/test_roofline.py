@@ -173,7 +173,9 @@ def test_bad_settings_are_user_errors() -> None:
 
 @pytest.mark.parametrize("model", ["gemma-2-9b", "opt-1.3b", "qwen3-30b-a3b", "deepseek-v3"])
 def test_every_family_plans_on_arrays(model: str) -> None:
-    d = dep(model, num_gpus=8, gpu=get_gpu("h200"))
+    # In bf16 every parameter is 2 bytes (a quantized checkpoint keeps routers and the LM
+    # head 16-bit beside its 8-bit experts), so bytes follow parameters exactly.
+    d = dep(model, num_gpus=8, gpu=get_gpu("h200"), weight_dtype="bf16")
     r = rl.weight_bytes_read(d, np.array([1.0, 64.0]))
     per_gpu = rl.weight_bytes_per_gpu(d)
     m, cfg = d.model, d.model.config

@@ -134,10 +134,11 @@ def test_bisection_within_5_percent_of_a_dense_sweep() -> None:
     traffic = Traffic(10.0, parse_lengths("uniform:128:512"), parse_lengths("uniform:32:160"),
                       num_requests=160, seed=1, draws=1)
     r = Replica("llama-3-8b", "a100-80gb-sxm", 1, 256, 2048, d)
-    res = evaluate(Task(r, traffic, slo, 0.02))
+    task = Task(r, traffic, slo, 0.02)
+    res = evaluate(task)
     assert res["status"] == "ok" and res["limit"] == "SLO", res  # a latency-bound case
     found = res["rate_per_replica_req_s"]
-    roof = 0.9 * res["capacity"]["capacity_req_s"]
+    roof = task.max_utilization * res["capacity"]["capacity_req_s"]
     unit = traffic.unit_workload()
     cfg = sim_config(r)
     grid = np.linspace(roof / 80, roof, 80)  # 1.25% of the roof apart

@@ -115,7 +115,13 @@ def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[s
         assert main([*base, *extra]) == 0
         out.append(json.loads(capsys.readouterr().out))
     cold, warm = (o[0] if isinstance(o, list) else o for o in out)
-    assert warm["ttft_ms"]["p50"] < 0.6 * cold["ttft_ms"]["p50"]
+    # The cached 560 tokens (whole blocks) are not computed: TTFT falls by most of their
+    # prefill (the rest of the TTFT, request overhead and waiting for a step, stays).
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()
+    saved_ms = (rl.prefill_s(d, 575) - rl.prefill_s(d, 15)) * 1e3
+    assert cold["ttft_ms"]["p50"] - warm["ttft_ms"]["p50"] > 0.5 * saved_ms
     assert warm["capacity"]["capacity_req_s"] >= cold["capacity"]["capacity_req_s"]
     assert main([*base, "--prefix-cached-tokens", "-1"]) == 2
 

@@ -5,7 +5,7 @@ picklable `Task` and returns plain JSON-able data, so all backends give identica
 A rate is sustainable only below the replica's capacity: a queue fed faster than it is
 served grows without bound, whatever a finite run's percentiles say, and a run that starts
 from an empty server near full load has not yet built the queue steady state would. So rates
-are capped at `max_utilization` (default 0.9) of the capacity, which is measured first by
+are capped at `max_utilization` (default 0.95) of the capacity, which is measured first by
 `bstar.sim.capacity` (the definition `bstar simulate` reports too): one saturated
 simulation, requests finished per second while the batch is full. Rates above the cap fail
 without simulating.
@@ -48,7 +48,7 @@ class Task:
     traffic: Traffic
     slo: Slo
     rel_tol: float
-    max_utilization: float = 0.9
+    max_utilization: float = 0.95
 
     @property
     def key(self) -> str:

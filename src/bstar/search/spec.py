@@ -147,7 +147,7 @@ class SearchSpec:
     eff: rl.Efficiency = field(default_factory=rl.Efficiency)
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
-    max_utilization: float = 0.9  # rates at most this fraction of the replica's capacity
+    max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity
 
     def __post_init__(self) -> None:
         if not self.models or not self.gpus:
