@@ -80,8 +80,7 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
             try:
                 ctx = int(float(str(raw)))
             except (ValueError, OverflowError):  # OverflowError: inf
-                raise BstarError(f"{where}: context_tokens {raw!r} is not a finite "
-                                 "number") from None
+                raise BstarError(f"{where}: context_tokens {raw!r} is not a number") from None
             if ctx < 1:
                 raise BstarError(f"{where}: context_tokens must be at least 1")
         groups.setdefault(ctx, []).append((row, where))

@@ -19,7 +19,7 @@ MIN_POINTS = 3
 # is a typo, not a measurement.
 MAX_BATCH = 10_000_000
 # Warnings of one kind past this many are one line with a count.
-MAX_WARNINGS_PER_KIND = 3
+MAX_WARNINGS_PER_KIND = 10
 # Given throughput and TPOT must agree on the step time to this fraction, else a warning.
 CONFLICT_TOLERANCE = 0.05
 
