@@ -24,6 +24,10 @@ with >= 4 batch sizes, the grid steps between the measured knee (seed 004's doub
 on measured throughput) and the knee of bstar's predicted throughput over the same grid.
 Tensor parallel: the all-reduce latency's growth with N (constant, log2(N), N-1), left out
 model by model on LMDeploy's A100 rows.
+Load stages (`bstar validate data/vllm-h100/stages.csv`, bstar.validate_stages): a real vLLM
+V1 on H100-SXM under constant-rate load, each stage simulated like for like; per GPU x
+engine, the mean and median |pred/meas - 1| of the E2E, TTFT and per-token means over the
+stages measured steady, generic / profile / LOMO, and the saturation states right.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bstar import roofline as rl  # noqa: E402
+from bstar import step  # noqa: E402
 from bstar import validate_curves as vc  # noqa: E402
+from bstar import validate_stages as vs  # noqa: E402
 from bstar.calibrate import Point, fit_steps, predict_step_s  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.knee import doubling_knee  # noqa: E402
@@ -242,6 +248,29 @@ def curves_report(name: str, fit: tuple[str, ...] = vc.DEFAULT_FIT,
     return v.to_dict()
 
 
+def stages_report(name: str = "vllm-h100", file: str = "stages.csv",
+                  lomo: bool = True) -> dict[str, Any]:
+    """`bstar validate data/NAME/FILE` on a load-stages table: per GPU x engine, mean / median
+    |pred/meas - 1| of the E2E, TTFT and per-token means (stages measured steady) and the
+    saturation states right (all stages), generic / profile / LOMO."""
+    path = ROOT / "data" / name / file
+    v = vs.score_stages(vs.load_stages(path), lomo=lomo)
+    print(f"\n{path.relative_to(ROOT)} (bstar validate, load stages simulated like for like; "
+          f"LOMO fits {', '.join(vs.DEFAULT_FIT)}): mean / median |pred/meas - 1|")
+    for g in v.groups:
+        n_steady = next(iter(g.summaries.values())).latency_stages
+        print(f"  {Path(g.gpu).name[-24:]} x {g.engine} (profile {g.profile}): "
+              f"{len(g.scores['generic'])} stages, {n_steady} measured steady")
+        for way, sm in g.summaries.items():
+            cols = "  ".join(f"{k.split('_')[0]} {pct(sm.mean_abs[k] or math.nan)} / "
+                             f"{pct(sm.median_abs[k] or math.nan)}" for k in vs.METRICS)
+            print(f"    {way:8} {cols}  states {sm.states_right}/{sm.stages}"
+                  + (f" (wrong: {', '.join(sm.wrong_states)})" if sm.wrong_states else ""))
+        for m, e in g.lomo_eff.items():
+            print(f"    LOMO without {m}: " + ", ".join(f"{k} = {x:.4g}" for k, x in e.items()))
+    return v.to_dict()
+
+
 def tp_forms_report() -> dict[str, Any]:
     """The all-reduce latency's growth with the TP size, tried three ways on LMDeploy's A100
     rows (leave one model out): one latency per call at any N, x log2(N) (the cost model), and
@@ -254,10 +283,13 @@ def tp_forms_report() -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("\nTensor parallel: the all-reduce latency's growth with N, leave one model out on "
           "LMDeploy's A100 rows (ITL / throughput)")
-    keep = rl.allreduce_rounds
+    keep = step.allreduce_rounds
     try:
         for name, f in forms.items():
-            rl.allreduce_rounds = f  # calibrate and the cost model both read it from here
+            # The one price of a step reads it from bstar.step when it builds a deployment's
+            # shape: swap it there and drop the shapes already built.
+            step.allreduce_rounds = f
+            step._SHAPES.clear()
             (g,) = vc.score_curves(rows).groups
             out[name] = g.model_lomo
             tp = {m: e for m, e in g.model_lomo.items() if m in ("internlm/internlm-20b",
@@ -266,7 +298,8 @@ def tp_forms_report() -> dict[str, Any]:
                 f"{m} (TP {2 if 'internlm' in m else 4}) {pct(e['step_ms'] or math.nan)} / "
                 f"{pct(e['throughput_tok_s'] or math.nan)}" for m, e in tp.items()))
     finally:
-        rl.allreduce_rounds = keep
+        step.allreduce_rounds = keep
+        step._SHAPES.clear()
     return out
 
 
@@ -299,6 +332,24 @@ def fit_lmdeploy_profile() -> dict[str, float]:
     assert eff is not None
     vals = {k: getattr(eff, k) for k in terms}
     print("    fitted lmdeploy profile on every row: "
+          + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
+    return vals
+
+
+# The vllm profile's terms that real vLLM V1 load stages on GPUs pin (engines.toml [vllm]);
+# the same terms validate_stages' leave-one-model-out fits.
+VLLM_FIT = vs.DEFAULT_FIT
+
+
+def fit_vllm_profile() -> dict[str, float]:
+    """The vllm profile's terms fitted to every load stage of data/vllm-h100 (real vLLM V1 on
+    H100-SXM, TP 1 and 2), starting from the profile's own values."""
+    path = ROOT / "data" / "vllm-h100" / "stages.csv"
+    stages = vs.load_stages(path)
+    eff = vs.fit_stages(stages, get_engine("vllm").efficiency(), VLLM_FIT)
+    assert eff is not None
+    vals = {k: getattr(eff, k) for k in VLLM_FIT}
+    print("    fitted vllm profile on every stage of data/vllm-h100: "
           + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
     return vals
 
@@ -341,7 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit-profiles", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only-stages", action="store_true",
+                    help="only the load-stage section (data/vllm-h100/stages.csv)")
     args = ap.parse_args(argv)
+    if args.only_stages:
+        report_stages = {"vllm_h100_stages": stages_report()}
+        if args.fit_profiles:
+            report_stages["fitted_vllm"] = fit_vllm_profile()
+        if args.json:
+            print(json.dumps(report_stages, indent=1, default=str))
+        return 0
     report: dict[str, Any] = {"h200": h200_report(args.fit_profiles)}
     report["published"] = curves_report("published")
     if args.fit_profiles:
@@ -358,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     report["cpu_curves"] = curves_report("cpu", fit=("bandwidth", "compute", "overhead_s",
                                                      "overhead_per_seq_s", "roof_sharpness"))
     report["b_star"] = bstar_report()
+    report["vllm_h100_stages"] = stages_report()
+    if args.fit_profiles:
+        report["fitted_vllm"] = fit_vllm_profile()
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     return 0

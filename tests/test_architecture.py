@@ -146,7 +146,7 @@ LAYERS = (
      "bstar.validate", "bstar.validate_curves", "bstar.probe", "bstar.tinymodel"),
     ("bstar.deployment", "bstar.plan"),
     ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer", "bstar.search",
-     "bstar.kvcheck"),
+     "bstar.kvcheck", "bstar.validate_stages"),
     ("bstar.report",),
     ("bstar.commands",),
     ("bstar.cli", "bstar.__main__"),

@@ -333,8 +333,13 @@ def _store_run(db: Path, model: str, input_len: int, output_len: int,
 def test_cli_calibrates_on_a_stored_sweep_run_and_checks_another(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"
-    # The CLI's prior has soft roofs: the stored truth is in that family.
-    truth = replace(TRUE, roof_sharpness=rl.Efficiency().roof_sharpness)
+    # The CLI's prior is the default engine's (vllm) profile with soft roofs: the stored
+    # truth is in that family (its KV stream at the profile's ratio to the weight stream).
+    from bstar.engines import get_engine
+
+    prior = get_engine(None).efficiency()
+    truth = replace(TRUE, roof_sharpness=prior.roof_sharpness,
+                    kv_bandwidth=TRUE.bandwidth * prior.kv_bandwidth / prior.bandwidth)
     fitted = _store_run(db, "llama-3-8b", 512, 256, truth)
     other = _store_run(db, "llama-3-8b", 4096, 256, truth)  # another context
     assert main(["calibrate", fitted, "--db", str(db), "--model", "llama-3-8b", "--gpu",

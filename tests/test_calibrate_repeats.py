@@ -62,6 +62,7 @@ def test_repeats_are_all_fitted_and_their_spread_reported(
         assert len(pred) == 1 and r["min_ms"] < pred.pop() < r["max_ms"]
 
 
+@pytest.mark.slow  # calibrates on repeated runs
 def test_repeats_in_the_terminal(tmp_path: Path) -> None:
     rc, out = run_in_pty(args(points_csv(tmp_path, False)), columns=80)
     assert rc == 0, out

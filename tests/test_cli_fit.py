@@ -39,6 +39,7 @@ def test_seed001_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(out["knees"]["fitted"]) == {"step", "doubling", "bca"}
 
 
+@pytest.mark.slow  # bootstraps through the CLI
 def test_seed001_without_roof(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, SEED001)
     assert out["params"]["roof"] == "unknown" and out["params"]["c_ms"] is None

@@ -25,6 +25,7 @@ def sweep(url: str, db: Path, capsys: pytest.CaptureFixture[str], *extra: str) -
     return json.loads(out.out)
 
 
+@pytest.mark.slow  # starts the token server
 def test_runs_list_show_export_compare(token_server: TokenServerFactory, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"
@@ -80,5 +81,13 @@ def test_runs_list_show_export_compare(token_server: TokenServerFactory, tmp_pat
 
 
 def test_runs_show_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bstar.loadgen.store import Store
+
+    Store(tmp_path / "x.db").close()  # an empty results DB
     assert main(["runs", "--db", str(tmp_path / "x.db"), "show", "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
+    # A missing DB is an error, and reading it creates neither the file nor its folder.
+    missing = tmp_path / "no" / "such.db"
+    assert main(["runs", "--db", str(missing), "show", "nope"]) == 2
+    assert "no results DB at" in capsys.readouterr().err
+    assert not missing.parent.exists()

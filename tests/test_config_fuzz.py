@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from bstar.errors import BstarError
 from bstar.specs.model import from_hf_config
+from bstar.specs.precision import get_precision
 from bstar.specs.presets import get_model
 
 KEYS = ["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -29,8 +30,20 @@ def _check(cfg: object) -> None:
         m = from_hf_config(cfg, name="fuzz")  # type: ignore[arg-type]
     except BstarError:
         return
+    bf16 = get_precision("bf16")
     assert m.num_params > 0
-    assert m.kv_bytes_per_seq(128, __import__("bstar").get_precision("bf16")) >= 0
+    # 16-bit weights: two bytes per parameter, whatever the architecture.
+    assert m.weight_bytes(bf16) == 2 * m.num_params
+    assert m.num_active_params <= m.num_params
+    # A sequence holds a fixed state plus at most one token's KV per token of context
+    # (sliding windows hold fewer): linear without windows, concave with them.
+    state = m.kv_bytes_per_seq(0, bf16)
+    per_token = m.kv_bytes_per_token(bf16)
+    kv = {n: m.kv_bytes_per_seq(n, bf16) - state for n in (1, 128, 256)}
+    assert 0 <= kv[1] <= per_token
+    assert kv[128] <= 128 * per_token and kv[128] <= kv[256] <= 2 * kv[128]
+    if m.config.get("sliding_window") is None and not m.config.get("layer_types"):
+        assert kv[128] == 128 * kv[1]
 
 
 @settings(max_examples=400, deadline=None)

@@ -48,6 +48,19 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # The fit extrapolates the quantity the sweep measured: output tokens, prefill included.
     assert d["fit"]["throughput_kind"].startswith("output, prefill included")
     assert d["run_id"] in html
+    # One story: each predicted throughput point beside a level names its calibration and
+    # basis, and a calibrated one off by more than 15% says it misses.
+    import re
+
+    points = re.findall(r"<title>((?:un)?calibrated cost model \(output tok/s incl\. prefill\) "
+                        r"at (?:batch|concurrency) \d+: [^<]*)</title>", html)
+    assert len(points) == 2 * 2 * 3, points  # two charts, two predictions, three levels
+    for text in points:
+        err = int(re.search(r"([+-]\d+)% vs measured", text).group(1))
+        if text.startswith("calibrated") and abs(err) > 15:
+            assert text.endswith("(misses by more than 15%)"), text
+    for raw in ("bound: unknown", "tpot_lower_bound", "incl_prefill"):
+        assert raw not in re.sub(r"<svg.*?</svg>", "", html, flags=re.S), raw
     # The stored run reports on its own too.
     assert main(["report", "run", d["run_id"], "--db", d["db"], "-o",
                  str(tmp_path / "run.html")]) == 0

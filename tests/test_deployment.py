@@ -31,9 +31,12 @@ def profile_file(tmp_path: Path, gpu: str = "a100-80gb-sxm") -> Path:
 
 def test_defaults_build_bstar_plans_default_deployment() -> None:
     d = DeploymentOptions().build()
-    # The default engine is vLLM, whose profile's priors are Efficiency's defaults.
+    # The default engine is vLLM: its fitted profile over Efficiency's defaults.
+    from bstar.engines import get_engine
+
     assert d == rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
-                              engine="vllm")
+                              eff=get_engine("vllm").apply(rl.Efficiency()), engine="vllm")
+    assert d.eff.kv_bandwidth == 0.855 and d.eff.scheduling_lag_steps == 1
 
 
 def test_flags_map_onto_the_deployment() -> None:
@@ -45,7 +48,9 @@ def test_flags_map_onto_the_deployment() -> None:
                                                     "h100-sxm", 2)
     assert (d.weight.name, d.kv.name, d.gpu_util) == ("fp8", "fp8", 0.8)
     assert d.reserve_bytes == round(1.5 * 2**30) and d.block_tokens == 32
-    assert d.eff == replace(rl.Efficiency(), bandwidth=0.6, overhead_s=2e-3)
+    from bstar.engines import get_engine
+
+    assert d.eff == replace(get_engine("vllm").efficiency(), bandwidth=0.6, overhead_s=2e-3)
     assert DeploymentOptions(ideal=True).build().eff == rl.IDEAL
 
 

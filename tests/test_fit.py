@@ -152,6 +152,7 @@ def test_bootstrap_is_seeded_and_brackets_the_estimate() -> None:
     assert lo <= r1.params.a_ms <= hi
 
 
+@pytest.mark.slow  # bootstraps several fits
 def test_roof_from_the_cost_model() -> None:
     pts = load_points(SEED001)
     # A compute term below b never binds.
@@ -173,6 +174,7 @@ def test_given_critical_batch_against_a_roof_seen_in_the_data() -> None:
     assert any("not at the given --critical-batch 300" in w for w in r.warnings)
 
 
+@pytest.mark.slow  # bootstraps several fits
 def test_critical_batch_below_the_data_warns() -> None:
     r = fit_points(load_points(SEED001), critical_batch=4)
     assert any("not separately determined" in w for w in r.warnings)

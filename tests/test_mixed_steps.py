@@ -114,6 +114,7 @@ def test_calibrate_cli_fits_mixed_points(tmp_path: Path,
     assert "chunk" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # starts the token server
 def test_measure_steps_against_the_token_server(token_server: Any) -> None:
     """The plumbing, live: a fixed-rate server (no real steps) gives decode gaps of its
     interval and one sample per (batch, chunk) and per prefill length."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -146,4 +147,15 @@ def test_probe_at_an_engines_thread_count_runs_blas_at_it(tmp_path: Path) -> Non
     f = tmp_path / "cpu.toml"
     f.write_text(text)
     g = load_gpu_file(f)
-    assert g.hbm_bandwidth_bytes_s > 0 and g.bf16_flops > 0
+    # The GPU file carries the runs it states: bandwidth the larger of the copy and the read
+    # medians (one run each here), the matmul rate the GEMM's, memory /proc/meminfo's.
+    def runs(what: str) -> float:
+        m = re.search(rf"# {what} runs \((GB|GFLOP)/s\): ([\d.]+)\n", text)
+        assert m is not None, what
+        return float(m.group(2)) * 1e9
+
+    bw = max(runs("copy bandwidth"), runs("read bandwidth"))
+    assert g.hbm_bandwidth_bytes_s == pytest.approx(bw, abs=0.0501e9)  # printed to 0.1 GB/s
+    assert g.bf16_flops == pytest.approx(runs("fp32 GEMM"), abs=0.0501e9)
+    mem_kib = int(re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1])
+    assert g.memory_bytes == mem_kib * 1024

@@ -35,23 +35,55 @@ def view() -> dict[str, Any]:
     return plan_view(make_plan(d, [512, 8192]), max_tpot_ms=20.0)
 
 
-def png_stats(data: bytes) -> tuple[int, int, float]:
-    from PIL import Image
-
-    im = Image.open(io.BytesIO(data))
-    grey = np.asarray(im.convert("L"), dtype=np.float64)
-    return im.width, im.height, float(grey.std())
+def png_size(data: bytes) -> tuple[int, int]:
+    """A PNG's width and height (its IHDR chunk), after checking the signature."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def test_plot_png_is_large_and_not_blank(tmp_path: Path) -> None:
+def assert_png_of(data: bytes, chart: Any) -> None:
+    """The PNG is `chart`'s figure at 144 dpi: what it shows is judged on the chart."""
+    fig = chart.fig
+    w, h = png_size(data)
+    assert abs(w - fig.get_figwidth() * 144) < 1 and abs(h - fig.get_figheight() * 144) < 1
+
+
+def _tip_xy(g: ET.Element) -> tuple[float, float]:
+    u = next(g.iter(f"{SVG}use"))
+    return float(u.get("x")), float(u.get("y"))
+
+
+def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
+    """`--plot x.png` writes the plan's picture, judged by what it shows: the file is that
+    chart's figure, and the chart (read from its SVG) has every point of the curve with its
+    values and the knee line where the recommended star stands."""
+    from bstar.report import charts as ch
+
     out = tmp_path / "plan.png"
-    assert main(["plan", "--context", "512,2048", "--plot", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h, std = png_stats(out.read_bytes())
-    # Two rows of (latency, throughput) and the roofline: a tall, wide picture.
-    assert w > 1500 and h > 1500
-    assert out.stat().st_size > 100_000
-    assert std > 20  # a blank or single-colour image has ~0
+    assert main(["plan", "--context", "2048", "--plot", str(out)]) == 0
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions().build()  # what `bstar plan` builds without flags
+    plan = make_plan(d, [2048])
+    chart = ch.plan_overview(plan_view(plan))
+    assert_png_of(out.read_bytes(), chart)
+    root = ET.fromstring(chart.svg())
+    tips = _tips(root)
+    for pt in plan.to_dict()["contexts"][0]["curve"]:
+        values = f"batch {pt['batch']} "
+        assert sum(t.startswith(values) for t, _ in tips) >= 2, pt["batch"]  # both panels
+    # A latency and a throughput panel and the roofline: one knee line on each of the
+    # first two, where the recommended star stands.
+    knees = [g for g in root.iter(f"{SVG}g") if g.get("id") == "mark-knee"]
+    assert len(knees) == 2
+    stars = [g for t, g in tips if t.startswith("recommended max_num_seqs = ")]
+    assert len(stars) == 2
+    xs_line = sorted(float(next(g.iter(f"{SVG}path")).get("d").split()[1]) for g in knees)
+    xs_star = sorted(_tip_xy(g)[0] for g in stars)
+    assert xs_star == pytest.approx(xs_line, abs=0.01)
+    assert [c.recommendation.max_num_seqs for c in plan.contexts] == [
+        int(t.split(" = ")[1].split("\n")[0]) for t, _ in tips
+        if t.startswith("recommended max_num_seqs = ")][::2]
 
 
 def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
@@ -66,12 +98,36 @@ def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
     assert len(list(root.iter(f"{SVG}title"))) > 10
 
 
-def test_compare_plot(tmp_path: Path) -> None:
+def test_compare_plot_bars_stand_as_tall_as_their_numbers(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The compare picture, judged by its marks: one B* and one B_mem bar top per row,
+    each labelled with its row, and a larger number stands higher on the page."""
+    from bstar.report import charts as ch
+
+    args = ["compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b", "--context",
+            "512,8192"]
     out = tmp_path / "compare.png"
-    assert main(["compare", "--model", "llama-3-8b,llama-2-13b,llama-3-70b", "--context",
-                 "512,8192", "--plot", str(out)]) == 0
-    w, h, std = png_stats(out.read_bytes())
-    assert w > 1000 and h > 600 and std > 20
+    assert main([*args, "--plot", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    chart = ch.compare_chart(rows)
+    assert_png_of(out.read_bytes(), chart)
+    tips = _tips(ET.fromstring(chart.svg()))
+    fit = [r for r in rows if r.get("fits", True)]
+    assert len(tips) == len(rows) + len(fit)  # B* always; B_mem where the model fits
+    for panel, key in ((0, "b_star"), (1, "b_mem")):
+        marks = []
+        for r in (rows if key == "b_star" else fit):
+            head = (f"{r['model']}\n{r['gpu']} at {r['context_tokens']:,} tokens\nB* "
+                    f"{r['b_star']:.1f}, B_mem {r['b_mem']:,}\n")
+            found = [g for t, g in tips if t.startswith(head)]
+            assert len(found) == 2 if r.get("fits", True) else 1, head
+            marks.append((float(r[key]), _tip_xy(found[panel])[1]))
+        # SVG y grows downwards: sorted by the number, the marks rise.
+        ys = [y for _, y in sorted(marks)]
+        assert all(y1 >= y2 - 1e-6 for y1, y2 in itertools.pairwise(ys)), key
 
 
 def test_plot_rejects_other_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +199,10 @@ def test_plan_report_html_is_self_contained(tmp_path: Path) -> None:
     # Nothing to fetch: no src/href to anywhere (SVG namespaces are names, not loads).
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert "Content-Security-Policy" in html
-    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
+    # What the command built: the default engine's (vllm) profile.
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-3-8b", gpu="a100-80gb-sxm").build()
     plan = make_plan(d, [512, 2048], max_tpot_ms=15)
     for c in plan.contexts:
         assert f"{c.recommendation.max_num_seqs:,}" in html
@@ -207,12 +266,13 @@ def test_fit_plot_and_report(tmp_path: Path) -> None:
     png = tmp_path / "fit.png"
     args = [str(SEED001), "--critical-batch", "128", "--predict", "256,512"]
     assert main(["fit", *args, "--plot", str(png)]) == 0
-    w, h, std = png_stats(png.read_bytes())
-    assert w > 1500 and h > 600 and std > 20
     out = tmp_path / "fit.html"
     assert main(["report", "fit", *args, "-o", str(out)]) == 0
     html = out.read_text(encoding="utf-8")
     result = fit_points(load_points(SEED001), predict=[256, 512], critical_batch=128)
+    from bstar.report.views import fit_view
+
+    assert_png_of(png.read_bytes(), plots.fit_chart(fit_view(result)))
     for p in result.predictions:
         assert f"{p.throughput_tok_s:,.0f} tok/s" in html
     assert result.knee_batch is not None and f"{result.knee_batch:,}" in html
@@ -240,7 +300,9 @@ def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
     ns = build_parser().parse_args(["fit", *args])
     v = fit_signature(fit_from_args(ns)[0], deployment_options(ns), ns.context)
     assert v is not None and v["plan"]["context_tokens"] == 1024
-    d = bstar.Deployment(model=bstar.get_model("llama-2-7b"), gpu=bstar.get_gpu("h100-sxm"))
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()  # as the command's
     assert v["plan"]["b_mem"] == rl.b_mem(d, 1024)
     assert v["predicted"]["tpot_ms"][0] == pytest.approx(
         float(rl.curve(d, [1], 1024).tpot_s[0]) * 1e3)
@@ -252,8 +314,7 @@ def test_simulate_plot_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[
     png = tmp_path / "sim.png"
     assert main(["simulate", *args, "--json", "--plot", str(png)]) == 0
     objs = json.loads(capsys.readouterr().out)
-    w, h, std = png_stats(png.read_bytes())
-    assert w > 1500 and h > 500 and std > 20
+    assert_png_of(png.read_bytes(), plots.simulate_chart(objs))
     out = tmp_path / "sim.html"
     assert main(["report", "simulate", *args, "-o", str(out)]) == 0
     html = out.read_text(encoding="utf-8")
@@ -279,6 +340,7 @@ def stored_sweep(token_server: Any, db: Path) -> dict[str, Any]:
     return run_sweep(cfg, db=db, deployment=d).to_dict()
 
 
+@pytest.mark.slow  # starts the token server
 def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "runs.db"
@@ -292,14 +354,19 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert re.findall(r'data-plot="([^"]+)"', html) == ["signature", "sweep"]
     # Like for like: each level's predicted tok/s counts the prefill its measured tok/s does.
     assert all(lv["predicted"]["throughput_basis"] == "incl_prefill" for lv in sweep["levels"])
-    assert "pred. tok/s incl. prefill" in html
+    # The run stored no profile: its prediction is the uncalibrated one, and says so.
+    assert "uncalibrated pred. tok/s (incl. prefill)" in html
+    assert ">calibrated pred." not in html
     for lv in sweep["levels"]:
         assert f"{lv['throughput_tok_s']:,.1f}" in html
     sig = ET.fromstring(re.search(r'id="plot-signature".*?(<svg.*?</svg>)', html, re.S)
                         .group(1))
     sig_titles = [t.text or "" for t in sig.iter(f"{SVG}title")]
-    for kind in ("measured", "simulated"):  # both panels, every level
+    for kind in ("measured", "simulated (uncalibrated cost model)"):  # both panels, each level
         assert sum(t.startswith(f"{kind} at batch") for t in sig_titles) == 8, kind
+    # The one prediction (the stored, uncalibrated one) beside each level, on throughput.
+    assert sum(t.startswith("uncalibrated cost model (output tok/s incl. prefill) at batch ")
+               for t in sig_titles) == 4
     assert sum(t.startswith("fit predicts batch") for t in sig_titles) == 4
     root = ET.fromstring(re.search(r'id="plot-sweep".*?(<svg.*?</svg>)', html, re.S).group(1))
     titles = [t.text or "" for t in root.iter(f"{SVG}title")]
@@ -307,10 +374,10 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert sum(t.startswith("TPOT at ") for t in titles) == 4
     assert sum(t.startswith("TTFT at ") for t in titles) == 4
     assert sum(t.startswith("concurrency ") for t in titles) == 4
-    w, h, std = png_stats(png.read_bytes())
-    assert w > 1500 and h > 1000 and std > 20
     # The dense prediction drawn under the levels passes through each level's prediction.
     from bstar.report.views import sweep_view
+
+    assert_png_of(png.read_bytes(), plots.sweep_chart(sweep_view(sweep)))
 
     dense = sweep_view(sweep)["predicted_curve"]
     assert dense["batch"] == list(range(1, 9))  # every batch between the levels
@@ -323,6 +390,7 @@ def test_report_run_from_a_stored_sweep(token_server: Any, tmp_path: Path,
     assert not (tmp_path / "none.db").exists()
 
 
+@pytest.mark.slow  # starts the token server
 def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Without the plot extra the terminal still shows the curve's shape."""
@@ -337,16 +405,173 @@ def test_sweep_terminal_output_has_a_sparkline(token_server: Any, tmp_path: Path
     assert f"throughput {expected}" in out
 
 
-def test_predicted_knee_ignores_batches_past_b_mem() -> None:
-    from bstar.plan import make_plan
-    from bstar.report.views import predicted_knee
-    from bstar.roofline import Deployment
-    from bstar.specs.gpu import get_gpu
-    from bstar.specs.presets import get_model
+def test_plan_view_marks_the_plans_own_knee() -> None:
+    """The knee a plan picture marks is the one the recommendation was chosen from; checked
+    against the rule itself on the cost model: the doubling from the knee gains under 15%,
+    the doubling into it 15% or more (past B_mem the running batch, and so throughput,
+    stops growing)."""
+    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+    plan = make_plan(d, [8192])
+    c = plan_view(plan)["contexts"][0]
+    k = c["knee"]
+    assert k == plan.to_dict()["contexts"][0]["recommendation"]["knees"]["doubling"]
+    b = k["batch"]
+    assert b == plan.contexts[0].recommendation.max_num_seqs == 38
+    t = rl.curve(d, [b // 2, b, 2 * b], 8192).throughput_tok_s
+    assert t[2] / t[1] - 1 < 0.15 <= t[1] / t[0] - 1
+    assert b <= c["b_mem"] < 2 * b
+    # The plan's powers of two alone stop at B_mem before they flatten: a knee of the
+    # picture's own would have been "none" here.
+    # In the SVG, the knee line stands where the recommended star is (both at batch 38).
+    for chart in plots.plan_charts_for_context(plan_view(plan), c):
+        root = ET.fromstring(chart.svg())
+        knee = [g for g in root.iter(f"{SVG}g") if g.get("id") == "mark-knee"]
+        assert len(knee) == 1, chart.name
+        x_line = float(next(knee[0].iter(f"{SVG}path")).get("d").split()[1])
+        star = next(g for t, g in _tips(root)
+                    if t.startswith(f"recommended max_num_seqs = {b}\n"))
+        assert float(next(star.iter(f"{SVG}use")).get("x")) == pytest.approx(x_line, abs=0.01)
 
-    plan = make_plan(Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm")), [8192])
-    c = plan.to_dict()["contexts"][0]
-    k = predicted_knee(c["curve"])
-    assert k is not None
-    assert k["batch"] is None or k["batch"] <= c["b_mem"]
-    assert "B_mem" in k["reason"]
+
+# ---- the demo's report: one story ------------------------------------------------------------
+DEMO_RUN = Path(__file__).resolve().parent / "fixtures" / "demo-run"
+DEMO_RUN_ID = "20261201-102616-283c"  # a `bstar demo` run on a 2-core CPU, stored as it ran
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return build_demo_run(tmp_path_factory.mktemp("demo"))
+
+
+def build_demo_run(work: Path) -> dict[str, Any]:
+    """What `bstar demo` computes after its sweep (`commands.demo.analyse`: the fit, the
+    calibration on the run's own levels, the views the report draws), on a stored run; and
+    the report it writes."""
+    import os
+    import shutil
+
+    from bstar.commands.demo import analyse
+    from bstar.loadgen.sweep import load_result
+    from bstar.report.build import demo_report
+    from bstar.report.html import render_html
+
+    shutil.copytree(DEMO_RUN / "bstar-demo", work / "bstar-demo")
+    cwd = os.getcwd()
+    os.chdir(work)  # the run stored its model and CPU files relative to where it ran
+    try:
+        result = load_result(Path("bstar-demo/bstar.db"), DEMO_RUN_ID)
+        sweep, fit, views, calibration, uncal = analyse(result, Path("bstar-demo"),
+                                                        lambda _: None)
+        report = demo_report(views, "bstar demo")
+        html = render_html(report)
+    finally:
+        os.chdir(cwd)
+    return {"sweep": sweep, "fit": fit, "views": views, "calibration": calibration,
+            "uncalibrated": uncal, "report": report, "html": html}
+
+
+def test_demo_report_predictions_agree_or_say_they_are_uncalibrated(
+        demo_run: dict[str, Any]) -> None:
+    """Every predicted throughput point beside a measured level is within 15% of it, or is
+    labelled uncalibrated, or (a calibrated miss) says it misses."""
+    views = demo_run["views"]
+    measured = {lv["concurrency"]: lv["throughput_tok_s"] for lv in demo_run["sweep"]["levels"]}
+    for name in ("sweep", "signature"):
+        rows = views[name]["level_predictions"]
+        assert [r["batch"] for r in rows] == sorted(measured)
+        for row in rows:
+            assert row["measured_tok_s"] == measured[row["batch"]]
+            first, second = row["predicted"]
+            # The drawn prediction is the calibrated one; the uncalibrated one is beside it.
+            assert first["calibrated"] and not second["calibrated"]
+            for q in row["predicted"]:
+                err = q["throughput_tok_s"] / measured[row["batch"]] - 1
+                assert q["error"] == pytest.approx(err)
+                assert q["throughput_basis"] == "incl_prefill"  # like for like
+                assert q["label"] == ("calibrated" if q["calibrated"] else "uncalibrated") \
+                    + " cost model (output tok/s incl. prefill)"
+                assert q["agrees"] == (abs(err) <= 0.15)
+    # The calibrated line agrees where the levels behave (1, 2, 4: within 15%); level 8 of
+    # this run is slower than level 16 (a noisy, shared CPU), and its point says it misses.
+    cal = {r["batch"]: r["predicted"][0] for r in views["sweep"]["level_predictions"]}
+    assert all(cal[b]["agrees"] for b in (1, 2, 4))
+    assert not cal[8]["agrees"]
+    # The uncalibrated prediction is the stored one the sweep made at each level.
+    for lv in demo_run["sweep"]["levels"]:
+        unc = next(r for r in views["sweep"]["level_predictions"]
+                   if r["batch"] == lv["concurrency"])["predicted"][1]
+        assert unc["throughput_tok_s"] == pytest.approx(lv["predicted"]["throughput_tok_s"])
+
+
+def _svg_of(html: str, name: str) -> ET.Element:
+    return ET.fromstring(re.search(rf'id="plot-{name}".*?(<svg.*?</svg>)', html, re.S).group(1))
+
+
+def _tips(root: ET.Element) -> list[tuple[str, ET.Element]]:
+    """Every hover mark of an SVG chart: (its text, its group), in drawing order."""
+    return [(g.find(f"{SVG}title").text or "", g) for g in root.iter(f"{SVG}g")
+            if g.get("id", "").startswith("tip-") and g.find(f"{SVG}title") is not None]
+
+
+def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
+    """The page's predicted marks: every hover text of a predicted point names its basis
+    and calibration and, for a calibrated miss, the miss; the legends name both lines."""
+    html = demo_run["html"]
+    for name in ("signature", "sweep"):
+        tips = _tips(_svg_of(html, name))
+        pred = [t for t, _ in tips if "cost model (" in t]
+        assert len(pred) == 2 * 5  # calibrated and uncalibrated, at each of the 5 levels
+        for t in pred:
+            m = re.search(r"([+-]\d+)% vs measured", t)
+            assert m is not None, t
+            assert t.startswith(("calibrated cost model (output tok/s incl. prefill)",
+                                 "uncalibrated cost model (output tok/s incl. prefill)")), t
+            if t.startswith("calibrated") and abs(int(m.group(1))) > 15:
+                assert t.endswith("(misses by more than 15%)"), t
+    charts = {c.name: c for c in demo_run["report"].charts}
+    for name in ("signature", "sweep"):
+        legend = [x.get_text() for lg in charts[name].fig.legends for x in lg.get_texts()]
+        assert "calibrated cost model (output tok/s incl. prefill)" in legend, legend
+        assert "uncalibrated cost model (output tok/s incl. prefill)" in legend, legend
+        if name == "signature":  # the plan's knee is of the calibrated decode-only curve
+            assert any(x.startswith("predicted knee (calibrated, decode only) = ")
+                       for x in legend), legend
+    # No raw identifiers reach the page, and repeated warnings are one line with a count.
+    text = re.sub(r"<svg.*?</svg>", "", html, flags=re.S)
+    for raw in ("bound: unknown", "tpot_lower_bound", "bound: doubling", "b_mem<",
+                "incl_prefill", "decode_only"):
+        assert raw not in text, raw
+    warnings = re.findall(r"<li>warning: (.*?)</li>", text, re.S)
+    assert len(warnings) == 1 and warnings[0].startswith("5 alike, e.g. "), warnings
+    assert len(demo_run["fit"].warnings) == 5
+
+
+def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) -> None:
+    """The sweep chart's recommended and knee lines sit at the x of the measured point of
+    the batch they name (read from the SVG: the line's path and the point's marker)."""
+    root = _svg_of(demo_run["html"], "sweep")
+    rec = demo_run["sweep"]["recommendation"]["max_num_seqs"]
+    tips = _tips(root)
+    point = next(g for t, g in tips if t.startswith(f"concurrency {rec}: "))
+    x_point = float(next(point.iter(f"{SVG}use")).get("x"))
+    for kind in ("rec", "knee"):
+        lines = [g for g in root.iter(f"{SVG}g") if g.get("id") == f"mark-{kind}"]
+        assert len(lines) == 2, kind  # on the TPOT and the throughput panel
+        d = next(lines[1].iter(f"{SVG}path")).get("d").split()
+        assert float(d[1]) == pytest.approx(x_point, abs=0.01), kind
+
+
+def test_search_footer_names_the_efficiencies_it_used(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """bstar search's footer states the efficiencies of its 'defaults' rows from the search
+    itself: here the flags given, not the defaults typed into a sentence."""
+    assert main(["search", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--num-gpus", "1",
+                 "--rate", "4", "--input-len", "128", "--output-len", "32", "--num-requests",
+                 "40", "--slo", "ttft:2000,tpot:100", "--max-num-seqs", "32", "--bw-eff",
+                 "0.55", "--flops-eff", "0.45", "--overhead-ms", "1.25", "--db",
+                 str(tmp_path / "s.db")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("'defaults' rows rest on the stated efficiencies (bandwidth 0.55, compute 0.45, "
+            "1.25 ms + ") in out
+    assert "0.70" not in out and "0.60" not in out

@@ -1,8 +1,9 @@
 """Reports open in a real browser: headless Chromium (Debian's `chromium`, installed by
-scripts/test) loads each HTML file from disk with the network off, and the test reads what
-the page did over the DevTools protocol: console messages, uncaught exceptions, blocked
-loads (the report's Content-Security-Policy turns any network fetch into a logged error),
-every plot's size and a screenshot of each plot, which must not be blank. A full-page
+scripts/test) loads each HTML file from disk with the network off, 1,280 px wide, and the
+test reads what the page did and shows over the DevTools protocol: console messages,
+uncaught exceptions, blocked loads (the report's Content-Security-Policy turns any network
+fetch into a logged error), where each picture's hover marks and reference lines landed
+(inside it), and whether any picture or table is wider than its box. A full-page
 screenshot of each report is saved under ./artifacts/ for people to look at.
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
+    pytest.mark.slow,  # starts Chromium for each report
     pytest.mark.skipif(CHROMIUM is None and os.environ.get("BSTAR_REQUIRE_BROWSER") != "1",
                        reason="chromium is not installed (scripts/test installs it)"),
     # A chart whose legend or labels squeeze its axes to nothing is a broken picture.
@@ -43,10 +45,26 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 PLOTS_JS = """(() => [...document.querySelectorAll('figure.plot')].map(f => {
   const svg = f.querySelector('svg');
   const r = (svg || f).getBoundingClientRect();
+  const inside = g => { const b = g.getBoundingClientRect(), x = (b.left + b.right) / 2,
+                              y = (b.top + b.bottom) / 2;
+                        return (b.width > 0 || b.height > 0) && x >= r.left
+                               && x <= r.right && y >= r.top && y <= r.bottom; };
+  const tips = svg ? [...svg.querySelectorAll('g[id^="tip-"]')] : [];
+  const marks = svg ? [...svg.querySelectorAll('g[id^="mark-"]')] : [];
   return {name: f.dataset.plot, x: r.left + window.scrollX, y: r.top + window.scrollY,
-          width: r.width, height: r.height,
-          shapes: svg ? svg.querySelectorAll('path, use').length : 0,
-          tooltips: svg ? svg.querySelectorAll('title').length : 0};
+          width: r.width, height: r.height, right: r.right, viewport: window.innerWidth,
+          tooltips: svg ? svg.querySelectorAll('title').length : 0,
+          tips: tips.length, tips_inside: tips.filter(inside).length,
+          marks: marks.length, marks_inside: marks.filter(inside).length};
+}))()"""
+# Each table's scrolling box: a table wider than its box scrolls sideways (a clipped column).
+TABLES_JS = """(() => [...document.querySelectorAll('.table-wrap')].map(w => {
+  const c = w.closest('details'); if (c) c.open = true;
+  const t = w.querySelector('table');
+  return {caption: (t.querySelector('caption') || {}).textContent
+                   || (w.previousElementSibling || {}).textContent || '',
+          columns: [...t.querySelectorAll('th')].map(h => h.textContent),
+          scroll: w.scrollWidth, client: w.clientWidth};
 }))()"""
 
 
@@ -54,7 +72,8 @@ PLOTS_JS = """(() => [...document.querySelectorAll('figure.plot')].map(f => {
 class PageResult:
     errors: list[str] = field(default_factory=list)
     plots: list[dict[str, Any]] = field(default_factory=list)
-    plot_pngs: dict[str, bytes] = field(default_factory=dict)
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    page_width: int = 0
     screenshot: bytes = b""
     title: str = ""
 
@@ -108,7 +127,7 @@ def _errors_from(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-async def _render(path: Path, width: int = 1400) -> PageResult:
+async def _render(path: Path, width: int = 1280) -> PageResult:
     import aiohttp
 
     user_dir = tempfile.mkdtemp(prefix="bstar-chromium-")
@@ -148,12 +167,13 @@ async def _render(path: Path, width: int = 1400) -> PageResult:
             title = await cdp.send("Runtime.evaluate", {"expression": "document.title",
                                                         "returnByValue": True}, session=s)
             res.title = title["result"]["value"]
-            for p in res.plots:
-                shot = await cdp.send("Page.captureScreenshot", {
-                    "format": "png", "captureBeyondViewport": True,
-                    "clip": {"x": p["x"], "y": p["y"], "width": p["width"],
-                             "height": p["height"], "scale": 1}}, session=s)
-                res.plot_pngs[p["name"]] = base64.b64decode(shot["data"])
+            got = await cdp.send("Runtime.evaluate", {"expression": TABLES_JS,
+                                                      "returnByValue": True}, session=s)
+            res.tables = got["result"]["value"]
+            got = await cdp.send("Runtime.evaluate", {
+                "expression": "document.documentElement.scrollWidth",
+                "returnByValue": True}, session=s)
+            res.page_width = int(got["result"]["value"])
             metrics = await cdp.send("Page.getLayoutMetrics", session=s)
             height = int(metrics["cssContentSize"]["height"])
             shot = await cdp.send("Page.captureScreenshot", {
@@ -178,36 +198,36 @@ async def _render(path: Path, width: int = 1400) -> PageResult:
 
 
 def render(path: Path) -> PageResult:
-    return asyncio.run(asyncio.wait_for(_render(path), 120))
+    return asyncio.run(asyncio.wait_for(_render(path, WIDTH), 120))
 
 
-def pixel_std(png: bytes) -> float:
-    """Standard deviation of the grey levels: ~0 for a blank or single-colour image."""
-    import numpy as np
-    from PIL import Image
-
-    grey = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
-    return float(grey.std())
+WIDTH = 1280  # a laptop's window: every table and picture fits it without scrolling
 
 
 def check_report(html: Path, expected_plots: list[str], artifact: str) -> PageResult:
+    """Open the report at WIDTH px and judge what it shows: no error, the pictures named, each
+    with its hover marks and reference lines drawn inside it, nothing wider than the page,
+    and every table within its box (no column cut off behind a scrollbar)."""
     res = render(html)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / artifact).write_bytes(res.screenshot)
     assert res.errors == [], res.errors
     assert [p["name"] for p in res.plots] == expected_plots
+    svgs = re.findall(r'data-plot="([^"]+)".*?(<svg.*?</svg>)', html.read_text("utf-8"), re.S)
+    drawn = {name: svg.count('<g id="tip-') for name, svg in svgs}
     for p in res.plots:
-        assert p["width"] > 400 and p["height"] > 250, p
-        assert p["shapes"] > 30, p  # axes, ticks, curves and markers drawn as paths
-        assert p["tooltips"] > 0, p  # hover values on the points
-        assert pixel_std(res.plot_pngs[p["name"]]) > 20, p["name"]
-    assert pixel_std(res.screenshot) > 20
+        assert p["tips"] == drawn[p["name"]] > 0, p  # every hover mark drawn is on the page
+        assert p["tooltips"] == p["tips"], p  # each with its values
+        assert p["tips_inside"] == p["tips"], p  # inside its picture, none clipped away
+        assert p["marks_inside"] == p["marks"], p
+        assert p["right"] <= WIDTH and p["width"] > WIDTH / 3, p
+    assert res.page_width <= WIDTH
+    for t in res.tables:
+        assert t["scroll"] <= t["client"] + 1, t
     return res
 
 
 def _chart_names(html: Path) -> list[str]:
-    import re
-
     return re.findall(r'<figure class="plot" id="plot-[^"]+" data-plot="([^"]+)"',
                       html.read_text(encoding="utf-8"))
 
@@ -247,6 +267,7 @@ def test_simulate_report_in_chromium(tmp_path: Path) -> None:
     check_report(out, ["simulate"], "report-simulate.png")
 
 
+@pytest.mark.slow  # starts the token server
 def test_sweep_run_report_in_chromium(token_server: Any, tmp_path: Path) -> None:
     from test_report import stored_sweep
 
@@ -255,6 +276,19 @@ def test_sweep_run_report_in_chromium(token_server: Any, tmp_path: Path) -> None
     out = tmp_path / "run.html"
     assert main(["report", "run", sweep["run_id"], "--db", str(db), "-o", str(out)]) == 0
     check_report(out, ["signature", "sweep"], "report-sweep.png")
+
+
+def test_demo_report_in_chromium(tmp_path: Path) -> None:
+    """The demo's report (a stored demo run, as `bstar demo` writes it): its wide per-level
+    table, with the calibrated and the uncalibrated predictions, fits 1,280 px."""
+    from test_report import build_demo_run
+
+    out = tmp_path / "demo.html"
+    out.write_text(build_demo_run(tmp_path)["html"], encoding="utf-8")
+    res = check_report(out, ["signature", "sweep", "fit"], "report-demo.png")
+    per_level = next(t for t in res.tables if t["caption"].startswith("Per level"))
+    assert "calibrated pred. tok/s (incl. prefill)" in per_level["columns"]
+    assert "uncalibrated pred. tok/s (incl. prefill)" in per_level["columns"]
 
 
 def test_a_network_fetch_is_caught(tmp_path: Path) -> None:

@@ -173,9 +173,27 @@ def test_bad_settings_are_user_errors() -> None:
 
 @pytest.mark.parametrize("model", ["gemma-2-9b", "opt-1.3b", "qwen3-30b-a3b", "deepseek-v3"])
 def test_every_family_plans_on_arrays(model: str) -> None:
-    d = dep(model, num_gpus=8, gpu=get_gpu("h200"))
+    # In bf16 every parameter is 2 bytes (a quantized checkpoint keeps routers and the LM
+    # head 16-bit beside its 8-bit experts), so bytes follow parameters exactly.
+    d = dep(model, num_gpus=8, gpu=get_gpu("h200"), weight_dtype="bf16")
     r = rl.weight_bytes_read(d, np.array([1.0, 64.0]))
-    assert r.shape == (2,) and np.all(r > 0)
-    assert rl.prefill_s(d, 1024) > 0
+    per_gpu = rl.weight_bytes_per_gpu(d)
+    m, cfg = d.model, d.model.config
+    if m.num_active_params == m.num_params:
+        # Dense: every step streams every weight, at any batch.
+        assert r == pytest.approx([per_gpu, per_gpu], rel=1e-6)
+    else:
+        # MoE at batch 1: the active parameters (the routed top-k experts, the shared part)
+        # less the input embedding table, which a step looks up a row of, not streams.
+        emb = 0 if cfg.get("tie_word_embeddings") else cfg["vocab_size"] * cfg["hidden_size"]
+        active = (m.num_active_params - emb) * rl.weight_bytes(d) / m.num_params / 8
+        assert r[0] == pytest.approx(active, rel=0.005)
+        # 64 sequences route to more experts, never to more than all of them.
+        assert r[0] < r[1] < per_gpu
+    # A prefill can beat neither the GPUs' peak FLOP/s over its 2 x active params x tokens,
+    # nor the bandwidth over the weights each GPU reads once.
+    flops_s = 2 * m.num_active_params * 1024 / (8 * d.gpu.peak_flops(d.weight.compute))
+    assert rl.prefill_s(d, 1024) >= max(flops_s, r[0] / d.gpu.hbm_bandwidth_bytes_s)
+    assert rl.prefill_s(d, 2048) > rl.prefill_s(d, 1024)
     cv = rl.curve(d, [1, 16, 256], 2048)
     assert np.all(np.diff(cv.throughput_tok_s) >= 0)

@@ -28,9 +28,10 @@ from bstar.search import (
     tp_split_error,
 )
 from bstar.search.candidates import Replica, sim_config
-from bstar.search.evaluate import Task, capacity_req_s, evaluate, failures, saturated_workload
+from bstar.search.evaluate import Task, evaluate, failures
 from bstar.search.spec import at_rate
 from bstar.sim import Lengths, parse_lengths, parse_slo, simulate, summarize
+from bstar.sim.capacity import capacity_req_s, saturated_workload
 from bstar.specs.gpu import get_gpu
 from bstar.specs.model import ModelSpec
 from bstar.specs.presets import get_model
@@ -82,6 +83,7 @@ def test_bad_price_files(text: str, msg: str) -> None:
 
 
 # ---- pruning vs brute force ----------------------------------------------------------------
+@pytest.mark.slow  # simulates every candidate
 def test_pruning_never_drops_a_configuration_that_meets_the_slo() -> None:
     """On a small grid (2 models x 2 GPUs x tp 1,2 x 2 limits), every pruned replica is
     simulated anyway at rates from almost idle up to its capacity: none meets the SLO
@@ -125,16 +127,18 @@ def test_slo_bound_prunes_slow_gpu_and_keeps_fast_one() -> None:
 
 
 # ---- bisection vs a dense sweep ------------------------------------------------------------
+@pytest.mark.slow  # a dense sweep of simulations
 def test_bisection_within_5_percent_of_a_dense_sweep() -> None:
     d = rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
     slo = parse_slo("ttft:800,tpot:25")
     traffic = Traffic(10.0, parse_lengths("uniform:128:512"), parse_lengths("uniform:32:160"),
                       num_requests=160, seed=1, draws=1)
     r = Replica("llama-3-8b", "a100-80gb-sxm", 1, 256, 2048, d)
-    res = evaluate(Task(r, traffic, slo, 0.02))
+    task = Task(r, traffic, slo, 0.02)
+    res = evaluate(task)
     assert res["status"] == "ok" and res["limit"] == "SLO", res  # a latency-bound case
     found = res["rate_per_replica_req_s"]
-    roof = 0.9 * res["capacity"]["capacity_req_s"]
+    roof = task.max_utilization * res["capacity"]["capacity_req_s"]
     unit = traffic.unit_workload()
     cfg = sim_config(r)
     grid = np.linspace(roof / 80, roof, 80)  # 1.25% of the roof apart
@@ -155,6 +159,7 @@ def _small_spec(**kw: object) -> SearchSpec:
     return SearchSpec(**base)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # a whole search
 def test_replicas_gpus_and_cost_follow_from_the_rate(tmp_path: Path) -> None:
     prices = parse_prices(EXAMPLE_PRICES.read_text())
     with InProcess() as b:
@@ -199,6 +204,7 @@ SMALL = ["search", "--model", "llama-3-8b", "--gpu", "h100-sxm,l40s", "--num-gpu
          "--max-num-seqs", "32,128"]
 
 
+@pytest.mark.slow  # a whole search
 def test_cli_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SMALL, "--db", str(tmp_path / "s.db"), "--price", str(EXAMPLE_PRICES),
                  "--json"]) == 0
@@ -218,6 +224,7 @@ def test_cli_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert all(r["terms"] == "defaults" for r in out["candidates"])
 
 
+@pytest.mark.slow  # a whole search
 def test_cli_table_names_binding_limit_and_flags(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SMALL, "--db", str(tmp_path / "s.db")]) == 0
@@ -239,6 +246,7 @@ def test_cli_errors_are_one_line(argv: list[str], msg: str, tmp_path: Path,
     assert err.startswith("bstar: error:") and msg in err
 
 
+@pytest.mark.slow  # a whole search
 def test_calibrated_rows_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prof = tmp_path / "h100.toml"
     prof.write_text('[profile]\ngpu = "h100-sxm"\nengine = "vllm"\n\n[efficiency]\n'
@@ -252,6 +260,7 @@ def test_calibrated_rows_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     assert {r["terms"] for r in rows if r["gpu"] == "l40s"} == {"defaults"}
 
 
+@pytest.mark.slow  # a whole search, twice
 def test_report_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("jinja2")

@@ -39,6 +39,9 @@ from bstar.sim import (
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
+# Whole searches in process pools, a Ray head and killed subprocesses: minutes, not seconds.
+pytestmark = pytest.mark.slow
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

@@ -101,6 +101,7 @@ def greedy_body(max_tokens: int = 16) -> dict[str, Any]:
 # -- ManagedServer with stdlib commands (fast) ------------------------------------------
 
 
+@pytest.mark.slow  # starts an HTTP server
 def test_managed_server_starts_and_stops(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "http.log"
@@ -124,6 +125,7 @@ def test_managed_server_starts_and_stops(tmp_path: Path) -> None:
     assert log.read_text().startswith("$ ")
 
 
+@pytest.mark.slow  # starts a child process and waits for it
 def test_managed_server_reports_early_exit(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
     srv = ManagedServer(
@@ -138,6 +140,7 @@ def test_managed_server_reports_early_exit(tmp_path: Path) -> None:
     assert err.value.log_path == tmp_path / "x.log"
 
 
+@pytest.mark.slow  # starts a child process group and waits it out
 def test_managed_server_times_out_and_kills_group(tmp_path: Path) -> None:
     # A shell that spawns a grandchild: both must be gone after the timeout.
     cmd = ["sh", "-c", "sleep 60 & echo started; wait"]

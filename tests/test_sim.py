@@ -71,6 +71,7 @@ def test_every_request_finishes_with_exactly_its_tokens(preemption: str, gpu_uti
         assert run.num_preemptions > 0  # the small pool must exercise the preemption path
 
 
+@pytest.mark.slow  # simulates every step twice
 def test_fast_forward_matches_step_by_step() -> None:
     """The multi-step jump is an optimization only: same times, same tokens."""
     d = dep(gpu_util=0.235)
@@ -265,12 +266,25 @@ def test_length_distributions_have_their_moments() -> None:
 def test_tensor_parallel_and_moe_run() -> None:
     d = replace(dep(), model=get_model("mixtral-8x7b"), gpu=get_gpu("h100-sxm"), num_gpus=2)
     s = simulate_levels(d, [32], Poisson(5.0), Lengths.fixed(300), Lengths.fixed(50), 50, 0)[0]
-    assert s.requests == 50 and s.throughput_tok_s > 0
+    assert s.requests == 50 and not s.truncated
+    # Every request's 50 tokens come out, over the run's wall time.
+    assert s.throughput_tok_s == pytest.approx(50 * 50 / s.duration_s)
+    assert 1 <= s.running_max <= 32
+    # No step is faster than one sequence's decode at the shortest context it holds (the
+    # MoE reads its active experts' weights over both GPUs' bandwidth, plus the all-reduce).
+    floor_ms = float(rl.curve(d, [1], 300).tpot_s[0]) * 1e3
+    assert s.tpot_ms["p50"] >= floor_ms * 0.999
+    assert s.itl_ms["p50"] >= floor_ms * 0.999
+    # Four GPUs each read half the weights two do: the same requests decode faster.
+    s4 = simulate_levels(replace(d, num_gpus=4), [32], Poisson(5.0), Lengths.fixed(300),
+                         Lengths.fixed(50), 50, 0)[0]
+    assert s4.tpot_ms["p50"] < s.tpot_ms["p50"]
 
 
 # ---- property: any small setting conserves tokens, and the jump changes nothing ----
 
 
+@pytest.mark.slow  # 25 simulations, twice each
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), max_num_seqs=st.integers(1, 40),
        budget=st.sampled_from([16, 48, 256, 2048]), users=st.integers(1, 30),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bstar import roofline as rl
 from bstar.sim import Lengths, Poisson, Slo, parse_lengths, simulate_levels
 from bstar.sim.advice import advise
@@ -45,6 +47,7 @@ def test_sla_caps_the_knee() -> None:
     assert unmet.bound == "sla-unmet"
 
 
+@pytest.mark.slow  # simulates a sweep past B_mem
 def test_regime_3_regression_is_not_recommended() -> None:
     """Past the KV pool throughput falls; the recommendation stays below the fall."""
     rows = simulate_levels(rl.Deployment(model=D.model, gpu=D.gpu, gpu_util=0.3),

@@ -42,6 +42,7 @@ def sent(db: Path, run_id: str) -> list[list[str]]:
         return [[p["prompt"] for p in st.prompts(lv.id)] for lv in st.levels(run_id)]
 
 
+@pytest.mark.slow  # starts the token server
 def test_runs_without_seed_send_new_prompts(token_server: TokenServerFactory, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     srv = token_server(interval_ms=1)
@@ -65,6 +66,7 @@ def test_runs_without_seed_send_new_prompts(token_server: TokenServerFactory, tm
     assert n == 16
 
 
+@pytest.mark.slow  # starts the token server
 def test_same_seed_replays_the_prompts_and_shows_the_cache(
         token_server: TokenServerFactory, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,6 +86,7 @@ def test_same_seed_replays_the_prompts_and_shows_the_cache(
     assert sent(db, c["run_id"]) == sent(db, b["run_id"])
 
 
+@pytest.mark.slow  # starts the token server
 def test_replay_shows_in_the_terminal(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(interval_ms=1)
     db = tmp_path / "r.db"

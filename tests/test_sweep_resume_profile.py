@@ -27,6 +27,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:  # type:
     return dict(json.loads(capsys.readouterr().out))
 
 
+@pytest.mark.slow  # starts the token server
 def test_resume_and_report_keep_the_profile(token_server: TokenServerFactory, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     srv = token_server(interval_ms=2)
@@ -57,6 +58,7 @@ def test_resume_and_report_keep_the_profile(token_server: TokenServerFactory, tm
     curve = sweep_view(shown)["predicted_curve"]
     assert curve["batch"][0] == 1
     assert curve["tpot_ms"][0] == pytest.approx(predict_level(calibrated, 1, ctx)["tpot_ms"])
+    assert curve["calibrated"] and curve["label"].startswith("calibrated cost model")
 
 
 def test_level_prediction_is_the_quantity_the_level_measures() -> None:

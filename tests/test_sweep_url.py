@@ -37,6 +37,7 @@ def test_server_root_keeps_a_path_prefix() -> None:
     assert server_root("http://h/proxy/v1") == "http://h/proxy"
 
 
+@pytest.mark.slow  # starts the token server
 def test_v1_base_url_sweeps_like_the_root(token_server: TokenServerFactory,
                                           tmp_path: Path) -> None:
     srv = token_server(interval_ms=2)
@@ -49,6 +50,7 @@ def test_v1_base_url_sweeps_like_the_root(token_server: TokenServerFactory,
         assert lv["requests"] == 6 and lv["errors"] == 0 and lv["error_kinds"] == {}
 
 
+@pytest.mark.slow  # starts the token server
 def test_v1_base_url_through_the_cli(token_server: TokenServerFactory, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     srv = token_server(interval_ms=2)
@@ -61,6 +63,7 @@ def test_v1_base_url_through_the_cli(token_server: TokenServerFactory, tmp_path:
     assert d["levels"][0]["errors"] == 0
 
 
+@pytest.mark.slow  # starts the token server
 def test_all_404_names_the_url_tried(token_server: TokenServerFactory,
                                      tmp_path: Path) -> None:
     srv = token_server(interval_ms=2)
@@ -71,6 +74,7 @@ def test_all_404_names_the_url_tried(token_server: TokenServerFactory,
     assert "--url" in lv["status_detail"]
 
 
+@pytest.mark.slow  # starts the token server
 def test_all_404_url_in_the_terminal_at_80_columns(token_server: TokenServerFactory,
                                                    tmp_path: Path) -> None:
     srv = token_server(interval_ms=2)

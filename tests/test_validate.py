@@ -47,6 +47,7 @@ def test_throughput_counts_prefill_and_every_decode_step() -> None:
         va.predict(d2, replace(per_gpu, metric="throughput_tok_s")) / 2)
 
 
+@pytest.mark.slow  # one fit per model left out
 def test_leave_one_out_recovers_rows_the_model_generated() -> None:
     rows = []
     for metric, b, i, o in (("tpot_ms", 1, 512, 128), ("tpot_ms", 64, 512, 128),
@@ -103,6 +104,7 @@ def test_example_table_parses_and_names_a_source_for_every_row() -> None:
         va.deployment_for(r)  # every model and GPU is known to the planner
 
 
+@pytest.mark.slow  # fits every model's rows through the CLI
 def test_cli_prints_rows_and_medians(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t = tmp_path / "t.csv"
     lines = [HEADER] + [f"llama-3-8b,a100-80gb-sxm,1,vllm,512,128,{b},tpot_ms,{v},https://x"

@@ -69,6 +69,7 @@ def test_predictions_are_like_for_like() -> None:
     assert vc.measured(replace(r, input_len=0, output_len=0)) == {}
 
 
+@pytest.mark.slow  # leave-one-model-out fits
 def test_leave_one_model_out_recovers_curves_across_tp_sizes() -> None:
     """Each model is predicted from parameters fitted to the other two; with rows the cost
     model generated, that gives them back, the tensor-parallel ones included (their
@@ -134,6 +135,7 @@ def test_bad_tables_say_where_and_what(text: str, match: str) -> None:
         vc.curves_from_csv(text, "t.csv")
 
 
+@pytest.mark.slow  # fits through the CLI
 def test_cli_resolves_config_and_probe_paths_next_to_the_table(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The CPU rows name the tiny model's config.json and the run's probe file, relative to
@@ -180,6 +182,7 @@ def test_held_out_h200_models_are_predicted_by_the_profile_fitted_before_them() 
     assert max(map(abs, errs)) < 0.15
 
 
+@pytest.mark.slow  # fits profiles over every curve table
 def test_fit_chooses_the_roof_shape_that_made_the_rows() -> None:
     """With roof_sharpness in the fit, the roof's shape is chosen among the candidates by the
     fit it leaves: a curve made with memory and compute times added (k = 1, a CPU thread)

@@ -6,6 +6,8 @@ The library API (a notebook imports this; the CLI is a thin layer over it). Heav
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -88,3 +90,22 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(mod), name)
+
+
+class _Package(types.ModuleType):
+    """`bstar.recommend` is a public function and the name of its submodule. Importing the
+    submodule would set the package attribute to the module (the import system does that
+    after any `import bstar.recommend`); this property keeps the name the function's."""
+
+    @property
+    def recommend(self) -> Any:
+        import importlib
+
+        return importlib.import_module("bstar.recommend").recommend
+
+    @recommend.setter
+    def recommend(self, value: Any) -> None:  # the import system's setattr: ignored
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

@@ -46,7 +46,8 @@ from bstar.errors import BstarError
 # Cost model 2's parameters (bstar.roofline.Efficiency), in fitting order.
 PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
           "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
-          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream")
+          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
+          "request_overhead_s")
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
@@ -60,14 +61,16 @@ MIXED_FIT = ("attention_compute", "chunk_layer_s")
 _SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_seq_s": 1e-6,
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-6,
           "decode_layer_s": 1e-6, "chunk_layer_s": 1e-6, "score_bytes": 1.0,
-          "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+          "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
+          "request_overhead_s": 1e-3}
 _LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
 # Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
 # running sequence; 1 ms per layer; 100 us per all-reduce.
 _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_seq_s": 1e-3,
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-3,
           "decode_layer_s": 1e-3, "chunk_layer_s": 1e-3, "score_bytes": 256.0,
-          "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0}
+          "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
+          "request_overhead_s": 0.5}
 # Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
 _BANDWIDTHS = ("bandwidth", "kv_bandwidth")
 _COMPUTES = ("compute", "attention_compute")
@@ -400,13 +403,34 @@ def fit_steps(groups: Sequence[tuple[rl.Deployment, Sequence[Point]]],
     if not groups:
         raise BstarError("no points to calibrate on")
     prior = prior or groups[0][0].eff
-    terms = [_terms(d.with_eff(prior), pts) for d, pts in groups]
+    shapes = [_unique_shapes(pts) for _, pts in groups]
+    terms = [_terms(d.with_eff(prior), u) for (d, _), (u, _) in zip(groups, shapes,
+                                                                      strict=True)]
     measured = np.concatenate([[p.step_s for p in pts] for _, pts in groups])
     cap = 1.0 if groups[0][0].gpu.provenance == "datasheet" else MAX_EFF_MEASURED
-    shaped = [(t, d.with_eff(prior)) for t, (d, _) in zip(terms, groups, strict=True)]
-    return fit_efficiency(lambda v: np.concatenate([_step_s(t, _with_shape(d, v))
-                                                    for t, d in shaped]),
+    shaped = [(t, d.with_eff(prior), inv) for t, (d, _), (_, inv)
+              in zip(terms, groups, shapes, strict=True)]
+    return fit_efficiency(lambda v: np.concatenate([_step_s(t, _with_shape(d, v))[inv]
+                                                    for t, d, inv in shaped]),
                           measured, prior, fit, max_efficiency=cap)
+
+
+def _unique_shapes(points: Sequence[Point]) -> tuple[list[Point], np.ndarray]:
+    """The distinct step shapes among `points` (batch, context, chunk) and, per point, the
+    index of its shape: the step arithmetic runs once per shape and is gathered back, so
+    20k repeated measurements cost what their few hundred shapes cost (issue 19). The fit
+    still sees every point's residual: the result is the same."""
+    index: dict[tuple[int, int, int, int], int] = {}
+    uniq: list[Point] = []
+    inverse = np.empty(len(points), dtype=np.int64)
+    for i, p in enumerate(points):
+        key = (p.batch, p.context_tokens, p.chunk_tokens, p.chunk_start)
+        j = index.get(key)
+        if j is None:
+            j = index[key] = len(uniq)
+            uniq.append(p)
+        inverse[i] = j
+    return uniq, inverse
 
 
 def calibrate(d: rl.Deployment, points: Sequence[Point],
@@ -419,12 +443,13 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
         raise BstarError("no points to calibrate on")
     if fit is None:
         fit = DEFAULT_FIT + (MIXED_FIT if any(p.mixed for p in points) else ())
-    terms = _terms(d, points)
+    uniq, inv = _unique_shapes(points)
+    terms = _terms(d, uniq)
     measured = np.array([p.step_s for p in points])
     # Efficiencies that would explain the most demanding point outright on each roof.
     unit = _with_shape(d, _eff_dict(_UNIT) | {"score_bytes": 0.0})
     at_unit = st.price_parts(terms, unit)
-    mem_1, comp_1 = at_unit.memory_s, at_unit.compute_s
+    mem_1, comp_1 = at_unit.memory_s[inv], at_unit.compute_s[inv]
     starts = [{"bandwidth": float(np.clip(np.max(mem_1 / measured), 0.01, 1.0)),
                "kv_bandwidth": float(np.clip(np.max(mem_1 / measured), 0.01, 1.0)),
                "compute": float(np.clip(np.max(comp_1 / measured), 0.01, 1.0))}]
@@ -432,8 +457,8 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     # the engine's, and caches serve part of a small model), so against a measured device
     # the efficiencies may reach MAX_EFF_MEASURED, the excess scaling the GPU's figures.
     cap = 1.0 if d.gpu.provenance == "datasheet" else MAX_EFF_MEASURED
-    f = fit_efficiency(lambda v: _step_s(terms, _with_shape(d, v)), measured, d.eff, fit,
-                       starts, cap)
+    f = fit_efficiency(lambda v: _step_s(terms, _with_shape(d, v))[inv], measured, d.eff,
+                       fit, starts, cap)
     eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
     prior = _eff_dict(d.eff)
     pfits = check(d, eff, points, f.bandwidth_scale, f.compute_scale)
@@ -526,9 +551,10 @@ def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point],
     """Predict measured points with efficiencies `eff` (and GPU scales) calibrated elsewhere
     (another context, another model on the same GPU x engine), and with `d`'s own."""
     cal_d = scaled(d, eff, bandwidth_scale, compute_scale)
-    pred = predict_step_s(cal_d, points)
-    uncal = predict_step_s(d, points)
-    bound = _bound(_terms(cal_d, points), _with_shape(cal_d, _eff_dict(cal_d.eff)))
+    uniq, inv = _unique_shapes(points)
+    pred = predict_step_s(cal_d, uniq)[inv]
+    uncal = predict_step_s(d, uniq)[inv]
+    bound = _bound(_terms(cal_d, uniq), _with_shape(cal_d, _eff_dict(cal_d.eff)))[inv]
     return tuple(PointFit(p.batch, p.context_tokens, p.step_s * 1e3, float(pred[i]) * 1e3,
                           float(uncal[i]) * 1e3, str(bound[i]), p.label,
                           p.chunk_tokens, p.chunk_start)
@@ -691,9 +717,11 @@ class Profile:
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
     except OSError as e:
         raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise BstarError(f"{p}: not valid TOML ({e})") from None
     eff_tab = data.get("efficiency")
@@ -715,10 +743,16 @@ def load_profile(path: str | Path) -> Profile:
         eff = replace(rl.Efficiency(), **values)
     except BstarError as e:
         raise BstarError(f"{p}: {e}") from None
-    prof = data.get("profile", {})
-    mem = data.get("memory", {})
+    prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
+    for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):
+        if not isinstance(tab, dict):
+            raise BstarError(f"{p}: [{name}] must be a table")
     reserve = mem.get("reserve_bytes")
-    sc = data.get("gpu_scale", {})
+    if reserve is not None and (isinstance(reserve, bool)
+                                or not isinstance(reserve, int | float)
+                                or not 0 <= reserve <= 2**50):
+        raise BstarError(f"{p}: memory.reserve_bytes must be a number of bytes in 0..2**50, "
+                         f"got {reserve!r}")
     try:
         bs, cs = float(sc.get("bandwidth", 1.0)), float(sc.get("compute", 1.0))
     except (TypeError, ValueError):

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from bstar import __version__
 from bstar.errors import BstarError
@@ -37,14 +38,24 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("calibrate", "calibrate",
      "fit efficiencies and overheads to measured points; write a calibration profile"),
     ("validate", "validate",
-     "the planner vs published measurements: error per row, uncalibrated and calibrated"),
+     "the planner vs measurements: rows, whole curves, or load stages (simulated)"),
 )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with bstar's one-line errors: a bad flag is one line on stderr naming the
+    flag and pointing at --help, exit 2 (argparse's default prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole `bstar` parser; with `only`, every command is listed (for `--help`) but
     only that command's module is imported and its flags registered (start-up)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bstar",
         description="How many sequences should your LLM server batch at once? Roofline cost "
                     "model, fits of measured points, live sweeps and simulation.")
@@ -76,12 +87,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    from bstar.redact import redact, register_secret
+
+    # The key in use is masked wherever it shows up: stored, printed, in --json.
+    register_secret(getattr(args, "api_key", None))
     module, func = args._run.split(":")
     run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
     try:
         return int(run(args) or 0)
     except BstarError as e:
-        print(f"bstar: error: {e}", file=sys.stderr)
+        # One line, credentials masked (a message may quote a URL or a server's reply).
+        msg = " ".join(redact(str(e)).split())
+        print(f"bstar: error: {msg}", file=sys.stderr)
         return 2
     except ImportError as e:
         # A missing optional part: one line naming the extra and the pip command.

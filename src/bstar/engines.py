@@ -1,9 +1,11 @@
 """Engine profiles: bundled priors for the engine-side terms of the cost model.
 
 `--engine NAME` starts the cost model from the profile's values instead of the generic
-defaults of `bstar.roofline.Efficiency`. A profile holds only what the engine decides: its
+defaults of `bstar.roofline.Efficiency`. A profile holds what the engine decides: its
 CPU time per step and per running sequence, the fixed per-layer kernel costs, whether its
-attention materialises scores, its all-reduce latency. Each profile in
+attention materialises scores, its all-reduce latency, its work per request and whether it
+schedules a step ahead; and a GPU-side rate where its kernels differ from the generic ones
+and data show it (vllm's paged attention KV stream). Each profile in
 `presets/engines.toml` names its source and says whether its values were fitted to public
 measurements (`basis = "fitted"`) or are a stated guess (`basis = "guess"`).
 Pure: reads only the bundled TOML.

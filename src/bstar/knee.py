@@ -119,10 +119,6 @@ def step_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                 "past the curve")
 
 
-def _interp_log2(b: FloatArray, t: FloatArray, x: float) -> float:
-    return float(np.interp(math.log2(x), np.log2(b), t))
-
-
 def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                   threshold: float = DEFAULT_DOUBLING) -> Knee:
     """Seed 004: "set max_batch_size to the point where the marginal throughput gain of the
@@ -133,17 +129,21 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
     a small gain can be followed by a large one (noise, or a curve that is not concave): the
     knee is the first doubling after which every doubling gains less than `threshold`."""
     b, t = _curve(batch, throughput_tok_s)
+    log2_b = np.log2(b)  # once: an interpolation is then a binary search, not O(n)
     steps: list[tuple[float, float, float, str]] = []  # (half, B, gain, how)
     for i in range(b.size):
         half = b[i] / 2
         if half < b[0] * (1 - 1e-9):
             continue
-        j = np.flatnonzero(np.isclose(b, half, rtol=1e-9))
-        if j.size:
-            t_half, how = float(t[j[0]]), ""
+        # b is sorted and unique: only b[k-1] and b[k] can be close to half (the first
+        # match in index order, as np.isclose over the whole array would give).
+        k = int(np.searchsorted(b, half))
+        j = next((i for i in (k - 1, k) if 0 <= i < b.size
+                  and abs(b[i] - half) <= 1e-8 + 1e-9 * abs(half)), None)
+        if j is not None:
+            t_half, how = float(t[j]), ""
         else:
-            k = int(np.searchsorted(b, half))
-            t_half = _interp_log2(b, t, half)
+            t_half = float(np.interp(math.log2(half), log2_b, t))
             how = (f"; throughput at B={_b(half)} interpolated in log2(batch) between "
                    f"B={_b(b[k - 1])} and B={_b(b[k])}")
         steps.append((half, float(b[i]), float(t[i] / t_half - 1.0), how))
@@ -152,8 +152,12 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                     f"the curve spans less than one doubling (B={_b(b[0])}..{_b(b[-1])})")
     # The knee is where the gains stay small: a small gain followed by a large one is a dip
     # in a measured (noisy, or not yet saturated) curve, not the plateau.
+    # later_max[n]: the largest gain after step n (O(n) in all, not a scan per step).
+    later_max = [-math.inf] * len(steps)
+    for n in range(len(steps) - 2, -1, -1):
+        later_max[n] = max(later_max[n + 1], steps[n + 1][2])
     for n, (half, bi, gain, how) in enumerate(steps):
-        if gain < threshold and all(g < threshold for _, _, g, _ in steps[n + 1:]):
+        if gain < threshold and later_max[n] < threshold:
             later = (f"; no later doubling gains {threshold * 100:g}% or more"
                      if n + 1 < len(steps) else "")
             return Knee("doubling", max(1, math.floor(half)),

@@ -12,6 +12,11 @@ and splits the difference into its causes:
   difference of the reserves; the reserve that makes them agree is reported.
 - block rounding: the engine allocates whole blocks of `block_size` tokens, so the pool
   holds floor(pool / block bytes) blocks and a sequence takes ceil(tokens / block_size).
+- layer kinds (hybrid models): vLLM V1 gives each kind of layer its own KV cache groups
+  sharing one pool (`roofline.kv_layout`, docs/models.md): a sliding window takes
+  window - 1 + max_num_batched_tokens tokens, a state layer two pages padded to the
+  attention page, whose block grows to hold it. A block is then one page of each layer of
+  a group, and a sequence takes the blocks of every group.
 - KV precision: the bytes per token follow the cache dtype.
 
 Pure: no HTTP here except `fetch_metrics` (standard library, used by `bstar kv --url`).
@@ -40,7 +45,7 @@ def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None)
     try:
         with opener.open(req, timeout=timeout_s) as r:
             return str(r.read().decode("utf-8", "replace"))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a malformed URL ('http://[::1')
         raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
 
 
@@ -83,18 +88,25 @@ class KvCheck:
 
 
 def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
-             pool_bytes: int | None = None, log_tokens: int | None = None) -> KvCheck:
+             pool_bytes: int | None = None, log_tokens: int | None = None,
+             max_num_batched_tokens: int | None = None) -> KvCheck:
     """Compare the server's KV pool (`snap`, one scrape of /metrics; `log_tokens`, the
     start-up log's "KV cache size: N tokens") with bstar's for deployment `d`.
 
     `pool_bytes`: an explicit pool (vLLM on CPU); default the server's configured
-    kv_cache_memory_bytes when it exports one, else bstar's GPU pool of `d`."""
+    kv_cache_memory_bytes when it exports one, else bstar's GPU pool of `d`.
+    `max_num_batched_tokens`: the server's (sizes a sliding window's share; default vLLM's
+    for the GPU)."""
     if tokens_per_seq < 1:
         raise BstarError("--tokens-per-seq (input + output tokens) must be at least 1")
     block = snap.block_size or d.block_tokens
     d = replace(d, block_tokens=block)
+    layout = rl.kv_layout(d, tokens_per_seq, max_num_batched_tokens)
+    block = layout.block_tokens  # a hybrid model's attention block holds a state page
+    d = replace(d, block_tokens=block)
     per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
-    bb = per_token * block
+    bb = layout.bytes_per_block
+    seq_blocks = layout.blocks_per_seq
     notes: list[str] = []
     m_blocks = snap.num_gpu_blocks
     m_tokens = m_blocks * block if m_blocks is not None else (
@@ -105,7 +117,7 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
         raise BstarError("the server exports no KV pool size (vllm:cache_config_info "
                          "num_gpu_blocks, kv_cache_size_tokens) and no start-up log was given")
     m_pool = m_blocks * bb
-    m_b_mem = b_mem_blocks(m_blocks, block, tokens_per_seq)
+    m_b_mem = m_blocks // seq_blocks
     explicit = pool_bytes if pool_bytes is not None else snap.kv_cache_memory_bytes
     if explicit is not None:
         c_pool, source = int(explicit), "explicit"
@@ -125,14 +137,26 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
                      f"({_b(implied - d.reserve_bytes, signed=True)}); --reserve-gib "
                      f"{implied / 2**30:.2f} makes the pools agree")
     c_blocks = c_pool // bb if bb else 0
-    c_b_mem = b_mem_blocks(c_blocks, block, tokens_per_seq)
+    c_b_mem = c_blocks // seq_blocks
     lost = c_pool - c_blocks * bb
-    notes.append(f"block rounding: {per_token:,} B/token x {block} tokens = {_b(bb)} a "
-                 f"block; bstar's pool is {c_blocks:,} whole blocks ({_b(lost)} left over), "
-                 f"the server has {m_blocks:,}; a {tokens_per_seq:,}-token sequence takes "
-                 f"{math.ceil(tokens_per_seq / block)} blocks "
-                 f"({math.ceil(tokens_per_seq / block) * block - tokens_per_seq:,} tokens "
-                 f"of the last one unused)")
+    if len(layout.kinds) == 1 and layout.kinds[0].kind in ("full", "dsa"):
+        notes.append(f"block rounding: {per_token:,} B/token x {block} tokens = {_b(bb)} a "
+                     f"block; bstar's pool is {c_blocks:,} whole blocks ({_b(lost)} left "
+                     f"over), the server has {m_blocks:,}; a {tokens_per_seq:,}-token "
+                     f"sequence takes {math.ceil(tokens_per_seq / block)} blocks "
+                     f"({math.ceil(tokens_per_seq / block) * block - tokens_per_seq:,} "
+                     "tokens of the last one unused)")
+    else:
+        shares = ", ".join(
+            f"{k.kind} {k.num_layers} layers: {k.pool_groups} group(s) x {k.blocks_per_seq} "
+            f"block(s)" + (f" ({k.tokens_per_seq:,} tokens)" if k.tokens_per_seq else "")
+            for k in layout.kinds)
+        notes.append(f"layer kinds: a block is {layout.group_size} layers x "
+                     f"{_b(layout.page_bytes)} pages = {_b(bb)} ({block} tokens); a "
+                     f"{tokens_per_seq:,}-token sequence takes {seq_blocks:,} blocks ({shares}; "
+                     f"max_num_batched_tokens {layout.max_in_flight_tokens:,}); bstar's pool "
+                     f"is {c_blocks:,} whole blocks ({_b(lost)} left over), the server has "
+                     f"{m_blocks:,}")
     if source == "explicit" and c_blocks != m_blocks:
         notes.append(f"the explicit pool gives {c_blocks:,} blocks, the server reports "
                      f"{m_blocks:,}: check the KV precision (--kv-dtype, bstar uses "

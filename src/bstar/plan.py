@@ -39,6 +39,9 @@ class ContextPlan:
     at_recommendation: dict[str, Any] | None = None
     engine_defaults: tuple[dict[str, Any], ...] = ()
     tpot_batch1_s: float | None = None
+    # What one sequence holds per kind of layer and what the engine allocates for it
+    # (roofline.kv_per_kind): full, sliding, chunked, dsa, state.
+    kv_per_kind: tuple[dict[str, Any], ...] = ()
 
     @property
     def sla_unmet(self) -> bool:
@@ -51,6 +54,7 @@ class ContextPlan:
             "context_tokens": self.context_tokens,
             "kv_bytes_per_seq": self.kv_bytes_per_seq,
             "kv_bytes_per_seq_allocated_per_gpu": self.kv_bytes_per_seq_allocated,
+            "kv_per_kind": [dict(k) for k in self.kv_per_kind],
             "b_star": self.b_star,
             "b_star_weights_read": self.b_star_read,
             "b_mem": self.b_mem,
@@ -275,7 +279,8 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
                                "throughput_tok_s": float(at.throughput_tok_s[0]),
                                "regime": at.regime[0]},
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
-            tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0])))
+            tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
+            kv_per_kind=tuple(rl.kv_per_kind(d, ctx))))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out))
 

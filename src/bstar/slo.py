@@ -3,6 +3,7 @@ shared by the sweep, the simulator and the recommendation."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,8 +24,8 @@ class Slo:
     def __post_init__(self) -> None:
         for k in SLO_KEYS:
             v = getattr(self, k)
-            if v is not None and not v > 0:
-                raise BstarError(f"SLO {k} must be positive, got {v}")
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise BstarError(f"SLO {k} must be a positive finite number of ms, got {v}")
 
     @property
     def empty(self) -> bool:
@@ -59,7 +60,8 @@ def _field(key: str) -> str:
 
 def parse_slo(text: str | None) -> Slo:
     """'ttft:500,tpot:50,e2e:3000' (ms; `key=ms` and the _ms suffix are accepted; empty or
-    None: no objective). Unknown keys, non-numbers and values <= 0 are BstarErrors."""
+    None: no objective). Unknown keys, a key given twice, non-numbers, values <= 0 and
+    non-finite values are BstarErrors."""
     out: dict[str, float] = {}
     for part in (p.strip() for p in (text or "").split(",") if p.strip()):
         key, sep, val = part.partition(":")
@@ -68,6 +70,9 @@ def parse_slo(text: str | None) -> Slo:
         if not sep:
             raise BstarError(f"bad --slo item {part!r}: expected ttft:MS, tpot:MS or e2e:MS")
         k = _field(key)
+        if k in out:
+            raise BstarError(f"--slo gives {k.removesuffix('_ms')} twice ({part!r}); "
+                             "give each objective once")
         try:
             out[k] = float(val)
         except ValueError:

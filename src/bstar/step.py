@@ -94,7 +94,8 @@ class StepWork:
     num_seqs: FloatArray  # sequences scheduled (decoding + prompt chunks)
     num_decode: FloatArray
     num_chunks: FloatArray
-    weight_s: FloatArray  # weight bytes read / HBM bandwidth
+    weight_s: FloatArray  # weight bytes read / HBM bandwidth (all of them)
+    weight16_s: FloatArray  # ... of which kept 16-bit in a quantized checkpoint
     gemm_s: FloatArray  # GEMM FLOPs / dense peak
     kv_s: FloatArray  # decode KV bytes (and fixed states) / HBM bandwidth
     score_s: FloatArray  # an unfused attention's score traffic per score byte / bandwidth
@@ -166,7 +167,10 @@ def price_parts(w: StepWork, params: Any) -> StepParts:
     has_dec = w.num_decode > 0
     has_chunk = w.num_chunks > 0
     kv_eff = p["kv_bandwidth"] if grouped else p["bandwidth"]
-    weight_mem = w.weight_s / weight_stream(w.weight_bits, p)
+    # A quantized checkpoint streams its quantized weights through dequantizing GEMMs and
+    # the modules it keeps 16-bit (attention, routers, norms) at the 16-bit rate.
+    weight_mem = (w.weight_s - w.weight16_s) / weight_stream(w.weight_bits, p) \
+        + w.weight16_s / weight_stream(16, p)
     gemm_c = w.gemm_s / p["compute"]
     kv_mem = (w.kv_s + p["score_bytes"] * w.score_s) / kv_eff
     attn_c = w.decode_attention_s / p["compute"]
@@ -229,6 +233,8 @@ class StepShape:
     dense_weight_s: float  # read every step whatever the batch (a tied table included)
     weight_s_per_token: float  # looked-up rows of an untied input embedding
     expert_weight_s: float  # MoE routed experts, read in the fraction touched
+    dense16_weight_s: float  # of dense_weight_s (and the looked-up rows), kept 16-bit
+    expert16_weight_s: float  # of expert_weight_s, kept 16-bit
     top_k: int
     num_experts: int
     gemm_s_per_token: float
@@ -247,12 +253,14 @@ class StepShape:
         return sum(g.kv_s_per_token for g in self.groups if g.kind != "state") \
             * self.hbm_bandwidth_bytes_s
 
-    def weight_s(self, num_tokens: npt.ArrayLike) -> FloatArray:
+    def weight_s(self, num_tokens: npt.ArrayLike, only_16bit: bool = False) -> FloatArray:
+        """Weight read time of a step of `num_tokens` tokens (or of its 16-bit part)."""
         t = np.asarray(num_tokens, dtype=np.float64)
-        w = self.dense_weight_s + self.weight_s_per_token * t
+        dense, expert = (self.dense16_weight_s, self.expert16_weight_s) if only_16bit \
+            else (self.dense_weight_s, self.expert_weight_s)
+        w = dense + self.weight_s_per_token * t
         if self.num_experts:
-            w = w + self.expert_weight_s * expert_fraction_read(t, self.top_k,
-                                                                self.num_experts)
+            w = w + expert * expert_fraction_read(t, self.top_k, self.num_experts)
         return np.asarray(w, dtype=np.float64)
 
     def kv_s_per_seq(self, tokens: npt.ArrayLike) -> FloatArray:
@@ -269,7 +277,9 @@ class StepShape:
         zero = np.zeros_like(num_seqs)
         return StepWork(
             num_seqs=num_seqs, num_decode=num_decode, num_chunks=num_chunks,
-            weight_s=self.weight_s(num_tokens), gemm_s=self.gemm_s_per_token * num_tokens,
+            weight_s=self.weight_s(num_tokens),
+            weight16_s=self.weight_s(num_tokens, only_16bit=True),
+            gemm_s=self.gemm_s_per_token * num_tokens,
             kv_s=kv, score_s=score, decode_attention_s=dec_attn,
             chunk_kv_s=zero if chunk_kv is None else chunk_kv,
             chunk_tiles_kv_s=zero if chunk_tiles_kv is None else chunk_tiles_kv,
@@ -391,9 +401,11 @@ def _shape_uncached(d: Deployment) -> StepShape:
     bw = g.hbm_bandwidth_bytes_s
     peak = g.peak_flops(d.weight.compute)
     dense, expert, embed = m.weight_bytes_parts(d.weight)
+    dense16, expert16 = m.weight_bytes_16bit(d.weight)
     per_token = 0.0
     if m.tie_word_embeddings:
         dense += embed  # the table is the LM head: read in full every step
+        dense16 += embed  # embeddings stay 16-bit
     else:
         per_token = m.hidden_size * 2  # one looked-up row of the input table per token
     kv_bytes = d.kv.bits / 8
@@ -422,6 +434,8 @@ def _shape_uncached(d: Deployment) -> StepShape:
     return StepShape(
         dense_weight_s=dense / n / bw, weight_s_per_token=per_token / n / bw,
         expert_weight_s=expert / n / bw if m.is_moe else 0.0,
+        dense16_weight_s=dense16 / n / bw, expert16_weight_s=expert16 / n / bw if m.is_moe
+        else 0.0,
         top_k=m.num_experts_per_tok if m.is_moe else 0,
         num_experts=m.num_experts if m.is_moe else 0,
         gemm_s_per_token=2 * m.matmul_params_per_token / n / peak,

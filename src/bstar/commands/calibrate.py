@@ -79,7 +79,7 @@ def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any],
         else:
             try:
                 ctx = int(float(str(raw)))
-            except ValueError:
+            except (ValueError, OverflowError):  # OverflowError: inf
                 raise BstarError(f"{where}: context_tokens {raw!r} is not a number") from None
             if ctx < 1:
                 raise BstarError(f"{where}: context_tokens must be at least 1")
@@ -152,12 +152,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     checks = [_check(args, spec, c) for spec in args.check]
     spread = repeat_spread(list(c.points))
     if args.json:
-        print(json.dumps({**c.to_dict(), "profile": str(args.output or ""),
-                          "repeat_spread": spread,
-                          "checks": [{"run": run, "model": model,
-                                      "median_abs_error": _median_abs(pts),
-                                      "points": [_point_dict(p) for p in pts]}
-                                     for run, model, pts in checks]}, indent=2))
+        from bstar.commands.emit import dumps
+
+        print(dumps({**c.to_dict(), "profile": str(args.output or ""),
+                     "repeat_spread": spread,
+                     "checks": [{"run": run, "model": model,
+                                 "median_abs_error": _median_abs(pts),
+                                 "points": [_point_dict(p) for p in pts]}
+                                for run, model, pts in checks]}))
         return 0
     _print(c, args.output, spread)
     for run, model, pts in checks:
@@ -221,10 +223,19 @@ def _point_dict(p: Any) -> dict[str, Any]:
 def points_from_run(db: str | None, run_id: str, metric: str,
                     context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
     """Decode-step points from a stored sweep run (bstar sweep's store)."""
+    import sqlite3
+
     from bstar import calibrate as cal
+    from bstar.errors import BstarError
+    from bstar.loadgen.store import Store
     from bstar.loadgen.sweep import load_result
 
-    result = load_result(db, run_id)  # db None: the sweep's default store
+    # db None: the sweep's default store. Read-only: never creates a file.
+    with Store(db, readonly=True) as store:
+        try:
+            result = load_result(store, run_id)
+        except sqlite3.Error as e:
+            raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = cal.points_from_sweep(result, metric, context)
     return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
 

@@ -4,6 +4,7 @@ start-up (the library types they map flags onto load inside the functions)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -41,7 +42,14 @@ def _int_token(s: str) -> int:
 
 
 int_list = _list_of(_int_token, "an integer")
-float_list = _list_of(float, "a number")
+def _finite(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):
+        raise ValueError(s)
+    return v
+
+
+float_list = _list_of(_finite, "a finite number")
 str_list = _list_of(str, "a name")
 
 
@@ -50,6 +58,8 @@ def _number(s: str, *, positive: bool) -> float:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
     if positive and not v > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {s}")
     if not positive and not v >= 0:
@@ -65,6 +75,17 @@ def non_negative_float(s: str) -> float:
     return _number(s, positive=False)
 
 
+def finite_float(s: str) -> float:
+    """Any finite number (no nan, inf)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
+
+
 def positive_int(s: str) -> int:
     try:
         v = _int_token(s)
@@ -73,6 +94,23 @@ def positive_int(s: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {s}")
     return v
+
+
+SEED_MAX = 2**63 - 1
+
+
+def seed_int(s: str) -> int:
+    """A random seed: an integer in 0 .. 2**63 - 1 (what numpy's generators take)."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, got {s}")
+    return v
+
+
+positive_int_list = _list_of(positive_int, "a positive integer")
 
 
 def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -92,6 +130,12 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                        help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
     g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
                    default=1, help="tensor-parallel degree (default: 1)")
+    g.add_argument("--assume-unmodeled", action="store_true",
+                   help="read a config whose layer kind, quantization method or memory key "
+                        "bstar does not model on a stated assumption (unknown layers as full "
+                        "attention, unknown quantization as the config's dtype; "
+                        "docs/models.md) instead of refusing it; the same as "
+                        "BSTAR_ASSUME_UNMODELED=1")
     g.add_argument("--dtype", default="",
                    help="weight precision: bf16, fp16, fp8, int8, int4 (W4A16, group 128) "
                         "(default: the checkpoint's)")
@@ -134,6 +178,12 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
     defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
     from bstar.deployment import DeploymentOptions
 
+    if getattr(args, "assume_unmodeled", False):
+        import os
+
+        from bstar.specs.model import ASSUME_ENV
+
+        os.environ[ASSUME_ENV] = "1"  # read where the config is (bstar.specs.presets)
     flags = {"model": model or _single(getattr(args, "model", None)),
              "gpu": gpu or _single(getattr(args, "gpu", None)),
              "num_gpus": getattr(args, "num_gpus", None),

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,35 +87,11 @@ def run_demo(args: argparse.Namespace) -> int:
             f"per level, {args.input_len} tokens in, {args.output_len} out")
         result = _sweep(server.url, levels, args, out / "bstar.db", say, model_dir, gpu_file)
     say("server stopped")
-    sweep = result.to_dict()
-    sweep_json = out / "sweep.json"
-    sweep_json.write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
-
-    from bstar.fit import fit_points, load_points
-
-    points = load_points(sweep_json)
-    top = max(points.batch)
-    predict = [2 * top, 4 * top]
-    say(f"fitting {len(points.batch)} measured levels, predicting batch {predict[0]} and "
-        f"{predict[1]}")
-    from bstar.report.views import prefill_aware
-
-    # Throughput extrapolated in the quantity measured: output tokens with each prefill.
-    fit = prefill_aware(fit_points(points, predict=predict), sweep)
-
+    sweep, fit, views, calibration, uncalibrated = analyse(result, out, say)
     from bstar.report.build import demo_report
     from bstar.report.html import write_html
-    from bstar.report.views import fit_view, run_signature
 
-    calibration, uncalibrated = _calibrate(result, out / "calibration.toml")
-    say(f"calibrated the cost model on its own {len(calibration.points)} levels: median "
-        f"|error| {calibration.median_abs_error:.1%} (uncalibrated {uncalibrated:.1%}; roof "
-        f"shape k = {calibration.eff.roof_sharpness:g}); predicting with it and replaying "
-        "the levels in the simulator")
-    signature = run_signature(sweep, fit, "The tiny model on this CPU, four ways",
-                              deployment=calibration.apply(_deployment(sweep)))
-    report = write_html(demo_report(sweep, fit_view(fit), "bstar demo", signature),
-                        out / "report.html")
+    report = write_html(demo_report(views, "bstar demo"), out / "report.html")
     say("report written")
     rec = sweep.get("recommendation") or {}
     if args.json:
@@ -125,7 +102,7 @@ def run_demo(args: argparse.Namespace) -> int:
                           "predictions": [p.to_dict() for p in fit.predictions]},
                           "calibration": {
                               "profile": str((out / "calibration.toml").resolve()),
-                              "metric": "itl_p50",
+                              "metric": CALIBRATION_METRIC,
                               "median_abs_error": calibration.median_abs_error,
                               "uncalibrated_median_abs_error": uncalibrated,
                               "roof_sharpness": calibration.eff.roof_sharpness}},
@@ -139,10 +116,53 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def analyse(result: Any, out: Path, say: Callable[[str], None]
+            ) -> tuple[dict[str, Any], Any, dict[str, Any], Any, float]:
+    """After the sweep: write sweep.json, fit the levels, calibrate the cost model on them
+    and build what the report draws (`views.demo_views`). Returns the sweep dict, the fit,
+    the views, the calibration and the uncalibrated median |error|."""
+    sweep = result.to_dict()
+    sweep_json = out / "sweep.json"
+    sweep_json.write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+
+    from bstar.fit import fit_points, load_points
+
+    points = load_points(sweep_json)
+    top = max(points.batch)
+    predict = [2 * top, 4 * top]
+    say(f"fitting {len(points.batch)} measured levels, predicting batch {predict[0]} and "
+        f"{predict[1]}")
+    from bstar.report.views import demo_views, prefill_aware
+
+    # Throughput extrapolated in the quantity measured: output tokens with each prefill.
+    fit = prefill_aware(fit_points(points, predict=predict), sweep)
+    calibration, uncalibrated = _calibrate(result, out / "calibration.toml")
+    say(f"calibrated the cost model on its own {len(calibration.points)} levels: median "
+        f"|error| {calibration.median_abs_error:.1%} (uncalibrated {uncalibrated:.1%}; roof "
+        f"shape k = {calibration.eff.roof_sharpness:g}); predicting with it and replaying "
+        "the levels in the simulator")
+    views = demo_views(sweep, fit, calibration.apply(_deployment(sweep)),
+                       calibration_summary(calibration, uncalibrated),
+                       "The tiny model on this CPU, four ways")
+    return sweep, fit, views, calibration, uncalibrated
+
+
 def _deployment(sweep: dict[str, Any]) -> Any:
     from bstar.report.views import sweep_deployment
 
     return sweep_deployment(sweep.get("options") or {})
+
+
+def calibration_summary(calibration: Any, uncalibrated: float) -> dict[str, Any]:
+    """What the report says the calibrated prediction rests on, from the calibration."""
+    return {"levels": len(calibration.points), "metric": CALIBRATION_METRIC,
+            "metric_words": "their median inter-token gap: one decode step",
+            "median_abs_error": calibration.median_abs_error,
+            "uncalibrated_median_abs_error": uncalibrated,
+            "roof_sharpness": calibration.eff.roof_sharpness}
+
+
+CALIBRATION_METRIC = "itl_p50"
 
 
 def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
@@ -154,7 +174,7 @@ def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     from bstar import calibrate as cal
 
     d = _deployment(result.to_dict())
-    points = cal.points_from_sweep(result, "itl_p50")
+    points = cal.points_from_sweep(result, CALIBRATION_METRIC)
     # As many parameters as the levels can carry: the weight stream and the per-step cost
     # first (they set batch 1), then compute and the per-sequence cost.
     fit = cal.DEFAULT_FIT if len(points) > len(cal.DEFAULT_FIT) else \

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bstar.commands.common import deployment_options, int_list, positive_float, positive_int
+from bstar.commands.common import (
+    deployment_options,
+    positive_float,
+    positive_int,
+    positive_int_list,
+    seed_int,
+)
 from bstar.commands.emit import emit
 
 
@@ -14,7 +20,7 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                    help="CSV or JSON with 'batch' and at least one of 'throughput_tok_s', "
                         "'tpot_ms' (the other is derived: throughput = batch / TPOT); or a "
                         "sweep result (--json of bstar sweep)")
-    p.add_argument("--predict", type=int_list, default=None,
+    p.add_argument("--predict", type=positive_int_list, default=None,
                    help="batch sizes to predict, comma-separated (default: 2x and 4x the "
                         "largest measured batch)")
     p.add_argument("--critical-batch", type=positive_float, default=None, metavar="N",
@@ -57,7 +63,7 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                         "points past the roof)")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N",
                    help="bootstrap resamples for the intervals (default 200; 0: none)")
-    f.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    f.add_argument("--seed", type=seed_int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the points, the fit and its predictions (needs bstar[plot])")

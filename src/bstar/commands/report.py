@@ -4,7 +4,6 @@ comparison, a fit, a stored sweep run or a simulation. Standard library only at 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -69,13 +68,26 @@ def _command_line() -> str:
 
 def _done(args: argparse.Namespace, path: Any, extra: dict[str, Any] | None = None) -> int:
     if getattr(args, "json", False):
-        print(json.dumps({"report": str(path), **(extra or {})}, indent=2))
+        from bstar.commands.emit import dumps
+
+        print(dumps({"report": str(path), **(extra or {})}))
     else:
         print(f"report written to {path}")
     return 0
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from bstar.errors import BstarError
+
+    try:
+        return _run_report(args)
+    except OSError as e:
+        # The report's file (or --plot's) on a read-only or missing folder: one line.
+        where = e.filename or args.output
+        raise BstarError(f"cannot write {where}: {e.strerror or e}") from None
+
+
+def _run_report(args: argparse.Namespace) -> int:
     source = args.report_source
     if source == "plan":
         return _report_plan(args)
@@ -151,17 +163,20 @@ def _report_search(args: argparse.Namespace) -> int:
 
 
 def _report_run(args: argparse.Namespace) -> int:
-    from bstar.loadgen.store import default_db_path
+    import sqlite3
+
+    from bstar.errors import BstarError
+    from bstar.loadgen.store import Store
     from bstar.loadgen.sweep import load_result
     from bstar.report import save_sweep_plot, write_sweep_report
 
-    db = Path(args.db) if args.db else default_db_path()
-    if not db.is_file():
-        from bstar.errors import BstarError
-
-        # Opening a missing path would create an empty DB; say what is wrong instead.
-        raise BstarError(f"no results DB at {db}: run bstar sweep first, or give --db")
-    sweep = load_result(db, args.run_id).to_dict()
+    # Read-only: a missing path is an error, never a new empty DB; a foreign or corrupt
+    # file is one line.
+    with Store(args.db, readonly=True) as store:
+        try:
+            sweep = load_result(store, args.run_id).to_dict()
+        except sqlite3.Error as e:
+            raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     path = write_sweep_report(sweep, args.output, _command_line())
     if args.plot:
         save_sweep_plot(sweep, args.plot)

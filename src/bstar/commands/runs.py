@@ -29,7 +29,10 @@ def add_runs_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument("run")
     ex.add_argument("--format", choices=["csv", "json"], default="csv")
     ex.add_argument("--what", choices=["levels", "requests"], default="levels")
-    ex.add_argument("-o", "--output", help="file to write (default: stdout)")
+    ex.add_argument("-o", "--output", help="file to write (default: stdout); never the DB "
+                    "itself, nor an existing file that is not an earlier export")
+    ex.add_argument("--force", action="store_true",
+                    help="overwrite an existing -o file that is not an earlier export")
     cp = sub.add_parser("compare", help="two or more runs side by side, level by level")
     cp.add_argument("runs", nargs="+")
     cp.add_argument("--json", action="store_true")
@@ -51,6 +54,8 @@ def _flat_level(lv: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_runs(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from bstar.errors import BstarError
     from bstar.loadgen.store import Store
 
@@ -58,11 +63,72 @@ def run_runs(args: argparse.Namespace) -> int:
     handlers = {"list": _list, "show": _show, "export": _export, "compare": _compare}
     if action not in handlers:
         raise BstarError(f"unknown runs action {action!r}")
-    store = Store(args.db)
+    # Every action only reads: the DB opens read-only, never created, never altered.
+    store = Store(args.db, readonly=True)
     try:
         return handlers[action](args, store)
+    except sqlite3.Error as e:
+        raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     finally:
         store.close()
+
+
+# The columns that mark a file as an earlier `runs export` (levels, or requests).
+_EXPORT_MARKS = ({"concurrency", "status", "requests", "errors"},
+                 {"level", "attempt", "level_id", "start_s", "token_source"})
+
+
+def _is_export(path: Any) -> bool:
+    """Whether the existing file at `path` is an earlier `bstar runs export` (CSV or JSON,
+    levels or requests) or empty, so that overwriting it loses nothing else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    if not head.strip():
+        return True
+    try:
+        text = head.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return False
+    first = text.lstrip()
+    if first.startswith("["):
+        try:
+            with open(path, encoding="utf-8") as f:
+                rows = json.load(f)
+        except (OSError, ValueError):
+            return False
+        return isinstance(rows, list) and all(isinstance(r, dict) for r in rows) and (
+            not rows or any(m <= set(rows[0]) for m in _EXPORT_MARKS))
+    header = set(next(csv.reader([text.splitlines()[0]]), []))
+    return any(m <= header for m in _EXPORT_MARKS)
+
+
+def _check_output(args: argparse.Namespace, db: Any) -> None:
+    """Refuse an -o that would destroy data: the DB itself (or its -wal/-shm), a folder, or
+    an existing file that is not an earlier export (unless --force)."""
+    from pathlib import Path
+
+    from bstar.errors import BstarError
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise BstarError(f"-o {out} is a folder; give a file")
+    if not out.exists():
+        return
+    dbp = Path(db).resolve()
+    same = {dbp, Path(f"{dbp}-wal"), Path(f"{dbp}-shm"), Path(f"{dbp}-journal")}
+    if out.resolve() in same or (dbp.exists() and out.samefile(dbp)):
+        raise BstarError(f"-o {out} is the results DB itself; export to another file")
+    with open(out, "rb") as f:
+        sqlite = f.read(16) == b"SQLite format 3\x00"
+    if sqlite:
+        raise BstarError(f"-o {out} is a SQLite database; bstar does not overwrite it "
+                         "(export to another file)")
+    if not getattr(args, "force", False) and not _is_export(out):
+        raise BstarError(f"-o {out} exists and is not an earlier bstar export; "
+                         "give --force to overwrite it, or another file")
 
 
 def _list(args: argparse.Namespace, store: Any) -> int:
@@ -83,13 +149,20 @@ def _show(args: argparse.Namespace, store: Any) -> int:
 
 
 def _export(args: argparse.Namespace, store: Any) -> int:
+    from bstar.commands.emit import finite
+    from bstar.errors import BstarError
     from bstar.loadgen.sweep import load_result
+    from bstar.redact import redact_obj
 
+    if args.output:
+        _check_output(args, store.path)
     res = load_result(store, args.run)
     if args.what == "levels":
         rows = [_flat_level(lv) for lv in res.to_dict()["levels"]]
     else:
         rows = store.request_rows(res.run_id)
+    # Rows stored before masking existed may hold a key: masked on the way out too.
+    rows = redact_obj(finite(rows))
     if args.format == "json":
         text = json.dumps(rows, indent=2) + "\n"
     else:
@@ -102,8 +175,11 @@ def _export(args: argparse.Namespace, store: Any) -> int:
         w.writerows(rows)
         text = buf.getvalue()
     if args.output:
-        with open(args.output, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        except OSError as e:
+            raise BstarError(f"cannot write -o {args.output}: {e.strerror or e}") from None
     else:
         sys.stdout.write(text)
     return 0

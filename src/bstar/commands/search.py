@@ -4,15 +4,15 @@ process, a local process pool (--jobs N) or on Ray (--ray [ADDRESS])."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from bstar.commands.common import (
-    int_list,
     non_negative_float,
     positive_float,
     positive_int,
+    positive_int_list,
+    seed_int,
     str_list,
 )
 
@@ -26,13 +26,13 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                         "llama-3-8b)")
     c.add_argument("--gpu", type=str_list, default=None,
                    help=f"GPU catalog ids or GPU files, comma-separated (default {DEFAULT_GPUS})")
-    c.add_argument("--num-gpus", type=int_list, default=None,
+    c.add_argument("--num-gpus", type=positive_int_list, default=None,
                    help="GPUs per instance, comma-separated (default 1,2,4,8); each runs "
                         "num_gpus/tp replicas for every valid tensor parallel size tp")
-    c.add_argument("--max-num-seqs", type=int_list, default=None,
+    c.add_argument("--max-num-seqs", type=positive_int_list, default=None,
                    help="engine limits to try (default: around the predicted knee and B_mem "
                         "of each GPU x tp)")
-    c.add_argument("--max-num-batched-tokens", type=int_list, default=None,
+    c.add_argument("--max-num-batched-tokens", type=positive_int_list, default=None,
                    help="token budgets to try (default: what vllm serve picks on the GPU)")
     c.add_argument("--dtype", default="", help="weight precision (default: the checkpoint's)")
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
@@ -71,7 +71,11 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--output-len", default="256", help="output tokens, same forms (default 256)")
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
-    t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
+    t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
+                   help="tokens at the start of every prompt the prefix cache already holds "
+                        "(a shared system prompt): prefill computes the rest (default 0)")
+    t.add_argument("--seed", type=seed_int, default=0,
+                   help="random seed of the traffic (default 0)")
     t.add_argument("--draws", type=positive_int, default=3,
                    help="traffic draws (seeds) each rate must meet the SLO on, worst of K "
                         "(default 3)")
@@ -119,9 +123,11 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     trace = None
     if args.trace is not None:
         try:
-            trace = parse_trace(Path(args.trace).read_text())
+            trace = parse_trace(Path(args.trace).read_bytes())
         except OSError as e:
             raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
+        except BstarError as e:
+            raise BstarError(f"--trace {args.trace}: {e}") from None
     demand = args.rate
     if demand is None:
         if trace is None:
@@ -132,8 +138,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    traffic = Traffic(demand, parse_lengths(args.input_len), parse_lengths(args.output_len),
-                      num_requests, args.seed, trace, args.draws)
+    traffic = Traffic(demand, parse_lengths(args.input_len, "--input-len"),
+                      parse_lengths(args.output_len, "--output-len"),
+                      num_requests, args.seed, trace, args.draws,
+                      args.prefix_cached_tokens)
     from bstar.deployment import DeploymentOptions
 
     eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
@@ -220,7 +228,9 @@ def run_search(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"bstar: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(obj, indent=2))
+        from bstar.commands.emit import dumps
+
+        print(dumps(obj))
         return 0
     from bstar.report.text import print_search
 

@@ -6,34 +6,42 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bstar.commands.common import add_deployment_arguments, build_deployment, int_list
+from bstar.commands.common import (
+    add_deployment_arguments,
+    build_deployment,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    positive_int_list,
+    seed_int,
+)
 from bstar.commands.emit import emit
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
     s = p.add_argument_group("scheduler (vLLM V1)")
-    s.add_argument("--max-num-seqs", type=int_list, default=None,
+    s.add_argument("--max-num-seqs", type=positive_int_list, default=None,
                    help="levels to simulate, comma-separated (default: what `vllm serve` "
                         "picks on this GPU: 256, or 1024 on >= 70 GiB non-A100 GPUs)")
-    s.add_argument("--max-num-batched-tokens", type=int, default=None,
+    s.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="token budget per step; chunked prefill splits prompts to fit "
                         "(default: vllm serve's, 2048, or 8192 on >= 70 GiB non-A100 GPUs)")
     s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what a preempted request loses: recompute (V1) drops its KV; swap "
                         "(V0) parks it in host memory (default recompute)")
-    s.add_argument("--swap-space-gib", type=float, default=4.0,
+    s.add_argument("--swap-space-gib", type=non_negative_float, default=4.0,
                    help="host swap space per GPU for --preemption swap, GiB (default 4)")
     t = p.add_argument_group("traffic")
     load = t.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, default=None,
                       help="open loop: Poisson arrivals, requests/s")
-    load.add_argument("--concurrency", type=int, default=None,
+    load.add_argument("--concurrency", type=positive_int, default=None,
                       help="closed loop: this many users, each with one request in flight")
     load.add_argument("--trace", default=None, metavar="FILE",
                       help="replay arrivals and lengths: CSV (arrival_s,input_tokens,"
                            "output_tokens) or JSON lines")
-    t.add_argument("--think-time-s", type=float, default=0.0,
+    t.add_argument("--think-time-s", type=non_negative_float, default=0.0,
                    help="closed loop: mean pause between a response and the user's next "
                         "request (exponential; default 0)")
     t.add_argument("--input-len", default="512",
@@ -41,15 +49,20 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "or empirical:N1,N2,... (default 512)")
     t.add_argument("--output-len", default="256",
                    help="output tokens, same forms (default 256)")
+    t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
+                   help="tokens at the start of every prompt that the prefix cache already "
+                        "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
+                        "prefill computes only the rest, in whole KV blocks (default 0)")
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "1,000,000)")
-    t.add_argument("--seed", type=int, default=0, help="random seed of the traffic (default 0)")
+    t.add_argument("--seed", type=seed_int, default=0,
+                   help="random seed of the traffic (default 0)")
     o = p.add_argument_group("objectives and bounds")
     o.add_argument("--slo", default=None,
                    help="per-request SLOs in ms for goodput and the SLA rule, e.g. "
                         "ttft:500,tpot:50,e2e:20000")
-    o.add_argument("--max-sim-time-s", type=float, default=24 * 3600.0,
+    o.add_argument("--max-sim-time-s", type=positive_float, default=24 * 3600.0,
                    help="stop a level after this much simulated time (default 86400)")
     p.add_argument("--json", action="store_true",
                    help="print the simulate object (a list of them for several levels)")
@@ -82,7 +95,8 @@ def study_options(args: argparse.Namespace) -> Any:
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
         trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
         output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
-        slo=args.slo, max_sim_time_s=args.max_sim_time_s)
+        slo=args.slo, max_sim_time_s=args.max_sim_time_s,
+        prefix_cached_tokens=args.prefix_cached_tokens)
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:

@@ -55,6 +55,7 @@ from bstar.fit.model import (
     _line_start,
     _Mode,
     _solve,
+    summarize,
 )
 from bstar.fit.points import (
     COLUMNS,
@@ -309,9 +310,15 @@ def fit_points(points: Points, *, predict: Sequence[int] = (),
             raise BstarError(f"--predict batch sizes must be at least 1, got {q}")
     b = np.array(points.batch, dtype=np.float64)
     y = np.log(np.array(points.tpot_ms, dtype=np.float64))
-    roof = _settle_roof(b, y, critical_batch, compute_ms_per_seq, fit_overhead)
+    # Many points: the solver sees a summary of them (bstar.fit.model.summarize), so the fit
+    # stays O(n log n); the residuals, outliers and measured knees below are of every point.
+    bs, ys = summarize(b, y)
+    roof = _settle_roof(bs, ys, critical_batch, compute_ms_per_seq, fit_overhead)
     params, roof_source = roof.params, roof.source
     notes = list(roof.notes)
+    if bs.size < b.size:
+        notes.append(f"{b.size:,} points fitted as {bs.size:,} bins of consecutive batches "
+                     "(each its median batch and median step); residuals are per point")
     fitted = params.step_ms(b)
     resid = np.array(points.tpot_ms) / fitted - 1.0
     lr = np.log(np.array(points.tpot_ms)) - np.log(fitted)
@@ -322,7 +329,12 @@ def fit_points(points: Points, *, predict: Sequence[int] = (),
         notes.append(f"down-weighted as outliers by the robust loss: B="
                      f"{', '.join(map(str, outliers))}")
     b_last = float(b[-1])
-    boot = _bootstrap(roof.mode, params, b, fitted, lr, n_bootstrap, seed)
+    if bs.size < b.size:
+        fitted_s = params.step_ms(bs)
+        boot = _bootstrap(roof.mode, params, bs, fitted_s, ys - np.log(fitted_s),
+                          n_bootstrap, seed)
+    else:
+        boot = _bootstrap(roof.mode, params, b, fitted, lr, n_bootstrap, seed)
     queries = list(predict) if predict else [int(2 * b_last), int(4 * b_last)]
     preds = tuple(_predict(params, boot, q, b_last, roof_source) for q in queries)
     # Knees on the fitted curve (powers of two; only over the data when the roof is unknown)

@@ -105,6 +105,31 @@ def _solve(mode: _Mode, b: FloatArray, y: FloatArray, start: Params) -> tuple[Pa
     return mode.unpack(r.x), float(r.cost)
 
 
+# Past this many points the solver fits a summary: equal-count bins of consecutive batches,
+# each its median batch and median log step (a robust summary; equal counts keep the bins
+# equally weighted), so the solves cost O(MAX_FIT_POINTS), not O(n), and the whole fit is
+# O(n log n) in the points (the sort), not O(n^2).
+MAX_FIT_POINTS = 1024
+
+
+def summarize(b: FloatArray, y: FloatArray, max_points: int = MAX_FIT_POINTS
+              ) -> tuple[FloatArray, FloatArray]:
+    """(batch, log step) of at most `max_points` bins of consecutive batches (`b` sorted);
+    the data themselves when they are no more."""
+    if b.size <= max_points:
+        return b, y
+    edges = np.linspace(0, b.size, max_points + 1).astype(int)
+    bs = np.empty(max_points)
+    ys = np.empty(max_points)
+    for i in range(max_points):
+        lo, hi = edges[i], edges[i + 1]
+        bs[i] = float(np.median(b[lo:hi]))
+        ys[i] = float(np.median(y[lo:hi]))
+    # Bins of repeated batches share a median: keep one (the roof needs distinct batches).
+    keep = np.concatenate(([True], np.diff(bs) > 0))
+    return bs[keep], ys[keep]
+
+
 def _line_start(b: FloatArray, step: FloatArray) -> Params:
     """a, b from a plain straight-line fit, kept positive: a starting point only."""
     if b.size >= 2:
@@ -117,19 +142,56 @@ def _line_start(b: FloatArray, step: FloatArray) -> Params:
     return Params(a, s, None)
 
 
+# Splits tried as starts of the free-roof fit: every split up to this many, else a
+# geometric grid of GRID_SPLITS and a refinement around the grid's best (so the number of
+# solves stays constant and the fit is O(n) per solve, not O(n^2) in all).
+ALL_SPLITS_UP_TO = 32
+GRID_SPLITS = 24
+REFINE_SPLITS = 8
+
+
+def _splits(n: int) -> list[int]:
+    """The first candidate splits m (the top m points start on the compute line)."""
+    if n - 3 <= ALL_SPLITS_UP_TO:
+        return list(range(2, n - 1))
+    grid = np.unique(np.rint(np.geomspace(2, n - 2, GRID_SPLITS)).astype(int))
+    return [int(m) for m in grid]
+
+
+def _refine(tried: list[int], best_m: int, n: int) -> list[int]:
+    """Splits between the grid's neighbours of `best_m` not tried yet."""
+    tried_sorted = sorted(tried)
+    i = tried_sorted.index(best_m)
+    lo = tried_sorted[i - 1] if i > 0 else 2
+    hi = tried_sorted[i + 1] if i + 1 < len(tried_sorted) else n - 2
+    cand = np.unique(np.rint(np.linspace(lo, hi, REFINE_SPLITS + 2)).astype(int))
+    return [int(m) for m in cand if int(m) not in tried and 2 <= m <= n - 2]
+
+
 def _fit_free_roof(b: FloatArray, y: FloatArray, overhead: bool) -> tuple[Params, float] | None:
-    """The best fit with c free, over starts that put the top m points on the compute line."""
+    """The best fit with c free, over starts that put the top m points on the compute line
+    (every m for small data; a grid and a local refinement past ALL_SPLITS_UP_TO)."""
     n, step = b.size, np.exp(y)
     best: tuple[Params, float] | None = None
+    best_m = 0
     mode = _Mode("free", overhead=overhead)
-    for m in range(2, n - 1):
+
+    def start_at(m: int) -> Params:
         lo = _line_start(b[: n - m], step[: n - m])
         c0 = float(np.median(step[n - m:] / b[n - m:]))
-        start = Params(lo.a_ms, lo.b_ms, max(c0, lo.b_ms * 1.01),
-                       0.05 * lo.a_ms if overhead else 0.0)
-        got = _solve(mode, b, y, start)
+        return Params(lo.a_ms, lo.b_ms, max(c0, lo.b_ms * 1.01),
+                      0.05 * lo.a_ms if overhead else 0.0)
+
+    tried = _splits(n)
+    for m in tried:
+        got = _solve(mode, b, y, start_at(m))
         if best is None or got[1] < best[1]:
-            best = got
+            best, best_m = got, m
+    if n - 3 > ALL_SPLITS_UP_TO and best is not None:
+        for m in _refine(tried, best_m, n):
+            got = _solve(mode, b, y, start_at(m))
+            if got[1] < best[1]:
+                best = got
     return best
 
 
@@ -163,7 +225,8 @@ def _check_roof(b: FloatArray, y: FloatArray, mem_fit: Params, overhead: bool) -
     sigma_mem = 1.4826 * float(np.median(np.abs(r_mem)))
     excess = -r_mem[on]  # how far the roof points sit above the memory-only fit
     need = max(ROOF_SIGMAS * sigma_full, ROOF_MIN_EXCESS)
-    where = f"B={', '.join(map(str, on_batches))}"
+    where = (f"B={', '.join(map(str, on_batches))}" if len(on_batches) <= 8 else
+             f"B={on_batches[0]}..{on_batches[-1]} ({len(on_batches):,} points)")
     # Two ways a roof shows: the memory-only fit treats the roof points as outliers (they sit
     # above it), or it bends to reach them and then misfits everything (its typical residual
     # is several times the full model's).

@@ -15,6 +15,11 @@ from bstar.errors import BstarError, closest
 
 COLUMNS = ("batch", "throughput_tok_s", "tpot_ms")
 MIN_POINTS = 3
+# The largest batch a point may name: far past any server's max_num_seqs; a batch of 1e300
+# is a typo, not a measurement.
+MAX_BATCH = 10_000_000
+# Warnings of one kind past this many are one line with a count.
+MAX_WARNINGS_PER_KIND = 10
 # Given throughput and TPOT must agree on the step time to this fraction, else a warning.
 CONFLICT_TOLERANCE = 0.05
 
@@ -83,6 +88,8 @@ def points_from_rows(rows: Sequence[Mapping[str, object]], labels: Sequence[str]
         b = _number(row.get("batch"), "batch", where)
         if b is None:
             raise BstarError(f"{where}: batch is empty")
+        if b > MAX_BATCH:
+            raise BstarError(f"{where}: batch must be at most {MAX_BATCH:,}, got {b:g}")
         if b != round(b):
             raise BstarError(f"{where}: batch must be a whole number of sequences, got {b:g}")
         t = _number(row.get("throughput_tok_s"), "throughput_tok_s", where)
@@ -114,9 +121,18 @@ def make_points(batch: Sequence[float], throughput_tok_s: Sequence[float | None]
     return points_from_rows(rows, [f"point {i + 1}" for i in range(n)], source)
 
 
+def _aggregate(kind: list[str], what: str) -> list[str]:
+    """Warnings of one kind: each, up to MAX_WARNINGS_PER_KIND; past that the first and one
+    line with the count (200k repeated rows make one line, not 200k)."""
+    if len(kind) <= MAX_WARNINGS_PER_KIND:
+        return kind
+    return [kind[0], f"... and {len(kind) - 1:,} more {what} (the first is above)"]
+
+
 def _points(parsed: list[tuple[int, float | None, float | None, str]], source: str,
             repeats: bool = False) -> Points:
     warnings: list[str] = []
+    conflicts: list[str] = []
     by_batch: dict[int, tuple[float | None, float | None, str]] = {}
     extra: list[tuple[int, float | None, float | None, str]] = []  # repeats, when kept
     for b, t, p, where in parsed:
@@ -153,7 +169,7 @@ def _points(parsed: list[tuple[int, float | None, float | None, str]], source: s
         else:
             implied_ms = 1e3 * b / t
             if abs(implied_ms / p - 1) > CONFLICT_TOLERANCE:
-                warnings.append(
+                conflicts.append(
                     f"{where}: batch {b}: throughput {t:,.4g} tok/s implies a step of "
                     f"{implied_ms:.4g} ms but tpot_ms is {p:.4g} ({(implied_ms / p - 1) * 100:+.0f}"
                     f"%, over {CONFLICT_TOLERANCE * 100:g}%); the fit uses tpot_ms (throughput "
@@ -161,6 +177,8 @@ def _points(parsed: list[tuple[int, float | None, float | None, str]], source: s
             tpot.append(p)
             tput.append(t)
             derived.append("")
+    warnings = (_aggregate(warnings, "rows repeat an earlier row with the same values")
+                + _aggregate(conflicts, "rows whose throughput and tpot_ms disagree"))
     return Points(tuple(batches), tuple(tpot), tuple(tput), tuple(derived), tuple(warnings),
                   source)
 
@@ -203,11 +221,15 @@ def read_text(path: str | Path) -> str:
     """A points file's text; a missing or unreadable file is a one-line BstarError."""
     p = Path(path)
     try:
-        return p.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the header.
+        return p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise BstarError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BstarError(f"{p}: cannot read: {e}") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}): save it as UTF-8 CSV or "
+                         "JSON") from None
+    except OSError as e:
+        raise BstarError(f"{p}: cannot read: {e.strerror or e}") from None
 
 
 def is_json(path: str | Path, text: str) -> bool:

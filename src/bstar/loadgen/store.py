@@ -3,7 +3,13 @@
 Every request's record is committed as it finishes, so a crash, a killed server or
 Ctrl-C loses nothing already measured; a level row says whether the level completed,
 and `bstar sweep --resume RUN` re-runs only the levels that did not. API keys are never
-passed here (the options stored are scrubbed by the caller and checked again here).
+passed here (the options stored are scrubbed by the caller and checked again here), and
+every text written passes through `bstar.redact.redact` first: a server's error body that
+echoes the `Authorization` header, or a URL with `user:key@`, is stored masked.
+
+Read commands open the DB with `Store(path, readonly=True)`: SQLite's `mode=ro`, never
+creating the file or its folder, never adding tables; a missing, corrupt or foreign file is
+a one-line BstarError.
 
 Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/runs.db`.
 """
@@ -18,11 +24,14 @@ import secrets
 import socket
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bstar.errors import BstarError
 from bstar.loadgen.client import RequestRecord, RequestSpec
+from bstar.redact import redact, redact_obj, redact_opt
 
 SCHEMA_VERSION = 1
 
@@ -131,9 +140,43 @@ def machine_info() -> dict[str, Any]:
 
 
 def scrub(options: dict[str, Any]) -> dict[str, Any]:
-    """Options without anything that looks like a secret (defence in depth)."""
-    return {k: v for k, v in options.items()
-            if not any(s in k.lower() for s in _SECRET_KEYS)}
+    """Options without anything that looks like a secret (defence in depth): keys that name
+    one dropped, credentials in the values (a URL's `user:key@`) masked."""
+    return redact_obj({k: v for k, v in options.items()
+                       if not any(s in k.lower() for s in _SECRET_KEYS)})
+
+
+def _json_redacted(obj: Any) -> str | None:
+    return None if obj is None else json.dumps(redact_obj(obj))
+
+
+_OWN_TABLES = {"meta", "runs", "levels", "requests", "prompts"}
+
+
+def _db_error(path: Path, e: BaseException) -> BstarError:
+    """One line for a DB that cannot be used: what the path is and what SQLite said."""
+    msg = str(e) or type(e).__name__
+    if isinstance(e, sqlite3.DatabaseError) and "not a database" in msg:
+        return BstarError(f"{path} is not a bstar results DB (not SQLite, or corrupt): {msg}")
+    if "readonly" in msg or "read-only" in msg or isinstance(e, PermissionError):
+        return BstarError(f"cannot write the results DB {path}: {msg} "
+                          "(a read-only file or folder? give --db elsewhere)")
+    return BstarError(f"cannot use the results DB {path}: {msg}")
+
+
+def check_tables(conn: sqlite3.Connection, path: Path, own: set[str], need: set[str],
+                 what: str) -> None:
+    """Refuse a SQLite file that holds other tables and not bstar's (`own`): bstar never
+    adds its tables to a foreign DB. With `need`, those tables must all be there (a read)."""
+    names = {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+    if names and not names & own:
+        raise BstarError(f"{path} is a SQLite file but not a bstar {what} (its tables: "
+                         f"{', '.join(sorted(names)[:5])}); give --db another path")
+    missing = need - names
+    if missing:
+        raise BstarError(f"{path} is not a bstar {what}: no {', '.join(sorted(missing))} "
+                         "table")
 
 
 @dataclass(frozen=True)
@@ -154,22 +197,72 @@ class LevelRow:
     server_log: str | None
 
 
-class Store:
-    """A connection to the results DB. Writes commit immediately."""
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """SQLite's read-only open (`mode=ro`): never creates the file, never writes to it.
+    A missing path is a BstarError."""
+    if not path.is_file():
+        raise BstarError(f"no results DB at {path}: run bstar sweep first, or give --db")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    if not Path(f"{path}-wal").exists():
+        # No writer has the DB open (a WAL DB's -wal lives while it does): read it as it
+        # is. Plain `mode=ro` on a WAL DB would leave -wal and -shm files behind.
+        uri += "&immutable=1"
+    try:
+        return sqlite3.connect(uri, uri=True, timeout=30.0)
+    except sqlite3.Error as e:
+        raise _db_error(path, e) from None
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+
+class Store:
+    """A connection to the results DB. Writes commit immediately; `readonly=True` opens an
+    existing DB for reading only (the read commands)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 readonly: bool = False) -> None:
         self.path = Path(path) if path else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=30.0)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a committed row survives a process crash (not power loss),
-        # which is the failure the store guards against, at a fraction of FULL's cost.
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(_SCHEMA)
-        self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                          (str(SCHEMA_VERSION),))
-        self.conn.commit()
+        self.readonly = readonly
+        if readonly:
+            self.conn = connect_readonly(self.path)
+            try:
+                self.conn.row_factory = sqlite3.Row
+                check_tables(self.conn, self.path, _OWN_TABLES,
+                             {"runs", "levels", "requests"}, "results DB")
+            except sqlite3.Error as e:
+                self.conn.close()
+                raise _db_error(self.path, e) from None
+            except BaseException:
+                self.conn.close()
+                raise
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BstarError(f"cannot create the folder of the results DB {self.path}: "
+                             f"{e.strerror or e}") from None
+        if self.path.is_dir():
+            raise BstarError(f"the results DB {self.path} is a folder; give --db a file")
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=30.0)
+        except sqlite3.Error as e:
+            raise _db_error(self.path, e) from None
+        try:
+            self.conn.row_factory = sqlite3.Row
+            check_tables(self.conn, self.path, _OWN_TABLES, set(), "results DB")
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a committed row survives a process crash (not power
+            # loss), which is the failure the store guards against, at a fraction of
+            # FULL's cost.
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.executescript(_SCHEMA)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                              (str(SCHEMA_VERSION),))
+            self.conn.commit()
+        except sqlite3.Error as e:
+            self.conn.close()
+            raise _db_error(self.path, e) from None
+        except BaseException:
+            self.conn.close()
+            raise
 
     def close(self) -> None:
         self.conn.close()
@@ -192,7 +285,8 @@ class Store:
         self.conn.execute(
             "INSERT INTO runs (id, created_at, status, url, server_version, served_model,"
             " model, gpu, options, bstar_version, machine) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (rid, utc_now(), "running", url, server_version, served_model, model, gpu,
+            (rid, utc_now(), "running", redact_opt(url), redact_opt(server_version),
+             redact_opt(served_model), redact_opt(model), redact_opt(gpu),
              json.dumps(scrub(options)), bstar_version, json.dumps(machine_info())))
         self.conn.commit()
         return rid
@@ -205,6 +299,7 @@ class Store:
             raise ValueError(f"cannot update run fields {sorted(bad)}")
         if "result" in fields and not isinstance(fields["result"], str | None):
             fields["result"] = json.dumps(fields["result"])
+        fields = {k: redact_opt(v) if isinstance(v, str) else v for k, v in fields.items()}
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.conn.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
         self.conn.commit()
@@ -255,15 +350,14 @@ class Store:
             "UPDATE levels SET status = ?, status_detail = ?, finished_at = ?, duration_s = ?,"
             " stats = ?, server = ?, predicted = ?, server_log = COALESCE(?, server_log)"
             " WHERE id = ?",
-            (status, status_detail, utc_now(), duration_s,
-             json.dumps(stats) if stats is not None else None,
-             json.dumps(server) if server is not None else None,
-             json.dumps(predicted) if predicted is not None else None,
-             server_log, level_id))
+            (status, redact_opt(status_detail), utc_now(), duration_s,
+             _json_redacted(stats), _json_redacted(server), _json_redacted(predicted),
+             redact_opt(server_log), level_id))
         self.conn.commit()
 
     def set_level_log(self, level_id: int, path: str) -> None:
-        self.conn.execute("UPDATE levels SET server_log = ? WHERE id = ?", (path, level_id))
+        self.conn.execute("UPDATE levels SET server_log = ? WHERE id = ?",
+                          (redact_opt(path), level_id))
         self.conn.commit()
 
     def levels(self, run_id: str, *, latest_only: bool = True) -> list[LevelRow]:
@@ -295,7 +389,7 @@ class Store:
             (level_id, r.index, int(r.warmup), int(r.ok), r.start_s, r.ttft_s, r.e2e_s,
              json.dumps([round(x, 7) for x in r.itl_s]), r.prompt_tokens,
              r.expected_prompt_tokens, r.output_tokens, r.expected_output_tokens,
-             r.token_source, r.chunks, r.http_status, r.error_kind, r.error))
+             r.token_source, r.chunks, r.http_status, r.error_kind, redact_opt(r.error)))
         if commit:
             self.conn.commit()
 
@@ -308,8 +402,9 @@ class Store:
         for sp in specs:
             text = sp.prompt if sp.messages is None else json.dumps(sp.messages)
             text = text or ""
+            # The hash is of what was sent; the text stored is masked like every other.
             rows.append((level_id, sp.index, int(sp.warmup),
-                         hashlib.sha256(text.encode()).hexdigest(), text))
+                         hashlib.sha256(text.encode()).hexdigest(), redact(text, patterns=False)))
         self.conn.executemany("INSERT INTO prompts (level_id, idx, warmup, sha256, prompt)"
                               " VALUES (?, ?, ?, ?, ?)", rows)
         self.conn.commit()

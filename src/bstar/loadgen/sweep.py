@@ -108,7 +108,11 @@ class SweepConfig:
         if not 0 <= self.max_error_rate <= 1:
             raise BstarError("--max-error-rate must be in [0, 1]")
         if self.url:
-            host = urllib.parse.urlsplit(self.url).hostname
+            try:
+                parts = urllib.parse.urlsplit(self.url)
+                host, _ = parts.hostname, parts.port
+            except ValueError as e:  # 'http://[::1', a port out of range
+                raise BstarError(f"--url {self.url!r} is not a URL ({e})") from None
             if not host:
                 raise BstarError(f"--url {self.url!r} is not a URL (http://host:port)")
 
@@ -366,7 +370,9 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
     Raises SweepInterrupted on Ctrl-C (the run is marked interrupted and can be resumed).
     """
     from bstar import __version__
+    from bstar.redact import register_secret
 
+    register_secret(api_key)  # masked in everything stored (loadgen/store.py) and printed
     store = Store(db)
     pool: Any = None
     try:

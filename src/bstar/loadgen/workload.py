@@ -60,19 +60,51 @@ def load_prompts_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not p.is_file():
         raise BstarError(f"prompts file not found: {p}")
     rows: list[dict[str, Any]] = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except OSError as e:
+        raise BstarError(f"{p}: cannot read prompts file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); prompts are JSON lines"
+                         ) from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise BstarError(f"{p}:{n}: not JSON: {e}") from None
         if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
             raise BstarError(f'{p}:{n}: expected an object with "prompt" or "messages"')
+        _check_prompt_row(row, f"{p}:{n}")
         rows.append(row)
     if not rows:
         raise BstarError(f"{p}: no prompts")
     return rows
+
+
+MAX_OUTPUT_LEN = 10_000_000
+
+
+def _check_prompt_row(row: dict[str, Any], where: str) -> None:
+    """A prompts row's types: "prompt" a string; "messages" a list of objects whose
+    "content" is a string; "output_len" a whole number >= 1. One line naming the row."""
+    if "prompt" in row and not isinstance(row["prompt"], str):
+        raise BstarError(f'{where}: "prompt" must be a string, got '
+                         f'{type(row["prompt"]).__name__}')
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("content", ""), str)
+                and isinstance(m.get("role", "user"), str) for m in msgs):
+            raise BstarError(f'{where}: "messages" must be a non-empty list of objects with '
+                             'a string "role" and "content"')
+    if "output_len" in row:
+        v = row["output_len"]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                1 <= v <= MAX_OUTPUT_LEN) or v != int(v):
+            raise BstarError(f'{where}: "output_len" must be a whole number in '
+                             f"1..{MAX_OUTPUT_LEN}, got {v!r}")
 
 
 class TokenCounter:

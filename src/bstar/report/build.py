@@ -11,32 +11,29 @@ from typing import Any
 from bstar.report import charts as ch
 from bstar.report.html import Card, Report, Section, Table
 from bstar.report.views import drawable_levels, level_x
+from bstar.report.words import (
+    CONTEXT_NOTE,
+    FIT_BOUND_WORDS,
+    REGIME_CELL,
+    REGIME_NOTE,
+    ROOF_WORDS,
+    SIGNATURE_INTRO,
+    TPOT_NOTE,
+    UNITS_NOTE,
+    calibration_note,
+    collapse,
+    fit_basis,
+    prediction_cells,
+    prediction_columns,
+    words,
+)
+from bstar.report.words import (
+    fmt_ms as _ms,
+)
+from bstar.report.words import (
+    fmt_num as _num,
+)
 from bstar.units import fmt_bytes
-
-UNITS_NOTE = ("Bytes are exact integers; GB = 10^9 bytes and GiB = 2^30 bytes, and sizes are "
-              "printed in both. GPU memory is what the device reports (an '80GB' A100 holds "
-              "80 GiB); bandwidth and FLOP/s are decimal, dense datasheet figures.")
-TPOT_NOTE = ("TPOT is per request: the time one user waits between two tokens, which equals "
-             "the decode step time. Amortized time per token = step time / batch = "
-             "1 / throughput; seed 000's 'TPOT' curve is the amortized one, vLLM's "
-             "mean_tpot_ms is per request.")
-CONTEXT_NOTE = ("Context = the KV tokens each running sequence holds (prompt plus tokens "
-                "generated so far), the seeds' seq_len. All running sequences are assumed to "
-                "hold the same context.")
-REGIME_NOTE = ("Regimes: 1 weight-dominated (B < B*: the weights are most of the bytes read "
-               "per step), 2 KV-dominated (B* ≤ B ≤ B_mem), 3 memory-exhausted (B > B_mem: "
-               "the engine preempts and time-slices), and compute-bound wherever the FLOP "
-               "term of the step exceeds the byte term.")
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
-
-
-def _num(v: float | None, digits: int = 1) -> str:
-    return "–" if v is None else f"{v:,.{digits}f}"
 
 
 # ---- plan ----------------------------------------------------------------------------------
@@ -55,8 +52,8 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
         tone = {"b_star": "good", "b_mem": "warn", "compute": "info", "sla": "info"}.get(
             rec.get("bound", ""), "bad")
         r.cards.append(Card(f"context {c['context_tokens']:,} tokens → max_num_seqs",
-                            f"{rec['max_num_seqs']:,}", rec["reason"], rec.get("bound", ""),
-                            rec.get("flags", {}), tone))
+                            f"{rec['max_num_seqs']:,}", rec["reason"],
+                            words(rec.get("bound")), rec.get("flags", {}), tone))
     e, roof = p["efficiency"], p["roof"]
     r.sections.append(Section(
         "Model and hardware", "hardware", "The inputs of the cost model; every number below "
@@ -153,7 +150,7 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
             f"{rec['max_num_seqs']:,}" if rec else
             (f"needs --num-gpus {row['min_num_gpus']}" if row.get("min_num_gpus")
              else "does not fit"),
-            rec.get("bound", "") if rec else ""])
+            words(rec.get("bound")).removeprefix("bound: ") if rec else ""])
         classes.append("" if fits else "nofit")
     r.sections.append(Section(
         "B* and B_mem", "compare",
@@ -171,16 +168,9 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
 
 
 # ---- sweep ---------------------------------------------------------------------------------
-SIGNATURE_INTRO = (
-    "The same curve four ways. Dashed: the cost model's prediction for this deployment, with "
-    "its regimes shaded and B*, B_mem and its knee marked. Solid: the fit of the measured "
-    "levels (dotted where it extrapolates, diamonds its predictions). Dots: the measured "
-    "levels (median, whisker to p99). Squares: the simulator replaying the same levels "
-    "through a continuous-batching scheduler stepped by the cost model.")
-
-
 def signature_section(v: dict[str, Any]) -> Section:
-    present = [k for k in ("predicted", "fitted", "measured", "simulated") if v.get(k)]
+    present = [v[k]["label"] if k == "predicted" else k
+               for k in ("predicted", "fitted", "measured", "simulated") if v.get(k)]
     return Section("Predicted, fitted, measured, simulated", "signature",
                    SIGNATURE_INTRO + (" Shown here: " + ", ".join(present) + "."),
                    charts=[ch.signature_chart(v)])
@@ -200,21 +190,30 @@ def sweep_report(s: dict[str, Any], command: str = "",
     if rec:
         r.cards.append(Card("measured recommendation → max_num_seqs",
                             f"{rec['max_num_seqs']:,}", rec.get("reason", ""),
-                            rec.get("bound", ""), rec.get("flags", {}), "good"))
+                            words(rec.get("bound")), rec.get("flags", {}), "good"))
     knee = s.get("knee") or {}
+    drawn = drawable_levels(levels)
+    # Columns the server left empty (llama.cpp has no preemption or KV metrics) are left out.
+    server = [(name, key) for name, key in (("preemptions", "preemptions"),
+                                             ("KV max", "kv_cache_usage_max"))
+              if any(lv.get(key) is not None for lv in drawn)]
+    by_batch = {row["batch"]: row["predicted"] for row in s.get("level_predictions") or []}
+    series = [x for x in (s.get("predicted_curve"), s.get("uncalibrated_curve")) if x]
+    pred_cols = [c for i, x in enumerate(series) for c in prediction_columns(x, i == 0)]
     rows = []
-    for lv in drawable_levels(levels):
+    for lv in drawn:
         def p(key: str, q: str, lv: dict[str, Any] = lv) -> str:
             return _ms((lv.get(key) or {}).get(q))
-        pred = lv.get("predicted") or {}
-        rows.append([f"{level_x(lv):,}", str(lv.get("requests", "")),
-                     str(lv.get("errors", "")), f"{lv['throughput_tok_s']:,.1f}",
-                     p("tpot_ms", "p50"), p("tpot_ms", "p99"), p("ttft_ms", "p50"),
-                     p("ttft_ms", "p99"), p("e2e_ms", "p50"),
-                     "–" if lv.get("preemptions") is None else str(lv["preemptions"]),
-                     "–" if lv.get("kv_cache_usage_max") is None
-                     else f"{100 * lv['kv_cache_usage_max']:.0f}%",
-                     _ms(pred.get("tpot_ms")), _num(pred.get("throughput_tok_s"), 0)])
+        cells = [f"{level_x(lv):,}", str(lv.get("requests", "")), str(lv.get("errors", "")),
+                 f"{lv['throughput_tok_s']:,.1f}", p("tpot_ms", "p50"), p("tpot_ms", "p99"),
+                 p("ttft_ms", "p50"), p("ttft_ms", "p99"), p("e2e_ms", "p50")]
+        for _, key in server:
+            v = lv.get(key)
+            cells.append("–" if v is None else f"{100 * v:.0f}%" if key.startswith("kv")
+                         else str(v))
+        for i, q in enumerate(by_batch.get(level_x(lv), [])):
+            cells += prediction_cells(q, i == 0)
+        rows.append(cells + ["–"] * (9 + len(server) + len(pred_cols) - len(cells)))
     facts = [(k, str(v)) for k, v in (("run", s.get("run_id")), ("results DB", s.get("db")),
                                        ("levels", len(levels)))
              if v is not None]
@@ -229,17 +228,18 @@ def sweep_report(s: dict[str, Any], command: str = "",
         "Measured levels", "sweep",
         "Each level ran a fixed number of requests at one load. Dots are medians, whiskers "
         "reach the 99th percentile"
-        + ("; dashed lines are the cost model's prediction." if any(
-            lv.get("predicted") for lv in levels) else
+        + (f"; dashed lines are the {series[0]['label']}"
+           + (f", dotted grey the {series[1]['label']}" if len(series) > 1 else "") + "."
+           if series else "; dashed lines are the cost model's prediction." if any(
+               lv.get("predicted") for lv in levels) else
            ". (No cost-model prediction: the sweep ran without --model/--gpu.)"),
         facts=facts, charts=[ch.sweep_chart(s)],
         tables=[Table("Per level (ms unless stated)",
                       [xname, "requests", "errors", "tok/s", "TPOT p50", "TPOT p99",
-                       "TTFT p50", "TTFT p99", "E2E p50", "preemptions", "KV max",
-                       "pred. TPOT", "pred. tok/s incl. prefill" if any(
-                           (lv.get("predicted") or {}).get("throughput_basis")
-                           == "incl_prefill" for lv in levels) else "pred. tok/s (B/TPOT)"],
-                      rows),
+                       "TTFT p50", "TTFT p99", "E2E p50", *(n for n, _ in server),
+                       *pred_cols], rows,
+                      note="pred.: the cost model at the level's batch; vs measured: "
+                           "predicted / measured tok/s − 1." if pred_cols else ""),
                 *([Table("Knee rules on the measured curve", ["rule", "batch", "reason"],
                          knee_rows)] if knee_rows else [])]))
     r.assumptions = [
@@ -263,7 +263,8 @@ def simulate_report(results: list[dict[str, Any]], command: str = "") -> Report:
     advice = next((x["sweep"] for x in rs if x.get("sweep")), None)
     if advice:
         r.cards.append(Card("simulated recommendation → max_num_seqs",
-                            f"{advice['max_num_seqs']:,}", advice["reason"], advice["bound"],
+                            f"{advice['max_num_seqs']:,}", advice["reason"],
+                            words(advice["bound"]),
                             tone="good" if advice["bound"] == "knee" else "info"))
     best = max(rs, key=lambda x: x["throughput_tok_s"])
     r.cards.append(Card("highest simulated throughput", f"{best['throughput_tok_s']:,.0f} tok/s",
@@ -320,15 +321,19 @@ def fit_report(f: dict[str, Any], command: str = "",
         knees = {**f["knees"].get("measured", {}), **f["knees"].get("fitted", {})}
         reason = (knees.get(f.get("knee_rule") or "") or {}).get("reason", "")
         r.cards.append(Card("knee → max_num_seqs", f"{f['knee_batch']:,}", reason,
-                            f.get("knee_rule") or "", tone="good"))
+                            words(f.get("knee_rule")), tone="good"))
+    basis = fit_basis(f)
     for q in f["predictions"]:
         r.cards.append(Card(
-            f"predicted at batch {q['batch']:,}", f"{q['throughput_tok_s']:,.0f} tok/s",
-            f"per-request TPOT {_ms(q['tpot_ms'])} ms (interval {_ms(q['low']['tpot_ms'])}–"
+            f"the fit predicts batch {q['batch']:,} ({basis})",
+            f"{q['throughput_tok_s']:,.0f} tok/s",
+            ("extrapolated by the fit of the measured levels, not the cost model; "
+             if q.get("extrapolated") else "the fit of the measured levels; ")
+            + f"per-request TPOT {_ms(q['tpot_ms'])} ms (interval {_ms(q['low']['tpot_ms'])}–"
             f"{_ms(q['high']['tpot_ms'])} ms); throughput interval "
             f"{q['low']['throughput_tok_s']:,.0f}–{q['high']['throughput_tok_s']:,.0f} tok/s"
-            + (f"; {q['bound']}" if q.get("bound") else ""),
-            q["regime"], tone="info" if q.get("extrapolated") else "good"))
+            + (f"; {FIT_BOUND_WORDS.get(q['bound'], q['bound'])}" if q.get("bound") else ""),
+            words(q["regime"]), tone="info" if q.get("extrapolated") else "good"))
     iv = pr.get("intervals") or {}
 
     def with_iv(key: str, fmt: str, unit: str) -> str:
@@ -344,7 +349,7 @@ def fit_report(f: dict[str, Any], command: str = "",
              ("overhead", f"{pr.get('overhead_ms') or 0:.3f} ms"),
              ("fitted B* = a / b", with_iv("b_star", ".0f", "")),
              ("compute crossover", _num(pr.get("crossover_batch"), 0)),
-             ("roof", f"{pr.get('roof')}"),
+             ("roof", ROOF_WORDS.get(str(pr.get("roof")), str(pr.get("roof")))),
              ("compute roof", f"{pr['plateau_tok_s']:,.0f} tok/s"
               if pr.get("plateau_tok_s") else "–"),
              ("memory ceiling 1 / b", f"{pr['memory_ceiling_tok_s']:,.0f} tok/s")]
@@ -354,13 +359,15 @@ def fit_report(f: dict[str, Any], command: str = "",
         if pr.get(key):
             facts.append((name, f"{pr[key] / 1e12:.2f} {'TFLOP/s' if 'flops' in key else 'TB/s'}"))
     point_rows = [[f"{p['batch']:,}", _num(p.get("throughput_tok_s"), 1), _ms(p.get("tpot_ms")),
-                   _ms(p["fitted_tpot_ms"]), f"{p['residual_pct']:+.1f}%", p["regime"],
+                   _ms(p["fitted_tpot_ms"]), f"{p['residual_pct']:+.1f}%",
+                   REGIME_CELL.get(p["regime"], p["regime"]),
                    "outlier" if p.get("outlier") else (p.get("derived") or "")]
                   for p in f["points"]]
     pred_rows = [[f"{q['batch']:,}", f"{q['throughput_tok_s']:,.0f}",
                   f"{q['low']['throughput_tok_s']:,.0f}–{q['high']['throughput_tok_s']:,.0f}",
                   _ms(q["tpot_ms"]), f"{_ms(q['low']['tpot_ms'])}–{_ms(q['high']['tpot_ms'])}",
-                  q["regime"], "yes" if q.get("extrapolated") else "no"]
+                  REGIME_CELL.get(q["regime"], q["regime"]),
+                  "yes" if q.get("extrapolated") else "no"]
                  for q in f["predictions"]]
     knee_rows = [[on, k["rule"], "–" if k["batch"] is None else f"{k['batch']:,}", k["reason"]]
                  for on in ("measured", "fitted") for k in f["knees"].get(on, {}).values()]
@@ -368,8 +375,9 @@ def fit_report(f: dict[str, Any], command: str = "",
                                                     "fitted TPOT ms", "residual", "regime",
                                                     "note"], point_rows)]
     if pred_rows:
-        tables.append(Table("Predictions (intervals: bootstrap 5–95%)",
-                            ["batch", "throughput tok/s", "interval", "TPOT ms", "interval",
+        tables.append(Table("The fit's predictions (intervals: bootstrap 5–95%)",
+                            ["batch", f"tok/s ({basis.removeprefix('output tok/s ')})",
+                             "interval", "TPOT ms", "interval",
                              "regime", "extrapolated"], pred_rows))
     if knee_rows:
         tables.append(Table("Knee rules", ["on", "rule", "batch", "reason"], knee_rows,
@@ -384,10 +392,10 @@ def fit_report(f: dict[str, Any], command: str = "",
         facts=facts, charts=[ch.fit_chart(f)], tables=tables))
     if signature is not None:
         r.sections.append(signature_section(signature))
-    notes = [*(f"warning: {w}" for w in f.get("warnings", [])), *f.get("notes", [])]
+    notes = [*(f"warning: {w}" for w in collapse(list(f.get("warnings", [])))),
+             *collapse(list(f.get("notes", [])))]
     if notes:
-        r.sections.append(Section("Warnings and notes", "notes",
-                                  facts=[(str(i + 1), n) for i, n in enumerate(notes)]))
+        r.sections.append(Section("Warnings and notes", "notes", notes=notes))
     r.assumptions = [
         TPOT_NOTE,
         "Throughput and TPOT are tied by throughput = batch / TPOT; a point given with one "
@@ -400,21 +408,21 @@ def fit_report(f: dict[str, Any], command: str = "",
 
 
 # ---- demo: a sweep and its fit on one page ---------------------------------------------------
-def demo_report(sweep: dict[str, Any], fit: dict[str, Any], command: str = "",
-                signature: dict[str, Any] | None = None) -> Report:
+def demo_report(views: dict[str, Any], command: str = "") -> Report:
     """The measured sweep of the tiny model and the fit of its curve, in one report, after
-    the signature picture when given."""
-    from bstar.report.views import sweep_view
-
-    s = sweep_report(sweep_view(sweep), command, signature)
-    f = fit_report(fit, command)
+    the signature picture; `views` is `views.demo_views(...)`."""
+    sweep = views["sweep"]
+    s = sweep_report(sweep, command, views.get("signature"))
+    f = fit_report(views["fit"], command)
     r = Report("demo", "bstar demo: measure, fit, predict",
                "a tiny random-weight Llama served by llama.cpp on this machine's CPU, swept "
                "over concurrency" + (f" · run {sweep['run_id']}" if sweep.get("run_id") else ""),
                cards=s.cards + f.cards, sections=s.sections + f.sections, command=command)
+    cal = (sweep.get("predicted_curve") or {}).get("calibration")
     r.assumptions = [
         "The model is random-weight and tiny; the numbers describe this machine's CPU, not a "
         "GPU. The shape of the curve (a climb, then a knee) is the point.",
+        *([calibration_note(cal)] if cal else []),
         *dict.fromkeys(s.assumptions + f.assumptions)]
     return r
 
@@ -438,7 +446,7 @@ def search_report(s: dict[str, Any], command: str = "") -> Report:
             f"{cost}{w['instances']} instance(s) of {w['num_gpus']} GPUs, TP "
             f"{w['tensor_parallel']} × DP {w['data_parallel']}, max_num_seqs "
             f"{w['max_num_seqs']}, {w['rate_per_replica_req_s']:.2f} req/s per replica; "
-            f"binding: {w['reason']}", w["limit"], w["flags"], "good"))
+            f"binding: {w['reason']}", f"bound: {w['limit']}", w["flags"], "good"))
     if not s.get("winners"):
         r.cards.append(Card("no deployment", "none meets the SLO",
                             "loosen the SLO, or add GPUs or faster ones", tone="bad"))

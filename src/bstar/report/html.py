@@ -50,6 +50,7 @@ class Section:
     facts: list[tuple[str, str]] = field(default_factory=list)
     charts: list[Chart] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings and notes, one line each
 
 
 @dataclass
@@ -115,6 +116,7 @@ class _SectionView:
     def __init__(self, s: Section, charts: list[_ChartView]) -> None:
         self.heading, self.anchor, self.intro = s.heading, s.anchor, s.intro
         self.facts, self.tables, self.charts = s.facts, s.tables, charts
+        self.notes = s.notes
 
 
 class _ReportView:

@@ -72,6 +72,26 @@ def _table(**kw: Any) -> Table:
     return Table(**kw)
 
 
+def _kind_held(k: dict[str, Any]) -> str:
+    """'12 sliding layers x 128 tokens (window 128) 3.1 MB': one kind's share of a sequence."""
+    from bstar.units import fmt_bytes
+
+    n, kind = k["layers"], k["kind"]
+    if kind == "state":
+        return (f"{n} state layers x {k['state_bytes_per_layer']:,} bytes (fixed) "
+                f"{fmt_bytes(k['bytes'])}")
+    extra = {"sliding": f" (window {k.get('window_tokens', 0):,})",
+             "chunked": f" (chunk {k.get('chunk_tokens', 0):,})",
+             "dsa": f" (reads top {k.get('topk_tokens', 0):,})"}.get(kind, "")
+    return f"{n} {kind} layers x {k['tokens_per_layer']:,} tokens{extra} {fmt_bytes(k['bytes'])}"
+
+
+def _kind_allocated(k: dict[str, Any]) -> str:
+    if k["kind"] == "state":
+        return f"state {k['allocated_blocks_per_layer']} pages a layer"
+    return f"{k['kind']} {k['allocated_tokens_per_layer']:,} tokens"
+
+
 def _defaults_line(defaults: tuple[dict[str, Any], ...], b_mem: int,
                    st: Callable[[str, str], str]) -> str:
     """Each engine's own default cap in one line; a warning when one is above B_mem or far
@@ -131,6 +151,12 @@ def print_plan(plan: Plan, out: TextIO | None = None) -> None:
                  else "none (memory-bound at any batch)")
         put(st(f"context {cp.context_tokens} tokens", "bold") + ": KV per sequence "
             f"{fmt_bytes(cp.kv_bytes_per_seq)}")
+        kinds = cp.kv_per_kind
+        if len(kinds) > 1 or any(k["kind"] != "full" for k in kinds):
+            put("  one sequence holds " + "; ".join(_kind_held(k) for k in kinds))
+            put("  the engine allocates " + "; ".join(_kind_allocated(k) for k in kinds)
+                + f" = {fmt_bytes(cp.kv_bytes_per_seq_allocated)} per GPU (vLLM V1's per "
+                "kind pools, docs/models.md)")
         for w in cp.warnings:
             put("  " + st(f"warning: {w}", "yellow"))
         put(f"  B* = W / kv_per_seq = {st(fmt_b_star(cp.b_star), 'bold')}   B_mem = "
@@ -748,10 +774,27 @@ def _print_simulation_tail(c: Console, study: Study) -> None:
         c.print(f"    {r.max_num_seqs:>6}  KV {_bars(tl['kv_utilization'][::2], 1.0):<50} "
                 f"queue {_bars(tl['num_waiting'][::2], queue_top):<50} 0..{span:,.0f} s")
     rate = getattr(arrivals, "rate_per_s", None)
+    caps = study.capacities or []
+    for r, cap in zip(rows, caps, strict=False):
+        if cap is None:
+            continue
+        bound = (f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
+                 else f"a full batch of {cap['running_max']}")
+        line = (f"  capacity at max_num_seqs {r.max_num_seqs}: sustains up to "
+                f"{cap['capacity_req_s']:.2f} req/s ({cap['capacity_tok_s']:,.0f} out tok/s, "
+                f"{bound})")
+        if cap.get("at_rate_req_s"):
+            line += (f"; at {cap['at_rate_fraction']:.0%} of it ({cap['at_rate_req_s']:.2f} "
+                     f"req/s, Poisson) TTFT p50/p99 {cap['ttft_ms']['p50']:,.1f}/"
+                     f"{cap['ttft_ms']['p99']:,.1f} ms, TPOT p50/p99 "
+                     f"{cap['tpot_ms']['p50']:.2f}/{cap['tpot_ms']['p99']:.2f} ms")
+        c.print(line)
     best = max(r.request_throughput_req_s for r in rows)
-    if rate is not None and best < 0.95 * rate:
-        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, at most {best:.2f} req/s served "
-                "at any level; the queue grows for the whole run and TTFT is mostly waiting "
+    top = max((cap["capacity_req_s"] for cap in caps if cap is not None), default=None)
+    if rate is not None and ((top is not None and rate >= top)
+                             or (top is None and best < 0.95 * rate)):
+        c.print(f"  [yellow]overloaded: {rate:g} req/s offered, above the capacity of every "
+                "level; the queue grows for the whole run and TTFT is mostly waiting "
                 "(its tail grows with --num-requests)[/]")
     for r in rows:
         if r.truncated:
@@ -839,7 +882,13 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
     cal = sorted({r["gpu"] for r in s["candidates"] if r["calibrated"]})
     c.print("[dim]terms: "
             + (f"calibrated profiles apply on {', '.join(cal)}; " if cal else "")
-            + "'defaults' rows rest on the stated efficiencies (bandwidth 0.70, compute 0.60, "
-              "0.5 ms + 5 us/seq per step). * = on a Pareto front (cost or tok/s per GPU vs "
-              "TPOT p99). binding: what stopped a higher rate per replica (SLO, memory, "
-              "compute).[/]")
+            + f"'defaults' rows rest on the stated efficiencies ({_search_eff(s)}). "
+              "* = on a Pareto front (cost or tok/s per GPU vs TPOT p99). binding: what "
+              "stopped a higher rate per replica (SLO, memory, compute).[/]")
+
+
+def _search_eff(s: dict[str, Any]) -> str:
+    """The efficiencies the search's 'defaults' rows used, from its own spec."""
+    e = s["spec"]["efficiency"]
+    return (f"bandwidth {e['bandwidth']:.2f}, compute {e['compute']:.2f}, "
+            f"{e['overhead_s'] * 1e3:g} ms + {e['overhead_per_seq_s'] * 1e6:g} us/seq per step")

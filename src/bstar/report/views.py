@@ -55,7 +55,9 @@ def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
         cd["ai_limit_flops_per_byte"] = float(
             flops_per_token_per_gpu / (float(one.kv_bytes_read[0]) or 1.0))
         cd["sla_batch"] = sla_batch(d, ctx, cp.b_mem, max_tpot_ms)
-        cd["knee"] = predicted_knee(cd["curve"])
+        # The knee the recommendation was chosen from (seed 004's doubling rule on the
+        # plan's fine grid), so the picture marks the plan's knee, never one of its own.
+        cd["knee"] = (cd["recommendation"].get("knees") or {}).get("doubling")
     return out
 
 
@@ -88,23 +90,6 @@ def sla_batch(d: rl.Deployment, context_tokens: int, b_mem: int,
     return k.batch or 0
 
 
-def predicted_knee(curve_points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Seed 004's knee (the next doubling gains under 15% throughput) on the plan's curve,
-    which runs in powers of two past B_mem by default, so the plateau is on it."""
-    from bstar import knee
-
-    # Past B_mem the engine cannot run the batch (throughput is B_mem's): a knee there would
-    # recommend a setting that only preempts.
-    pts = [p for p in curve_points if p["regime"] != "memory-exhausted"]
-    if len(pts) < 2:
-        return None
-    k = knee.doubling_knee([p["batch"] for p in pts], [p["throughput_tok_s"] for p in pts])
-    out = k.to_dict()
-    if out["batch"] is None and len(pts) < len(curve_points):
-        out["reason"] += "; memory (B_mem) binds before throughput flattens"
-    return out
-
-
 def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     """`FitResult.to_dict()` plus the fitted curve sampled densely (through the result's own
     `step_ms`), from batch 1 to past the last prediction."""
@@ -129,34 +114,113 @@ def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
     return DeploymentOptions.from_sweep_options(options).build()
 
 
-def sweep_view(sweep: dict[str, Any]) -> dict[str, Any]:
-    """The sweep JSON plus, when the run named a cost model (--model and --gpu), the
-    prediction on a dense grid of batches between the levels, through the sweep's own
-    `predict_level` at the context its levels were predicted for."""
-    out = dict(sweep)
+# ---- predictions as the page names them ------------------------------------------------------
+# A calibrated prediction that lands within this of the measured level it sits beside agrees
+# with it; one that misses says by how much, beside the level.
+AGREE_TOL = 0.15
+BASIS_WORDS = {"incl_prefill": "output tok/s incl. prefill",
+               "decode_only": "decode only, B / TPOT"}
+
+
+def prediction_label(calibrated: bool, basis: str) -> str:
+    """The words every predicted line, column and point carries: calibrated or not, and the
+    throughput's basis (decode-only or with each request's prefill)."""
+    return (f"{'calibrated' if calibrated else 'uncalibrated'} cost model "
+            f"({BASIS_WORDS.get(basis, basis)})")
+
+
+def _sweep_lengths(sweep: dict[str, Any]) -> tuple[int, tuple[int, int]] | None:
+    """The context the sweep's levels were predicted at and the (input, output) lengths of
+    a prefill-aware prediction ((0, 0): runs stored before it stay decode-only, as their
+    levels); None when the sweep named no cost model."""
     opts = sweep.get("options") or {}
     preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
     if not (opts.get("model") and opts.get("gpu") and preds
             and preds[0].get("context_tokens")):
-        return out
-    from bstar.loadgen.runner import predict_level
-
-    d = sweep_deployment(opts)
-    batches = [p["batch"] for p in preds if p.get("batch")]
-    grid = np.unique(np.geomspace(min(batches), max(batches), 120).round().astype(np.int64))
-    ctx = int(preds[0]["context_tokens"])
-    # The lengths the levels were predicted with (runs stored before the prefill-aware
-    # prediction have no basis: their line stays decode-only, as their levels).
+        return None
     lengths = ((int(opts.get("input_len") or 0), int(opts.get("output_len") or 0))
                if preds[0].get("throughput_basis") == "incl_prefill" else (0, 0))
-    rows = [predict_level(d, int(b), ctx, *lengths) for b in grid]
-    out["predicted_curve"] = {"batch": [r["batch"] for r in rows],
-                              "tpot_ms": [r["tpot_ms"] for r in rows],
-                              "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
-                              "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
-                              "throughput_basis": rows[0]["throughput_basis"],
-                              "context_tokens": ctx, "model": d.model.name,
-                              "gpu": d.gpu.name}
+    return int(preds[0]["context_tokens"]), lengths
+
+
+def _stored_is_calibrated(sweep: dict[str, Any]) -> bool:
+    """Whether the deployment a sweep stored was already calibrated (a --profile)."""
+    from bstar.deployment import DeploymentOptions
+
+    return bool(DeploymentOptions.from_sweep_options(sweep.get("options") or {}).profile)
+
+
+def predicted_series(d: rl.Deployment, sweep: dict[str, Any], batches: list[int],
+                     calibrated: bool, calibration: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """The cost model at `batches`, each figure the quantity the sweep's levels measure
+    (the sweep's own `predict_level`), labelled calibrated or not and with its basis."""
+    from bstar.loadgen.runner import predict_level
+
+    at = _sweep_lengths(sweep)
+    if at is None:
+        raise BstarError("the sweep named no cost model (--model and --gpu)")
+    ctx, lengths = at
+    rows = [predict_level(d, int(b), ctx, *lengths) for b in batches]
+    basis = rows[0]["throughput_basis"]
+    return {"batch": [r["batch"] for r in rows], "tpot_ms": [r["tpot_ms"] for r in rows],
+            "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
+            "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
+            "throughput_basis": basis, "calibrated": calibrated,
+            "label": prediction_label(calibrated, basis), "calibration": calibration,
+            "context_tokens": ctx, "model": d.model.name, "gpu": d.gpu.name}
+
+
+def prediction_grid(lo: float, hi: float, levels: list[int], n: int = 120) -> list[int]:
+    """Integer batches from lo to hi for a smooth line, the measured levels among them."""
+    grid = np.geomspace(max(lo, 1), max(hi, lo, 1), n).round().astype(np.int64)
+    return sorted({*(int(b) for b in grid), *levels})
+
+
+def level_predictions(sweep: dict[str, Any], series: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """Each drawable level beside every predicted series: the prediction at its batch, its
+    error against the measured throughput, and whether it agrees (within AGREE_TOL)."""
+    out = []
+    for lv in drawable_levels(sweep["levels"]):
+        b, meas = level_x(lv), float(lv["throughput_tok_s"])
+        preds = []
+        for s in series:
+            i = s["batch"].index(b)
+            tput = float(s["throughput_tok_s"][i])
+            err = tput / meas - 1.0
+            preds.append({"label": s["label"], "calibrated": s["calibrated"],
+                          "throughput_basis": s["throughput_basis"],
+                          "tpot_ms": float(s["tpot_ms"][i]), "throughput_tok_s": tput,
+                          "error": err, "agrees": abs(err) <= AGREE_TOL})
+        out.append({"batch": b, "measured_tok_s": meas, "predicted": preds})
+    return out
+
+
+def sweep_view(sweep: dict[str, Any], calibrated: rl.Deployment | None = None,
+               calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sweep JSON plus, when the run named a cost model (--model and --gpu), its
+    prediction on a dense grid of batches between the levels, in the quantities the levels
+    measured. With a `calibrated` deployment (`calibration` says on what), that prediction
+    is the calibrated one and the stored deployment's follows as `uncalibrated_curve`;
+    `level_predictions` puts each level beside them."""
+    out = dict(sweep)
+    if _sweep_lengths(sweep) is None:
+        return out
+    d = sweep_deployment(sweep.get("options") or {})
+    batches = [level_x(lv) for lv in drawable_levels(sweep["levels"])]
+    preds = [lv["predicted"]["batch"] for lv in sweep["levels"]
+             if (lv.get("predicted") or {}).get("batch")]
+    grid = prediction_grid(min(preds), max(preds), batches)
+    if calibrated is not None:
+        series = [predicted_series(calibrated, sweep, grid, True, calibration),
+                  predicted_series(d, sweep, grid, False)]
+    else:
+        series = [predicted_series(d, sweep, grid, _stored_is_calibrated(sweep))]
+    out["predicted_curve"] = series[0]
+    if len(series) > 1:
+        out["uncalibrated_curve"] = series[1]
+    out["level_predictions"] = level_predictions(sweep, series)
     return out
 
 
@@ -192,11 +256,17 @@ def simulated_series(d: rl.Deployment, levels: list[tuple[int, int]], input_toke
 
 def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any] | None = None,
                    predicted: tuple[dict[str, Any], int] | None = None,
-                   simulated: dict[str, Any] | None = None, title: str = "") -> dict[str, Any]:
+                   simulated: dict[str, Any] | None = None, title: str = "",
+                   series: list[dict[str, Any]] | None = None,
+                   calibrated: bool = False) -> dict[str, Any]:
     """Predicted, fitted, measured and simulated curves for one picture. `predicted` is a
-    plan view and the index of its context whose regimes, B*, B_mem and knee are drawn."""
+    plan view and the index of its context whose regimes, B*, B_mem and knee are drawn;
+    `series` the predicted lines to draw (`predicted_series`: the first is the prediction,
+    a second the uncalibrated one beside it), by default the plan's own curve (decode-only,
+    calibrated or not as `calibrated` says)."""
     out: dict[str, Any] = {"title": title, "measured": measured, "simulated": simulated,
-                           "fitted": None, "predicted": None, "plan": None}
+                           "fitted": None, "predicted": None, "predicted_uncalibrated": None,
+                           "plan": None}
     if fitted is not None:
         out["fitted"] = {"batch": fitted["dense"]["batch"],
                          "tpot_ms": fitted["dense"]["tpot_ms"],
@@ -204,6 +274,7 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
                          "last_measured_batch": fitted["dense"]["last_measured_batch"],
                          "knee_batch": fitted.get("knee_batch"),
                          "knee_rule": fitted.get("knee_rule"),
+                         "throughput_kind": fitted.get("throughput_kind"),
                          "predictions": fitted.get("predictions", [])}
     if predicted is not None:
         p, i = predicted
@@ -212,31 +283,47 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
                        "num_gpus": p["num_gpus"], **{k: c[k] for k in (
                            "context_tokens", "b_star", "b_star_weights_read", "b_mem",
                            "compute_crossover_batch", "knee", "recommendation")}}
-        out["predicted"] = {"batch": c["dense"]["batch"], "tpot_ms": c["dense"]["tpot_ms"],
-                            "throughput_tok_s": c["dense"]["throughput_tok_s"]}
+        if series is None:
+            out["predicted"] = {"batch": c["dense"]["batch"], "tpot_ms": c["dense"]["tpot_ms"],
+                                "throughput_tok_s": c["dense"]["throughput_tok_s"],
+                                "calibrated": calibrated, "throughput_basis": "decode_only",
+                                "label": prediction_label(calibrated, "decode_only")}
+    if series:
+        out["predicted"] = series[0]
+        out["predicted_uncalibrated"] = series[1] if len(series) > 1 else None
     return out
 
 
 def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
-                  deployment: rl.Deployment | None = None) -> dict[str, Any]:
+                  deployment: rl.Deployment | None = None,
+                  calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
-    or None), and, when the sweep named a cost model, the plan at the levels' context and
-    the simulator replaying the sweep's levels, with `deployment` (e.g. calibrated on the
-    sweep itself) or the one the sweep stored."""
+    or None), and, when the sweep named a cost model, the plan at the levels' context, the
+    prediction in the quantities the levels measured and the simulator replaying the
+    sweep's levels, with `deployment` (calibrated on the sweep itself when `calibration`
+    says on what; then the stored, uncalibrated prediction is drawn beside it) or the one
+    the sweep stored."""
     from bstar.plan import make_plan
 
     meas = measured_series(sweep)
     fitted = fit_view(fit) if fit is not None else None
     opts = sweep.get("options") or {}
-    preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
-    predicted, simulated = None, None
-    if opts.get("model") and opts.get("gpu") and preds and preds[0].get("context_tokens"):
-        d = deployment or sweep_deployment(opts)
-        ctx = int(preds[0]["context_tokens"])
+    at = _sweep_lengths(sweep)
+    predicted, simulated, series = None, None, None
+    if at is not None:
+        stored = sweep_deployment(opts)
+        d = deployment or stored
+        ctx = at[0]
         extra = [p["batch"] for p in (fitted or {}).get("predictions", [])]
         batches = sorted({*meas["batch"], *extra})
         pv = plan_view(make_plan(d, [ctx], batches))
         predicted = (pv, 0)
+        grid = prediction_grid(1, max(batches), batches, DENSE_SAMPLES // 2)
+        if calibration is not None and deployment is not None:
+            series = [predicted_series(d, sweep, grid, True, calibration),
+                      predicted_series(stored, sweep, grid, False)]
+        else:
+            series = [predicted_series(d, sweep, grid, _stored_is_calibrated(sweep))]
         levels = drawable_levels(sweep["levels"])
         conc = [lv.get("concurrency") for lv in levels]
         top = max([c for c in conc if c] or [1])
@@ -246,10 +333,23 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
                                      int(opts.get("output_len") or 1),
                                      int(opts.get("num_requests") or 64),
                                      int(opts.get("seed") or 0))
-    v = signature_view(meas, fitted, predicted, simulated, title)
+    if simulated is not None:
+        simulated["calibrated"] = bool(series and series[0]["calibrated"])
+    v = signature_view(meas, fitted, predicted, simulated, title, series)
+    if series:
+        v["level_predictions"] = level_predictions(sweep, series)
     knee = sweep_knee(sweep)
     v["measured_knee"] = knee.get("batch") if knee else None
     return v
+
+
+def demo_views(sweep: dict[str, Any], fit: Any, calibrated: rl.Deployment,
+               calibration: dict[str, Any], title: str) -> dict[str, Any]:
+    """What `bstar demo`'s report draws: the signature picture, the sweep and the fit, each
+    prediction the calibrated one (`calibration` says on what) with the uncalibrated one
+    beside it, in the quantities the levels measured."""
+    return {"signature": run_signature(sweep, fit, title, calibrated, calibration),
+            "sweep": sweep_view(sweep, calibrated, calibration), "fit": fit_view(fit)}
 
 
 def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | None:
@@ -303,7 +403,8 @@ def fit_signature(result: Any, options: DeploymentOptions | None,
     pv = plan_view(make_plan(d, [ctx], batches))
     return signature_view(meas, fitted, (pv, 0), None,
                           f"The fit beside the cost model: {pv['model']} on "
-                          f"{pv['gpu_name']}, context {ctx:,}")
+                          f"{pv['gpu_name']}, context {ctx:,}",
+                          calibrated=bool(options.profile))
 
 
 # ---- a sweep's levels as drawn ---------------------------------------------------------------

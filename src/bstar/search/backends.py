@@ -12,6 +12,10 @@ Ray is an optional extra (`pip install 'bstar[ray]'`) and is imported only by it
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -29,6 +33,58 @@ def _warm(_: int) -> float:
 
     time.sleep(0.05)  # keep each warm-up on its own worker
     return time.time()
+
+
+# How long `--ray HOST:PORT` waits for the cluster's port before giving up (Ray itself
+# retries a dead address for minutes).
+RAY_CONNECT_TIMEOUT_S = 5.0
+# How often a pool worker checks that the process that started it is alive (the portable
+# net under Linux's PR_SET_PDEATHSIG).
+PARENT_POLL_S = 1.0
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A pool worker's initializer: the worker ends when the search that started it does,
+    even when that one is SIGKILLed and cannot shut its pool down (issue 19). On Linux the
+    kernel delivers SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG); everywhere a
+    daemon thread polls the parent's pid."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                     name="bstar-parent-watch").start()
+
+
+def _ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """A BstarError, within `timeout_s`, when nothing listens at a HOST:PORT (or
+    ray://HOST:PORT) Ray address; "auto" and other forms are left to Ray."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError, OverflowError) as e:
+        raise BstarError(f"cannot reach the Ray cluster at {address}: "
+                         f"{getattr(e, 'strerror', None) or e or 'timed out'} "
+                         "(start one with `ray start --head`, or use --ray alone for a "
+                         "local cluster)") from None
 
 
 class Backend:
@@ -77,7 +133,9 @@ class ProcessPool(Backend):
         # fork where the platform has it: workers start in milliseconds with bstar already
         # imported. The pool is started before any progress-bar thread exists.
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method))
+        self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context(method),
+                                         initializer=_die_with_parent,
+                                         initargs=(os.getpid(),))
         list(self._pool.map(_warm, range(self.workers)))
 
     def imap_unordered(self, fn: Fn, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
@@ -136,6 +194,7 @@ class RayBackend(Backend):
         else:
             import bstar
 
+            _ray_reachable(self.address)
             ray.init(address=self.address, log_to_driver=False, configure_logging=False,
                      runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
         self.workers = int(ray.cluster_resources().get("CPU", 1))

@@ -5,11 +5,10 @@ picklable `Task` and returns plain JSON-able data, so all backends give identica
 A rate is sustainable only below the replica's capacity: a queue fed faster than it is
 served grows without bound, whatever a finite run's percentiles say, and a run that starts
 from an empty server near full load has not yet built the queue steady state would. So rates
-are capped at `max_utilization` (default 0.9) of the capacity, which is measured first, in
-one saturated simulation (every request waiting at t=0, at least four times the batch that
-can run: max_num_seqs, or fewer when the KV pool holds fewer): requests finished per second
-between the first and the third quarter of the finishes, while the batch is full. Rates
-above the cap fail without simulating.
+are capped at `max_utilization` (default 0.95) of the capacity, which is measured first by
+`bstar.sim.capacity` (the definition `bstar simulate` reports too): one saturated
+simulation, requests finished per second while the batch is full. Rates above the cap fail
+without simulating.
 
 "Meets the SLO" at a rate at most the cap: on each of the traffic's draws (`--draws`,
 default 3 seeds) the simulation finished every request and each p99 the SLO names (TTFT,
@@ -34,12 +33,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from bstar.search.candidates import Replica, mean_tokens, sim_config
 from bstar.search.spec import Traffic, at_rate
-from bstar.sim import SimRun, SimSummary, Slo, Workload, simulate, summarize
-from bstar.sim.block_manager import num_gpu_blocks
+from bstar.sim import SimSummary, Slo, Workload, simulate, summarize
+from bstar.sim.capacity import capacity as sim_capacity
 
 MAX_EXPANSIONS = 16  # doublings/halvings to find the bracket (a factor of 65,536)
 MIN_RATE_REQ_S = 1e-4
@@ -51,7 +48,7 @@ class Task:
     traffic: Traffic
     slo: Slo
     rel_tol: float
-    max_utilization: float = 0.9
+    max_utilization: float = 0.95
 
     @property
     def key(self) -> str:
@@ -96,31 +93,6 @@ def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
                    truncated=a.truncated or b.truncated)
 
 
-def saturated_workload(unit: Workload, max_num_seqs: int, kv_blocks: int | None = None,
-                       block_tokens: int = 16) -> Workload:
-    """The unit workload's requests (repeated to at least 4 x the batch that can run: at most
-    max_num_seqs, and at most what the KV pool holds of the shortest request), all at t=0."""
-    batch = max_num_seqs
-    if kv_blocks is not None:
-        shortest = int(unit.input_tokens.min()) + 1
-        batch = min(batch, max(1, kv_blocks // -(-shortest // block_tokens)))
-    n = max(unit.num_requests, 4 * batch)
-    idx = np.arange(n) % unit.num_requests
-    return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.zeros(n))
-
-
-def capacity_req_s(run: SimRun) -> float:
-    """Requests finished per second between the first and third quarter of the finishes of a
-    saturated run (the batch is full there: the queue empties only near the end)."""
-    f = np.sort(run.requests.finish_s[run.requests.done])
-    n = f.size
-    if n < 4:
-        return n / run.duration_s if run.duration_s > 0 else 0.0
-    i, j = n // 4, (3 * n) // 4
-    span = float(f[j] - f[i])
-    return (j - i) / span if span > 0 else n / run.duration_s
-
-
 def evaluate(task: Task) -> dict[str, Any]:
     """Capacity, then bisection on the rate below it. Returns the result row (JSON-able)
     with `elapsed_s` apart under `_timing` (not part of the answer: backends differ)."""
@@ -131,11 +103,10 @@ def evaluate(task: Task) -> dict[str, Any]:
     unit = units[0]
     cfg = sim_config(r)
     d = r.deployment
-    sat = simulate(d, cfg, saturated_workload(unit, r.max_num_seqs,
-                                              num_gpu_blocks(d, d.block_tokens),
-                                              d.block_tokens))
-    cap = capacity_req_s(sat)
-    sat_s = summarize(sat)
+    # The one definition of capacity (bstar.sim.capacity), shared with `bstar simulate`.
+    # Its precision only places the bracket's top (the SLO bisection narrows below it).
+    sat, _ = sim_capacity(d, cfg, unit, rel_tol=max(task.rel_tol, 0.05))
+    cap = sat.capacity_req_s
     sims = 1
 
     def run(rate: float) -> tuple[bool, SimSummary]:
@@ -150,9 +121,9 @@ def evaluate(task: Task) -> dict[str, Any]:
         assert worst is not None
         return True, worst
 
-    capacity = {"capacity_req_s": cap, "running_max": sat_s.running_max,
-                "preemptions": sat_s.preemptions,
-                "kv_utilization_max": sat_s.kv_utilization_max}
+    capacity = {"capacity_req_s": cap, "running_max": sat.running_max,
+                "preemptions": sat.preemptions,
+                "kv_utilization_max": sat.kv_utilization_max}
     lo: tuple[float, SimSummary] | None = None
     roof = task.max_utilization * cap
     hi: tuple[float, SimSummary | None] = (roof, None)  # None: not simulated (the roof)

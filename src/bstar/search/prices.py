@@ -52,7 +52,7 @@ def parse_prices(text: str, where: str = "price file") -> PriceTable:
     except tomllib.TOMLDecodeError as e:
         raise BstarError(f"{where}: not valid TOML ({e})") from None
     as_of = data.get("as_of")
-    if not as_of:
+    if not as_of or isinstance(as_of, dict | list):
         raise BstarError(f"{where}: say when the prices were read: as_of = \"YYYY-MM-DD\"")
     gpus = data.get("gpus")
     if not isinstance(gpus, dict) or not gpus:
@@ -64,7 +64,8 @@ def parse_prices(text: str, where: str = "price file") -> PriceTable:
         p = v["per_gpu_hour"]
         if isinstance(p, bool) or not isinstance(p, int | float) or not (
                 p > 0 and math.isfinite(p)):
-            raise BstarError(f"{where}: [gpus.{gid}] per_gpu_hour must be a positive number")
+            raise BstarError(f"{where}: [gpus.{gid}] per_gpu_hour must be a positive finite "
+                             f"number, got {p!r}")
         out[str(gid).lower()] = Price(float(p), str(v.get("source", "")))
     return PriceTable(str(as_of), str(data.get("currency", "USD")), out, where,
                       str(data.get("note", "")))
@@ -73,7 +74,10 @@ def parse_prices(text: str, where: str = "price file") -> PriceTable:
 def load_prices(path: str | Path) -> PriceTable:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8-sig")
     except OSError as e:
         raise BstarError(f"{p}: cannot read price file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a price file is TOML"
+                         ) from None
     return parse_prices(text, str(p))

@@ -42,8 +42,11 @@ class Traffic:
     # seed+1, ...): the worst of K. A fresh draw then misses it with probability about
     # 1/(K+1) (order statistics), where one draw would leave it at a coin flip.
     draws: int = 3
+    prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
 
     def __post_init__(self) -> None:
+        if self.prefix_cached_tokens < 0:
+            raise BstarError("--prefix-cached-tokens must not be negative")
         if not (self.demand_req_s > 0 and np.isfinite(self.demand_req_s)):
             raise BstarError(f"--rate (the demand) must be a positive number of requests/s, "
                              f"got {self.demand_req_s}")
@@ -62,8 +65,8 @@ class Traffic:
         """The requests at a mean arrival rate of 1 request/s (deterministic in the seed)."""
         rng = np.random.default_rng(self.seed if seed is None else seed)
         if self.trace is None:
-            return make_workload(Poisson(1.0), self.input_len, self.output_len,
-                                 self.num_requests, rng)
+            return self._cached(make_workload(Poisson(1.0), self.input_len, self.output_len,
+                                              self.num_requests, rng))
         w = make_workload(self.trace, self.input_len, self.output_len, self.num_requests, rng)
         assert w.arrival_s is not None
         a = w.arrival_s - w.arrival_s[0]
@@ -72,7 +75,14 @@ class Traffic:
             raise BstarError("a trace for search needs at least 2 requests at distinct times "
                              "(its arrival pattern is rescaled to each rate tried)")
         # n - 1 gaps over the span: a mean rate of 1 request/s.
-        return Workload(w.input_tokens, w.output_tokens, a * ((w.num_requests - 1) / span))
+        return self._cached(Workload(w.input_tokens, w.output_tokens,
+                                     a * ((w.num_requests - 1) / span)))
+
+    def _cached(self, w: Workload) -> Workload:
+        if not self.prefix_cached_tokens:
+            return w
+        return Workload(w.input_tokens, w.output_tokens, w.arrival_s,
+                        cached_tokens=np.minimum(w.input_tokens, self.prefix_cached_tokens))
 
     def describe(self) -> str:
         if self.trace is not None:
@@ -85,6 +95,7 @@ class Traffic:
         return {"demand_req_s": self.demand_req_s, "input_len": _lengths_dict(self.input_len),
                 "output_len": _lengths_dict(self.output_len),
                 "num_requests": self.num_requests, "seed": self.seed, "draws": self.draws,
+                "prefix_cached_tokens": self.prefix_cached_tokens,
                 "trace": None if self.trace is None else {
                     "num_requests": len(self.trace.arrival_s),
                     "sha256": hashlib.sha256(json.dumps(
@@ -100,7 +111,8 @@ def _lengths_dict(x: Lengths) -> dict[str, Any]:
 def at_rate(unit: Workload, rate_req_s: float) -> Workload:
     """`unit` (1 request/s) with its arrival times compressed to `rate_req_s`."""
     assert unit.arrival_s is not None
-    return Workload(unit.input_tokens, unit.output_tokens, unit.arrival_s / rate_req_s)
+    return Workload(unit.input_tokens, unit.output_tokens, unit.arrival_s / rate_req_s,
+                    cached_tokens=unit.cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +147,7 @@ class SearchSpec:
     eff: rl.Efficiency = field(default_factory=rl.Efficiency)
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
-    max_utilization: float = 0.9  # rates at most this fraction of the replica's capacity
+    max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity
 
     def __post_init__(self) -> None:
         if not self.models or not self.gpus:

@@ -6,7 +6,9 @@ A search is named by the hash of its spec (`SearchSpec.search_id`); an evaluatio
 replica key plus a hash of everything that decides its result (deployment, engine limits,
 traffic, SLO, tolerance), so a row is never reused for a different question.
 
-Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/search.db`.
+Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/search.db`. A corrupt file, a
+SQLite file of someone else's (bstar never adds its tables to one) or a path it cannot write
+is a one-line BstarError; every text stored passes through `bstar.redact`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import Any
+
+from bstar.errors import BstarError
+from bstar.redact import redact_obj
+
+_OWN_TABLES = {"searches", "evaluations"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS searches (
@@ -47,15 +54,57 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _error(path: Path, e: BaseException) -> BstarError:
+    msg = str(e) or type(e).__name__
+    if "not a database" in msg or "malformed" in msg:
+        return BstarError(f"{path} is not a bstar search DB (not SQLite, or corrupt): {msg}")
+    if "readonly" in msg or "read-only" in msg:
+        return BstarError(f"cannot write the search DB {path}: {msg} "
+                          "(a read-only file or folder? give --db elsewhere)")
+    return BstarError(f"cannot use the search DB {path}: {msg}")
+
+
 class SearchStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(_SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BstarError(f"cannot create the folder of the search DB {self.path}: "
+                             f"{e.strerror or e}") from None
+        if self.path.is_dir():
+            raise BstarError(f"the search DB {self.path} is a folder; give --db a file")
+        try:
+            self.db = sqlite3.connect(self.path, timeout=30)
+        except sqlite3.Error as e:
+            raise _error(self.path, e) from None
+        try:
+            names = {r[0] for r in self.db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%'")}
+            if names and not names & _OWN_TABLES:
+                raise BstarError(f"{self.path} is a SQLite file but not a bstar search DB "
+                                 f"(its tables: {', '.join(sorted(names)[:5])}); "
+                                 "give --db another path")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            self.db.close()
+            raise _error(self.path, e) from None
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _guard(self, fn: Any, *a: Any) -> Any:
+        try:
+            return fn(*a)
+        except sqlite3.Error as e:
+            raise _error(self.path, e) from None
 
     def begin(self, search_id: str, spec: dict[str, Any], resume: bool) -> None:
+        self._guard(self._begin, search_id, spec, resume)
+
+    def _begin(self, search_id: str, spec: dict[str, Any], resume: bool) -> None:
         """Start (or with `resume`, continue) a search. Without `resume` earlier rows of the
         same search are dropped: the search runs from scratch."""
         with self.db:
@@ -66,12 +115,23 @@ class SearchStore:
                 "INSERT INTO searches (id, created_at, updated_at, status, spec) "
                 "VALUES (?, ?, ?, 'running', ?) ON CONFLICT(id) DO UPDATE SET "
                 "status = 'running', updated_at = excluded.updated_at",
-                (search_id, _now(), _now(), json.dumps(spec, sort_keys=True)))
+                (search_id, _now(), _now(), json.dumps(redact_obj(spec), sort_keys=True)))
 
     def done(self, search_id: str) -> dict[str, dict[str, Any]]:
-        rows = self.db.execute("SELECT key, result FROM evaluations WHERE search_id = ?",
-                               (search_id,)).fetchall()
-        return {k: json.loads(v) for k, v in rows}
+        def read() -> dict[str, dict[str, Any]]:
+            rows = self.db.execute("SELECT key, result FROM evaluations WHERE search_id = ?",
+                                   (search_id,)).fetchall()
+            out: dict[str, dict[str, Any]] = {}
+            for k, v in rows:
+                try:
+                    row = json.loads(v)
+                except ValueError:
+                    continue  # an unreadable row is evaluated again
+                if isinstance(row, dict):
+                    out[k] = row
+            return out
+
+        return self._guard(read)  # type: ignore[no-any-return]
 
     def count(self, search_id: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM evaluations WHERE search_id = ?",
@@ -79,13 +139,21 @@ class SearchStore:
 
     def add(self, search_id: str, key: str, result: dict[str, Any], elapsed_s: float | None,
             backend: str) -> None:
+        self._guard(self._add, search_id, key, result, elapsed_s, backend)
+
+    def _add(self, search_id: str, key: str, result: dict[str, Any], elapsed_s: float | None,
+             backend: str) -> None:
         with self.db:
             self.db.execute(
                 "INSERT OR REPLACE INTO evaluations (search_id, key, result, elapsed_s, "
                 "backend, finished_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (search_id, key, json.dumps(result, sort_keys=True), elapsed_s, backend, _now()))
+                (search_id, key, json.dumps(redact_obj(result), sort_keys=True), elapsed_s,
+                 backend, _now()))
 
     def finish(self, search_id: str, status: str) -> None:
+        self._guard(self._finish, search_id, status)
+
+    def _finish(self, search_id: str, status: str) -> None:
         with self.db:
             self.db.execute("UPDATE searches SET status = ?, updated_at = ? WHERE id = ?",
                             (status, _now(), search_id))

@@ -54,13 +54,15 @@ __all__ = [
 
 def simulate_levels(d: rl.Deployment, max_num_seqs: list[int], arrivals: Arrivals,
                     input_len: Lengths, output_len: Lengths, num_requests: int, seed: int,
-                    config: SimConfig | None = None, slo: Slo | None = None
-                    ) -> list[SimSummary]:
+                    config: SimConfig | None = None, slo: Slo | None = None,
+                    cached_prefix_tokens: int = 0) -> list[SimSummary]:
     """The same requests (one draw from `seed`) under each max_num_seqs: the levels differ in
     the scheduler's cap only. Every level's settings are checked before any runs."""
     base = config or SimConfig(SchedulerConfig(max_num_seqs[0]))
     w = make_workload(arrivals, input_len, output_len, num_requests,
                       np.random.default_rng(seed))
+    if cached_prefix_tokens:  # a shared prefix the prefix cache holds (whole blocks)
+        w = replace(w, cached_tokens=np.minimum(w.input_tokens, cached_prefix_tokens))
     cfgs = [replace(base, scheduler=replace(base.scheduler, max_num_seqs=m))
             for m in max_num_seqs]
     for c in cfgs:

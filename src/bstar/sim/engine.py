@@ -28,6 +28,11 @@ from bstar.sim.traffic import Workload
 
 GiB = 1 << 30
 MAX_REQUESTS = 1_000_000
+# Every pass of the simulator's loop moves a token, a request or the clock: a run that
+# takes more passes than this many per token (prompt and output, plus one per request) is
+# stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).
+# Recompute preemption replays prompts, so the bound leaves room for many replays.
+STEPS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,10 @@ class SimRun:
     itl_values_s: FloatArray  # inter-token gaps, weighted
     itl_weights: IntArray
     timeline: Timeline
-    truncated: bool  # stopped at max_sim_time_s with requests unfinished
+    truncated: bool  # stopped at max_sim_time_s (or the step bound) with requests unfinished
+    # Why the loop ended: "done" (every request finished), "time limit" (max_sim_time_s
+    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token).
+    stop_reason: str = "done"
 
 
 def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
@@ -116,6 +124,13 @@ def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.input_tokens, w.output_tokens)
+    if w.cached_tokens is not None:
+        # A hit covers whole blocks and never the last prompt token (it must be computed to
+        # sample the first output token), as vLLM's prefix cache.
+        bs_ = d.block_tokens
+        hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
+                         reqs.prompt_tokens - 1) // bs_ * bs_
+        reqs.num_computed[:] = np.maximum(hit, 0)
     bm = BlockManager(blocks_total, bs, host_blocks)
     sched = Scheduler(cfg.scheduler, reqs, bm)
     return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
@@ -133,10 +148,21 @@ class _Loop:
                 self._issue(0.0)
         else:
             assert w.arrival_s is not None
+            arr = np.asarray(w.arrival_s, dtype=np.float64)
+            if arr.size and not (np.all(np.isfinite(arr)) and float(arr.min()) >= 0):
+                bad = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
+                raise BstarError(f"request {bad + 1}'s arrival time is {arr[bad]!r}: "
+                                 "arrivals must be finite and not negative")
             reqs.arrival_s[:] = w.arrival_s
-            self.heap = [(float(t), i) for i, t in enumerate(w.arrival_s)]
+            # The server's per-request work before the engine can schedule it.
+            delay = d.eff.request_overhead_s
+            self.heap = [(float(t) + delay, i) for i, t in enumerate(w.arrival_s)]
             heapq.heapify(self.heap)
         self.now = 0.0
+        # With a scheduling lag of one step, the schedule of the step starting now was made
+        # when the previous step started: only requests that had arrived by then join it.
+        self.lag = bool(d.eff.scheduling_lag_steps)
+        self.step_start = 0.0
         self.num_steps = 0
         self.itl_scalar_v: list[float] = []
         self.itl_scalar_w: list[int] = []
@@ -151,7 +177,7 @@ class _Loop:
         rid = self.next_issue
         self.next_issue += 1
         self.reqs.arrival_s[rid] = t
-        heapq.heappush(self.heap, (t, rid))
+        heapq.heappush(self.heap, (t + self.d.eff.request_overhead_s, rid))
 
     def run(self) -> SimRun:
         sched, heap, reqs = self.sched, self.heap, self.reqs
@@ -160,17 +186,30 @@ class _Loop:
         think = self.w.think_s
         n_total = self.w.num_requests
         truncated = False
+        stop = "done"
         stalled = 0
+        tokens = int(np.sum(self.w.input_tokens, dtype=np.int64)
+                     + np.sum(self.w.output_tokens, dtype=np.int64))
+        max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
+        passes = 0
         while True:
-            while heap and heap[0][0] <= self.now:
+            passes += 1
+            if passes > max_passes:
+                truncated, stop = True, "step limit"
+                break
+            horizon = self.step_start if self.lag and not sched.idle else self.now
+            while heap and heap[0][0] <= horizon:
                 sched.add(heapq.heappop(heap)[1])
             if sched.idle:
                 if not heap:
                     break
+                if not heap[0][0] > self.now:  # NaN: the clock would never move
+                    raise BstarError(f"arrival time {heap[0][0]!r} does not advance the "
+                                     "clock")
                 self.now = heap[0][0]
                 continue
             if self.now >= limit:
-                truncated = True
+                truncated, stop = True, "time limit"
                 break
             if self.cfg.fast_forward and self._fast_forward():
                 continue
@@ -187,6 +226,7 @@ class _Loop:
             dt = self.k.batch_step_s(plan.start, plan.new) \
                 + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
             t0, self.now = self.now, self.now + dt
+            self.step_start = t0
             self.num_steps += 1
             out = sched.update(plan, t0, self.now)
             if out.contiguous_tokens:
@@ -205,7 +245,7 @@ class _Loop:
                                 *self.itl_arrays_w])
         return SimRun(self.d, self.cfg, self.w, reqs, self.bm.num_blocks, self.bm.block_size,
                       self.now, self.num_steps, sched.num_preemptions, itl_v, itl_w,
-                      self.timeline, truncated or not bool(reqs.done.all()))
+                      self.timeline, truncated or not bool(reqs.done.all()), stop)
 
     # ---- multi-step jump ----------------------------------------------------------------------
     def _fast_forward(self) -> bool:
@@ -257,8 +297,10 @@ class _Loop:
         ends = self.now + np.cumsum(steps_s)
         cut = k_max
         if not admit_blocked and self.heap:
-            # The step during which the arrival lands still runs; the next one sees it.
-            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1)
+            # The step during which the arrival lands still runs; the next one sees it (with
+            # a scheduling lag, the one after).
+            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1
+                      + int(self.lag))
         # Do not start steps past the time limit.
         cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
         if cut < 2:
@@ -283,6 +325,7 @@ class _Loop:
         r.num_blocks[ids] = held + need
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut
+        self.step_start = float(ends[-2]) if cut > 1 else self.now
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut

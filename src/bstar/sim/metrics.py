@@ -96,6 +96,7 @@ class SimSummary:
     running_max: int
     truncated: bool
     timeline: dict[str, list[float]] = field(default_factory=dict)
+    stop_reason: str = "done"  # "done", "time limit" or "step limit" (bstar.sim.engine)
 
     def to_dict(self) -> dict[str, Any]:
         """The simulate contract's keys first, then extras."""
@@ -114,7 +115,8 @@ class SimSummary:
             "kv_utilization_mean": self.kv_utilization_mean,
             "queue_max": self.queue_max, "queue_mean": self.queue_mean,
             "running_max": self.running_max,
-            "truncated": self.truncated, "timeline": self.timeline,
+            "truncated": self.truncated, "stop_reason": self.stop_reason,
+            "timeline": self.timeline,
         }
 
 
@@ -171,7 +173,8 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
         queue_max=int(max(tl.num_waiting)), queue_mean=queue_mean,
         running_max=int(max(tl.num_running)),
         truncated=run.truncated, timeline=downsample(tl.time_s, used, tl.num_waiting,
-                                                     tl.num_running))
+                                                     tl.num_running),
+        stop_reason=run.stop_reason)
 
 
 def downsample(time_s: list[float], kv_util: npt.NDArray[np.float64], waiting: list[int],

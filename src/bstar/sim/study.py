@@ -4,7 +4,7 @@ knee advice (`run_study`). The command only maps its flags onto `StudyOptions`."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ class StudyOptions:
     seed: int = 0
     slo: str | None = None
     max_sim_time_s: float = 24 * 3600.0
+    prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +45,16 @@ class Study:
     advice: Any
     arrivals: Any
     max_num_batched_tokens: int
+    # Per level: the largest rate sustained (bstar.sim.capacity) and the latencies at
+    # SUSTAINED_FRACTION of it; None where not computed.
+    capacities: list[Any] | None = None
 
     def to_objects(self) -> list[dict[str, Any]]:
         """The simulate JSON contract, one object per level."""
         objs = [r.to_dict() for r in self.rows]
-        for o in objs:
+        for o, cap in zip(objs, self.capacities or [None] * len(objs), strict=True):
+            if cap is not None:
+                o["capacity"] = cap
             o["max_num_batched_tokens"] = self.max_num_batched_tokens
             o["preemption_mode"] = self.options.preemption
             if self.advice is not None:
@@ -65,10 +71,13 @@ def _arrivals(o: StudyOptions) -> Any:
                          "or --trace FILE")
     if o.trace is not None:
         try:
-            text = Path(o.trace).read_text()
+            text = Path(o.trace).read_bytes()
         except OSError as e:
             raise BstarError(f"cannot read --trace {o.trace}: {e.strerror}") from None
-        return parse_trace(text)
+        try:
+            return parse_trace(text)
+        except BstarError as e:
+            raise BstarError(f"--trace {o.trace}: {e}") from None
     if o.rate is not None:
         return Poisson(o.rate)
     assert o.concurrency is not None
@@ -96,7 +105,43 @@ def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
     num_requests = o.num_requests
     if num_requests is None:
         num_requests = len(arrivals.arrival_s) if o.trace is not None else 1000
-    rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len),
-                           parse_lengths(o.output_len), num_requests, o.seed, cfg, slo)
+    if o.prefix_cached_tokens < 0:
+        raise BstarError("--prefix-cached-tokens must not be negative")
+    rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len, "--input-len"),
+                           parse_lengths(o.output_len, "--output-len"), num_requests,
+                           o.seed, cfg, slo, cached_prefix_tokens=o.prefix_cached_tokens)
     advice = advise(rows, slo) if len(rows) > 1 else None
-    return Study(d, o, rows, advice, arrivals, tokens)
+    caps = [sustained(d, replace(cfg, scheduler=replace(cfg.scheduler, max_num_seqs=m)),
+                      arrivals, parse_lengths(o.input_len), parse_lengths(o.output_len),
+                      num_requests, o.seed, slo, o.prefix_cached_tokens) for m in levels]
+    return Study(d, o, rows, advice, arrivals, tokens, caps)
+
+
+SUSTAINED_FRACTION = 0.9  # the operating point reported beside the capacity (search's cap)
+
+
+def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len: Any,
+              num_requests: int, seed: int, slo: Any = None,
+              prefix_cached_tokens: int = 0) -> dict[str, Any]:
+    """The largest rate this level sustains for requests like the study's (its capacity:
+    bstar.sim.capacity, the definition `bstar search` uses) and the latencies of a Poisson
+    load at SUSTAINED_FRACTION of it."""
+    import numpy as np
+
+    from bstar.sim import Poisson, Workload, make_workload, simulate, summarize
+    from bstar.sim.capacity import capacity
+
+    rng = np.random.default_rng(seed)
+    unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
+    if prefix_cached_tokens:
+        unit = replace(unit, cached_tokens=np.minimum(unit.input_tokens, prefix_cached_tokens))
+    cap, _ = capacity(d, cfg, unit)
+    out: dict[str, Any] = cap.to_dict()
+    if cap.capacity_req_s <= 0:
+        return out | {"at_rate_req_s": None}
+    rate = SUSTAINED_FRACTION * cap.capacity_req_s
+    w = Workload(unit.input_tokens, unit.output_tokens,
+                 Poisson(rate).arrivals(rng, unit.num_requests), cached_tokens=unit.cached_tokens)
+    s = summarize(simulate(d, cfg, w), slo)
+    return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
+                  "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}

@@ -17,6 +17,11 @@ import numpy.typing as npt
 
 from bstar.errors import BstarError
 
+# The longest prompt or output a length or a trace may name: far past any model's context,
+# small enough that token arithmetic (KV blocks, FLOPs) stays exact and finite.
+MAX_TOKENS = 100_000_000
+MAX_ARRIVAL_S = 1e11  # seconds: past any epoch timestamp; finite is what matters
+
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
@@ -42,8 +47,13 @@ class Lengths:
             raise BstarError(f"a fixed length must be at least 1 token, got {self.low}")
         if self.kind == "uniform" and not 1 <= self.low <= self.high:
             raise BstarError(f"uniform lengths need 1 <= low <= high, got {self.low}..{self.high}")
-        if self.kind in ("normal", "lognormal") and not (self.mean >= 1 and self.std >= 0):
-            raise BstarError(f"{self.kind} lengths need mean >= 1 and std >= 0")
+        if self.kind in ("normal", "lognormal") and not (
+                1 <= self.mean <= MAX_TOKENS and 0 <= self.std <= MAX_TOKENS):
+            raise BstarError(f"{self.kind} lengths need 1 <= mean <= {MAX_TOKENS} and "
+                             f"0 <= std <= {MAX_TOKENS} (finite), got {self.mean:g}:"
+                             f"{self.std:g}")
+        if max(self.low, self.high, *self.values, 0) > MAX_TOKENS:
+            raise BstarError(f"lengths must be at most {MAX_TOKENS} tokens")
         if self.kind == "empirical" and (not self.values or min(self.values) < 1):
             raise BstarError("an empirical length list needs positive integers")
         if self.kind not in ("fixed", "uniform", "normal", "lognormal", "empirical"):
@@ -67,7 +77,7 @@ class Lengths:
             # sigma^2 = ln(1 + s^2/m^2), mu = ln m - sigma^2/2.
             sigma2 = math.log1p((self.std / self.mean) ** 2)
             x = rng.lognormal(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2), size=n)
-        return np.maximum(np.rint(x), 1).astype(np.int64)
+        return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
 
     @property
     def max_tokens(self) -> int | None:
@@ -85,9 +95,16 @@ class Lengths:
                 "empirical": f"empirical ({len(self.values)} values)"}[self.kind]
 
 
-def parse_lengths(text: str) -> Lengths:
+def parse_lengths(text: str, flag: str = "") -> Lengths:
     """'512', 'uniform:256:768', 'normal:512:128', 'lognormal:512:256',
-    'empirical:100,220,512'."""
+    'empirical:100,220,512'. `flag` ('--input-len') names the source in errors."""
+    try:
+        return _parse_lengths(text)
+    except BstarError as e:
+        raise BstarError(f"{flag} {text!r}: {e}" if flag else str(e)) from None
+
+
+def _parse_lengths(text: str) -> Lengths:
     t = text.strip().lower()
     try:
         if ":" not in t:
@@ -103,6 +120,8 @@ def parse_lengths(text: str) -> Lengths:
             return Lengths(kind, mean=float(mean), std=float(std))
         if kind == "empirical":
             return Lengths("empirical", values=tuple(int(v) for v in rest.split(",") if v))
+    except BstarError:
+        raise
     except ValueError:
         pass
     raise BstarError(f"cannot read length {text!r}: use N, uniform:LO:HI, normal:MEAN:STD, "
@@ -121,6 +140,9 @@ class Workload:
     arrival_s: FloatArray | None = None  # open loop; None for closed loop
     num_users: int = 0
     think_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    # Prompt tokens whose KV a prefix cache already holds (vLLM's automatic prefix caching:
+    # whole blocks of a shared prefix); None = no hits. Prefill computes only the rest.
+    cached_tokens: IntArray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -206,9 +228,16 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
 
 
-def parse_trace(text: str) -> Trace:
+def parse_trace(text: str | bytes) -> Trace:
     """A trace as JSON lines or CSV with columns arrival_s, input_tokens, output_tokens
-    (a header line names them; extra columns are ignored)."""
+    (a header line names them; extra columns are ignored). Bytes are read as UTF-8 (a
+    byte-order mark is allowed); every arrival must be finite, every length in range."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise BstarError(f"the trace is not UTF-8 text (byte {e.start})") from None
+    text = text.removeprefix("\ufeff")
     rows: list[tuple[float, int, int]] = []
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if not lines:
@@ -227,11 +256,17 @@ def parse_trace(text: str) -> Trace:
             for ln in lines[1:]:
                 cells = ln.split(",")
                 rows.append((float(cells[idx[0]]), int(cells[idx[1]]), int(cells[idx[2]])))
-    except (KeyError, ValueError, IndexError, json.JSONDecodeError) as e:
-        raise BstarError(f"cannot read the trace: {e}") from None
+    except (KeyError, ValueError, IndexError, TypeError, OverflowError) as e:
+        raise BstarError(f"cannot read the trace: {type(e).__name__}: {e}") from None
     if not rows:
         raise BstarError("the trace has no requests")
+    for n, (t, i_, o_) in enumerate(rows, 1):
+        # NaN and infinities would stall the simulator's clock (issue 19): refuse them here.
+        if not (math.isfinite(t) and 0 <= t <= MAX_ARRIVAL_S):
+            raise BstarError(f"the trace's request {n}: arrival_s must be a finite number "
+                             f"of seconds in 0..{MAX_ARRIVAL_S:g}, got {t!r}")
+        if not (1 <= i_ <= MAX_TOKENS and 1 <= o_ <= MAX_TOKENS):
+            raise BstarError(f"the trace's request {n}: input_tokens and output_tokens must "
+                             f"be in 1..{MAX_TOKENS}, got {i_}, {o_}")
     a, i, o = zip(*rows, strict=True)
-    if min(a) < 0 or min(i) < 1 or min(o) < 1:
-        raise BstarError("trace arrival times must be >= 0 and lengths >= 1")
     return Trace(tuple(a), tuple(i), tuple(o))

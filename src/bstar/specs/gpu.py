@@ -7,6 +7,7 @@ Memory is exact bytes as the device reports it (nvidia-smi's MiB x 2**20): datas
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError, closest
+
+# Bounds of a GPU file's figures, far past any accelerator (an H200: 141 GB, 4.8e12 B/s,
+# 1e15 FLOP/s), so that a typo or an infinity is an error, not a plan of nonsense
+# ("ridge 0.0"). GpuSpec itself only asks for finite positive figures (calibration scales
+# them).
+MAX_MEMORY_BYTES = 2**50
+_MAX_RATE = {"hbm_bandwidth_bytes_s": 1e16, "interconnect_bytes_s": 1e16,
+             "bf16_flops": 1e19, "fp16_flops": 1e19, "fp8_flops": 1e19, "int8_ops": 1e19}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +47,24 @@ class GpuSpec:
     num_sms: int = 0
 
     def __post_init__(self) -> None:
+        for k in ("id", "name", "vendor", "source", "memory_source", "provenance"):
+            if not isinstance(getattr(self, k), str):
+                raise BstarError(f"GPU {self.id!r}: {k} must be a string, got "
+                                 f"{getattr(self, k)!r}")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise BstarError(f"GPU {self.id!r}: memory_bytes must be a positive integer")
         for k in ("hbm_bandwidth_bytes_s", "bf16_flops"):
-            if not getattr(self, k) > 0:
-                raise BstarError(f"GPU {self.id!r}: {k} must be positive")
+            v = getattr(self, k)
+            if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
+                raise BstarError(f"GPU {self.id!r}: {k} must be a positive finite number, "
+                                 f"got {v!r}")
         if not isinstance(self.num_sms, int) or self.num_sms < 0:
             raise BstarError(f"GPU {self.id!r}: num_sms must be a non-negative integer")
         for k in ("fp16_flops", "fp8_flops", "int8_ops", "interconnect_bytes_s"):
-            if getattr(self, k) < 0:
-                raise BstarError(f"GPU {self.id!r}: {k} must not be negative")
+            v = getattr(self, k)
+            if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
+                raise BstarError(f"GPU {self.id!r}: {k} must be a finite number, not "
+                                 f"negative, got {v!r}")
 
     def peak_flops(self, compute: str) -> float:
         """Dense tensor rate for a compute dtype, falling back to 16-bit where the
@@ -77,7 +94,10 @@ def gpu_from_mapping(gpu_id: str, d: Mapping[str, Any], where: str) -> GpuSpec:
     kw = dict(d)
     kw.setdefault("id", gpu_id)
     mem = kw["memory_bytes"]
-    if isinstance(mem, float) and mem.is_integer():
+    if isinstance(mem, float) and math.isfinite(mem) and mem.is_integer():
+        if not 0 < mem <= MAX_MEMORY_BYTES:
+            raise BstarError(f"{where}: memory_bytes must be a positive integer of at most "
+                             f"2**50 (1 PiB), got {mem!r}")
         kw["memory_bytes"] = int(mem)
     if not isinstance(kw["memory_bytes"], int) or isinstance(kw["memory_bytes"], bool):
         raise BstarError(f"{where}: memory_bytes must be an integer number of bytes")
@@ -85,7 +105,23 @@ def gpu_from_mapping(gpu_id: str, d: Mapping[str, Any], where: str) -> GpuSpec:
         if isinstance(kw[k], bool) or not isinstance(kw[k], int | float):
             raise BstarError(f"{where}: {k} must be a number, got {kw[k]!r}")
         kw[k] = float(kw[k])
-    return GpuSpec(**kw)
+        if not (math.isfinite(kw[k]) and kw[k] <= _MAX_RATE[k]):
+            raise BstarError(f"{where}: {k} must be a finite number of at most "
+                             f"{_MAX_RATE[k]:g}, got {kw[k]!r}")
+    if not 0 < kw["memory_bytes"] <= MAX_MEMORY_BYTES:
+        raise BstarError(f"{where}: memory_bytes must be a positive integer of at most "
+                         f"2**50 (1 PiB), got {kw['memory_bytes']!r}")
+    sms = kw.get("num_sms", 0)
+    if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms <= 1_000_000:
+        raise BstarError(f"{where}: num_sms must be an integer between 0 and 1000000, "
+                         f"got {sms!r}")
+    for k in ("id", "name", "vendor", "source", "memory_source", "provenance"):
+        if k in kw and not isinstance(kw[k], str):
+            raise BstarError(f"{where}: {k} must be a string, got {kw[k]!r}")
+    try:
+        return GpuSpec(**kw)
+    except BstarError as e:
+        raise BstarError(f"{where}: {e}") from None
 
 
 @cache
@@ -99,12 +135,15 @@ def load_gpu_file(path: Path) -> GpuSpec:
     """A user GPU file: TOML or JSON, one table in the catalog's schema (optionally under
     its id, as in the catalog)."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as e:
         raise BstarError(f"{path}: cannot read GPU file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{path}: not UTF-8 text (byte {e.start}); a GPU file is TOML or "
+                         "JSON") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise BstarError(f"{path}: not valid {path.suffix.lstrip('.') or 'TOML'} ({e})") from None
     if not isinstance(data, dict):
         raise BstarError(f"{path}: expected a table of GPU fields")

@@ -188,7 +188,8 @@ def _vline(ax: Axes, x: float | None, kind: str, label: str) -> None:
         ax.plot([], [], color=color, linestyle=ls, linewidth=1.4,
                 label=f"{label} ({'right' if x > hi else 'left'} of the chart)")
         return
-    ax.axvline(x, color=color, linestyle=ls, linewidth=1.4, label=label, zorder=3)
+    line = ax.axvline(x, color=color, linestyle=ls, linewidth=1.4, label=label, zorder=3)
+    line.set_gid(f"mark-{kind}")  # the SVG names the mark, so a test can find where it is
 
 
 def regime_spans(b_star_read: float, crossover: float | None, b_mem: int, lo: float,
@@ -318,3 +319,24 @@ def _whiskers(ax: Axes, xs: list[int], p50: list[float], p99: list[float], color
     for x, a, b in zip(xs, p50, p99, strict=True):
         tips.point(ax, x, a, f"{what} at {x}: p50 {_fmt(a, unit)}, p99 {_fmt(b, unit)}",
                    color=color, markersize=6.5)
+
+
+def level_prediction_text(b: int, q: dict[str, Any], xname: str = "batch") -> str:
+    """A predicted throughput point beside a measured level, as its tooltip says it: which
+    prediction, the value, its error against the level and, past the tolerance, the miss."""
+    text = (f"{q['label']} at {xname} {b}: {_fmt(q['throughput_tok_s'], 'tok/s')}, "
+            f"{q['error']:+.0%} vs measured")
+    from bstar.report.views import AGREE_TOL
+
+    return text if q["agrees"] or not q["calibrated"] else (
+        text + f" (misses by more than {AGREE_TOL:.0%})")
+
+
+def _level_predictions(ax: Axes, tips: _Tips, rows: list[dict[str, Any]], colors: list[str],
+                       xname: str = "batch") -> None:
+    """Each predicted series' throughput at each measured level, as a hoverable mark."""
+    for row in rows:
+        for q, color in zip(row["predicted"], colors, strict=False):
+            tips.point(ax, row["batch"], q["throughput_tok_s"],
+                       level_prediction_text(row["batch"], q, xname), marker="x",
+                       markersize=6, color=color, markeredgecolor=color, zorder=4)

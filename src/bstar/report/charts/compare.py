@@ -13,6 +13,7 @@ from bstar.report.charts.base import (
     _style,
     _Tips,
 )
+from bstar.report.words import words
 
 
 def compare_chart(rows: list[dict[str, Any]]) -> Chart:
@@ -53,7 +54,7 @@ def compare_chart(rows: list[dict[str, Any]]) -> Chart:
                     rec = r.get("recommendation") or {}
                     tips.point(ax, xi, v, f"{_row_group(r)} at {ctx:,} tokens\nB* "
                                f"{r['b_star']:.1f}, B_mem {r['b_mem']:,}\nrecommended "
-                               f"{rec.get('max_num_seqs', '-')} ({rec.get('bound', '-')})",
+                               f"{rec.get('max_num_seqs', '-')} ({words(rec.get('bound')) or '-'})",
                                marker="_", markersize=max(6.0, 60 * width), color=color,
                                markeredgecolor=color)
                 ax.bar(xs, hs, width=width * 0.92, color=color, alpha=0.85,

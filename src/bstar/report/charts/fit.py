@@ -23,6 +23,7 @@ from bstar.report.charts.base import (
     _Tips,
     _vline,
 )
+from bstar.report.words import FIT_BOUND_WORDS, words
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -109,9 +110,12 @@ def fit_chart(f: dict[str, Any]) -> Chart:
                 ax.errorbar([q["batch"]], [q[key]], yerr=[[q[key] - lo_v], [hi_v - q[key]]],
                             fmt="none", ecolor=FIT_COLOR, elinewidth=1.6, capsize=5, zorder=5)
                 tips.point(ax, q["batch"], q[key],
-                           f"predicted at batch {q['batch']} ({q['regime']}): "
+                           f"predicted at batch {q['batch']} "
+                           f"({words(q['regime'])}): "
                            f"{name} {_fmt(q[key], unit)}\ninterval {_fmt(lo_v, unit)} – "
-                           f"{_fmt(hi_v, unit)}" + (f"\n{q['bound']}" if q.get("bound") else ""),
+                           f"{_fmt(hi_v, unit)}"
+                           + (f"\n{FIT_BOUND_WORDS.get(q['bound'], q['bound'])}"
+                              if q.get("bound") else ""),
                            marker="D", markersize=8, color=FIT_COLOR)
                 # Alternate above/below: predictions on a plateau share one height.
                 ax.annotate(_fmt(q[key], unit), xy=(q["batch"], q[key]),
@@ -133,7 +137,10 @@ def fit_chart(f: dict[str, Any]) -> Chart:
         if pr.get("plateau_tok_s"):
             a_tput.axhline(pr["plateau_tok_s"], color=MARK["crossover"][0], linewidth=1.4,
                            label=f"compute roof = {_fmt(pr['plateau_tok_s'], 'tok/s')}")
-        top = max(dn["throughput_tok_s"])
+        # Every measured point and prediction stays on the chart, not only the fitted line.
+        top = max([*dn["throughput_tok_s"], *(p["throughput_tok_s"] for p in pts
+                                               if p.get("throughput_tok_s") is not None),
+                   *(q["throughput_tok_s"] for q in f["predictions"])])
         ceil = pr.get("memory_ceiling_tok_s")
         if ceil and ceil <= 2 * top:
             a_tput.axhline(ceil, color=AMORT_COLOR, linestyle=(0, (2, 2)), linewidth=1.2,

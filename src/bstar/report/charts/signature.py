@@ -11,6 +11,7 @@ from bstar.report.charts.base import (
     SIM_COLOR,
     Chart,
     _fmt,
+    _level_predictions,
     _log2_axis,
     _mark_batches,
     _new_figure,
@@ -24,6 +25,7 @@ from bstar.report.charts.base import (
 )
 
 PRED_COLOR = "#1f77b4"
+UNCAL_COLOR = "#8a8f98"
 
 
 def _clip(series: dict[str, Any], key: str, lo: float, hi: float) -> tuple[list[float],
@@ -41,8 +43,8 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
 
     Long on purpose: one drawing script, layer by layer (regimes, each source's curve,
     markers, legend) on two shared axes."""
-    meas, sim, fit, pred, plan = (v.get(k) for k in ("measured", "simulated", "fitted",
-                                                     "predicted", "plan"))
+    meas, sim, fit, pred, plan, unc = (v.get(k) for k in (
+        "measured", "simulated", "fitted", "predicted", "plan", "predicted_uncalibrated"))
     data_x = [b for s in (meas, sim) if s for b in s["batch"]]
     if fit:
         data_x += [p["batch"] for p in fit["predictions"]] + [fit["last_measured_batch"]]
@@ -63,12 +65,18 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
             if pred:
                 xs, ys = _clip(pred, key, xlo, xhi)
                 ax.plot(xs, ys, color=PRED_COLOR, linestyle=(0, (5, 3)), linewidth=1.8,
-                        label=f"predicted: {plan['model']} on {plan['gpu']}" if plan
-                        else "predicted (cost model)", zorder=3)
+                        label=pred["label"], zorder=3)
+            if unc:
+                xs, ys = _clip(unc, key, xlo, xhi)
+                ax.plot(xs, ys, color=UNCAL_COLOR, linestyle=(0, (1, 2)), linewidth=1.4,
+                        label=unc["label"], zorder=2)
             if fit:
+                fit_label = "fit of the measured levels" + (
+                    " (output tok/s incl. prefill)" if str(fit.get("throughput_kind") or "")
+                    .startswith("output") else " (decode only, B / TPOT)")
                 last = fit["last_measured_batch"]
                 xs, ys = _clip(fit, key, xlo, min(last, xhi))
-                ax.plot(xs, ys, color=FIT_COLOR, linewidth=2.0, label="fitted", zorder=4)
+                ax.plot(xs, ys, color=FIT_COLOR, linewidth=2.0, label=fit_label, zorder=4)
                 xs, ys = _clip(fit, key, last, xhi)
                 if len(xs) > 1:
                     ax.plot(xs, ys, color=FIT_COLOR, linewidth=2.0, linestyle=(0, (2, 2)),
@@ -79,7 +87,9 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
                                    f"fit predicts batch {q['batch']}: {_fmt(q[key], unit)} "
                                    f"({_fmt(q['low'][key], unit)} – {_fmt(q['high'][key], unit)})",
                                    marker="D", markersize=7, color=FIT_COLOR)
-            for src, color, marker, label in ((sim, SIM_COLOR, "s", "simulated"),
+            sim_label = ("simulated (calibrated cost model)" if (sim or {}).get("calibrated")
+                         else "simulated (uncalibrated cost model)")
+            for src, color, marker, label in ((sim, SIM_COLOR, "s", sim_label),
                                               (meas, MEASURED_COLOR, "o", "measured")):
                 if not src:
                     continue
@@ -101,11 +111,14 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
                                f"{_fmt(ys[i], unit)}{extra}", marker=marker, markersize=7,
                                color=color)
                 ax.plot([], [], marker=marker, color=color, linestyle="none", label=label)
+            if key == "throughput_tok_s" and v.get("level_predictions"):
+                _level_predictions(ax, tips, v["level_predictions"], [PRED_COLOR, UNCAL_COLOR])
             if plan:
                 _mark_batches(ax, {**plan, "sla_batch": None, "knee": None})
                 if (plan.get("knee") or {}).get("batch"):
+                    cal = "calibrated" if (pred or {}).get("calibrated") else "uncalibrated"
                     _vline(ax, plan["knee"]["batch"], "knee_pred",
-                           f"predicted knee = {plan['knee']['batch']}")
+                           f"predicted knee ({cal}, decode only) = {plan['knee']['batch']}")
             if fit and fit.get("knee_batch"):
                 _vline(ax, fit["knee_batch"], "knee_fit", f"fitted knee = {fit['knee_batch']}")
             if v.get("measured_knee"):
@@ -124,5 +137,7 @@ def signature_chart(v: dict[str, Any], name: str = "signature") -> Chart:
                      x=0.01, ha="left", fontsize=13, fontweight="bold")
     return Chart(name, "Predicted, fitted, measured, simulated", fig, tips.tips,
                  "One picture, four ways: the cost model's prediction (dashed, with its "
-                 "regimes), the fit of the measurements (solid; dotted past the data), the "
+                 "regimes; the legend says whether it is calibrated and what its throughput "
+                 "counts, and a dotted grey line is the uncalibrated one where a calibration "
+                 "exists), the fit of the measurements (solid; dotted past the data), the "
                  "measured levels (dots) and the simulator (squares).")

@@ -15,6 +15,7 @@ from bstar.report.charts.base import (
     TPUT_COLOR,
     Chart,
     _fmt,
+    _level_predictions,
     _log2_axis,
     _new_figure,
     _pcts,
@@ -26,14 +27,12 @@ from bstar.report.charts.base import (
     _vline,
     _whiskers,
 )
-from bstar.report.views import drawable_levels, level_x, sweep_knee
+from bstar.report.views import BASIS_WORDS, drawable_levels, level_x, sweep_knee
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
 
-
-
-
+UNCAL_COLOR = "#8a8f98"
 
 
 def sweep_chart(s: dict[str, Any]) -> Chart:
@@ -66,8 +65,12 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                       TPOT_COLOR, "measured per-request TPOT (p50, whisker to p99)", tips,
                       "TPOT", "ms")
         dense = s.get("predicted_curve")
-        pred_label = ("predicted: " + f"{dense['model']} on {dense['gpu']}, context "
-                      f"{dense['context_tokens']:,}") if dense else "predicted (cost model)"
+        unc = s.get("uncalibrated_curve")
+        # Without a dense curve (no cost model named, or an old run) the levels' own stored
+        # predictions are the uncalibrated, stored deployment's.
+        pred_label = dense["label"] if dense else "uncalibrated cost model" + next(
+            (f" ({BASIS_WORDS.get(q.get('throughput_basis'), 'decode only, B / TPOT')})"
+             for _, q in pred), "")
         if dense:
             # The dense prediction is the curve; the levels' own predictions lie on it.
             pred = [(b, {"tpot_ms": t, "throughput_tok_s": q}) for b, t, q in zip(
@@ -75,6 +78,9 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
         if pred:
             a_tpot.plot([x for x, _ in pred], [q["tpot_ms"] for _, q in pred], color=TPOT_COLOR,
                         linestyle=(0, (5, 3)), alpha=0.8, label=pred_label)
+        if unc:
+            a_tpot.plot(unc["batch"], unc["tpot_ms"], color=UNCAL_COLOR, linestyle=(0, (1, 2)),
+                        label=unc["label"])
         if s.get("max_tpot_ms"):
             a_tpot.axhline(s["max_tpot_ms"], color=MARK["sla"][0], linestyle=MARK["sla"][1],
                            label=f"SLA {s['max_tpot_ms']:g} ms")
@@ -91,12 +97,14 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
                        color=TPUT_COLOR, markersize=7)
         a_tput.plot([], [], marker="o", color=TPUT_COLOR, label="measured throughput")
         if pred:
-            basis = (dense or {}).get("throughput_basis") or next(
-                (q.get("throughput_basis") for _, q in pred if q.get("throughput_basis")), None)
             a_tput.plot([x for x, _ in pred], [q["throughput_tok_s"] for _, q in pred],
-                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8,
-                        label=pred_label + (", output tok/s incl. prefill"
-                                            if basis == "incl_prefill" else ", B / TPOT"))
+                        color=TPUT_COLOR, linestyle=(0, (5, 3)), alpha=0.8, label=pred_label)
+        if unc:
+            a_tput.plot(unc["batch"], unc["throughput_tok_s"], color=UNCAL_COLOR,
+                        linestyle=(0, (1, 2)), label=unc["label"])
+        if s.get("level_predictions"):
+            _level_predictions(a_tput, tips, s["level_predictions"], [TPUT_COLOR, UNCAL_COLOR],
+                               xname)
         a_tput.set_ylim(0, None)
         a_tput.yaxis.set_major_formatter(_thousands())
         a_tput.set_ylabel("output tokens / s")
@@ -163,7 +171,8 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
         fig.suptitle(title, x=0.01, ha="left", fontsize=13, fontweight="bold")
     return Chart("sweep", "Sweep", fig, tips.tips,
                  "Dots: measured median; whiskers reach the 99th percentile. Dashed: the "
-                 "cost model's prediction at the same level.")
+                 "cost model's prediction (the legend says whether it is calibrated and "
+                 "what its throughput counts); crosses: its value at each level.")
 
 
 def _kv_regime_marks(ax: Axes, s: dict[str, Any]) -> None:

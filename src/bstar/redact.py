@@ -1,0 +1,125 @@
+"""One redaction for every text bstar stores or prints: API keys and URL credentials.
+
+A secret can come back from anywhere -- a server's error body that echoes the request's
+`Authorization` header (proxies do), an exception message holding the URL, a status line --
+so the store, `--json` and error lines all pass their text through `redact` (or
+`redact_obj` for a JSON-able value) instead of trusting each source. Two nets:
+
+- the values registered with `register_secret` (the `--api-key` / `$OPENAI_API_KEY` in use;
+  `$OPENAI_API_KEY` is always included), replaced wherever they appear;
+- patterns: `user:password@` in a URL, `Bearer <token>` / `Basic <token>`, `sk-...` style
+  keys and `api_key=...`-style pairs.
+
+Pure text in, text out; no I/O beyond reading the environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+MASK = "***"
+
+_registered: set[str] = set()
+
+# scheme://user:password@host -> scheme://user:***@host ; scheme://token@host -> ***@host
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s@?#\"]+)@")
+_AUTH_SCHEME = re.compile(r"\b(?P<scheme>[Bb]earer|BEARER)(?P<sep>\s+|%20|\+)"
+                          r"(?P<token>[^\s\"',;}\]\\]+)"
+                          r"|\b(?P<scheme2>Basic)(?P<sep2>\s+)(?P<token2>[A-Za-z0-9+/]{8,}=*)")
+_KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_\-]{6,}")
+_PAIR = re.compile(r"(?i)(?P<key>[\"']?(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
+                   r"|password|passwd|secret|x-api-key)[\"']?\s*[:=]\s*[\"']?)"
+                   r"(?P<val>[^\s\"'&,;}\]]+)")
+
+
+# Cheap tests first (substring search): a pattern runs only on text that holds what it
+# needs (a fit's --json is megabytes of numbers and keys like "tpot_ms").
+_KEY_PREFIXES = ("sk-", "sk_", "pk-", "pk_", "rk-", "rk_", "hf-", "hf_", "ghp", "gho", "xox")
+_PAIR_WORDS = ("api", "pass", "secret", "access", "auth")
+
+
+def register_secret(value: str | None) -> None:
+    """Remember a secret in use (an API key) so that `redact` removes it wherever it shows
+    up, even where no pattern would spot it. Values shorter than 4 characters are ignored
+    (masking every 'a' would garble the text and hide nothing)."""
+    if value and len(value) >= 4:
+        _registered.add(value)
+
+
+def _secrets() -> list[str]:
+    """The registered secrets and $OPENAI_API_KEY, each also as it reads inside a JSON
+    string (escaped), longest first."""
+    out = set(_registered)
+    env = os.environ.get("OPENAI_API_KEY")
+    if env and len(env) >= 4:
+        out.add(env)
+    out |= {json.dumps(s)[1:-1] for s in out}
+    return sorted(out, key=len, reverse=True)
+
+
+def _userinfo(m: re.Match[str]) -> str:
+    info = m.group("userinfo")
+    user, sep, _ = info.partition(":")
+    return f"{m.group('scheme')}{user}:{MASK}@" if sep else f"{m.group('scheme')}{MASK}@"
+
+
+def _auth(m: re.Match[str]) -> str:
+    if m.group("scheme"):
+        return f"{m.group('scheme')}{m.group('sep')}{MASK}"
+    return f"{m.group('scheme2')}{m.group('sep2')}{MASK}"
+
+
+def redact(text: str, *, patterns: bool = True, secrets: list[str] | None = None) -> str:
+    """`text` with every known secret and credential-looking token replaced by ***;
+    `patterns=False` masks only the registered secrets (text that is the user's own data,
+    such as a prompt, keeps its look-alikes)."""
+    if not text:
+        return text
+    for s in _secrets() if secrets is None else secrets:
+        if s in text:
+            text = text.replace(s, MASK)
+    if not patterns:
+        return text
+    if "@" in text and "://" in text:
+        text = _URL_USERINFO.sub(_userinfo, text)
+    if "earer" in text or "EARER" in text or "Basic" in text:
+        text = _AUTH_SCHEME.sub(_auth, text)
+    if any(k in text for k in _KEY_PREFIXES):
+        text = _KEY_LIKE.sub(MASK, text)
+    lower = text.lower()
+    if any(w in lower for w in _PAIR_WORDS):
+        text = _PAIR.sub(lambda m: f"{m.group('key')}{MASK}", text)
+    return text
+
+
+def redact_opt(text: str | None) -> str | None:
+    return None if text is None else redact(text)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to store or print: credentials (`user:key@`) and key-like query values
+    masked."""
+    return redact(url)
+
+
+def redact_obj(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A JSON-able value with every string in it (keys too) redacted."""
+    sec = _secrets() if secrets is None else secrets
+    if isinstance(obj, str):
+        return redact(obj, secrets=sec)
+    if isinstance(obj, dict):
+        return {redact(k, secrets=sec) if isinstance(k, str) else k: redact_obj(v, sec)
+                for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_obj(v, sec) for v in obj]
+    return obj
+
+
+def redact_json(text: str) -> str:
+    """A JSON document's text with the secrets in its strings masked. Safe on JSON: no
+    pattern crosses a quote, and *** needs no escaping (one pass over the text instead of
+    one per string: a fit's --json of 200k points has millions)."""
+    return redact(text)

@@ -1,0 +1,139 @@
+"""The engine terms the simulator adds around the step price: the server's per-request work,
+the scheduling lag of an engine that schedules one step ahead, prefix-cache hits, and the one
+definition of capacity that `bstar simulate` and `bstar search` share."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bstar import roofline as rl
+from bstar import step as st
+from bstar.sim import Poisson, SchedulerConfig, SimConfig, Workload, simulate, summarize
+from bstar.sim.capacity import capacity, queue_grows
+from bstar.specs.gpu import get_gpu
+from bstar.specs.presets import get_model
+
+H100 = get_gpu("h100-sxm")
+
+
+def dep(**eff: float) -> rl.Deployment:
+    d = rl.Deployment(model=get_model("llama-2-7b"), gpu=H100)
+    return replace(d, eff=replace(d.eff, **eff))
+
+
+def cfg(max_num_seqs: int = 128) -> SimConfig:
+    return SimConfig(SchedulerConfig(max_num_seqs, 2048))
+
+
+def lone(arrival_s: float, prompt: int = 500, out: int = 20,
+         cached: int | None = None) -> Workload:
+    """One request at `arrival_s`."""
+    return Workload(np.array([prompt]), np.array([out]), np.array([arrival_s]),
+                    cached_tokens=None if cached is None else np.array([cached]))
+
+
+def test_request_overhead_adds_to_ttft_and_e2e_exactly() -> None:
+    base = summarize(simulate(dep(), cfg(), lone(0.0)))
+    slow = summarize(simulate(dep(request_overhead_s=0.007), cfg(), lone(0.0)))
+    assert slow.ttft_ms["p50"] - base.ttft_ms["p50"] == pytest.approx(7.0, abs=1e-9)
+    assert slow.e2e_ms["p50"] - base.e2e_ms["p50"] == pytest.approx(7.0, abs=1e-9)
+    assert slow.tpot_ms["p50"] == pytest.approx(base.tpot_ms["p50"], rel=1e-12)
+
+
+def _second_request_ttft_s(lag: int) -> float:
+    """A long request decodes alone; a second arrives during its third step. TTFT of the
+    second (its prompt is one token, so its own step is a decode-sized step)."""
+    d = dep(scheduling_lag_steps=lag)
+    step = float(rl.decode_step(d, [1], 600).step_s[0])
+    first_prefill = rl.prefill_s(d, 500)
+    arrive = first_prefill + 2.5 * step  # mid third decode step of the first request
+    w = Workload(np.array([500, 1]), np.array([200, 5]), np.array([0.0, arrive]))
+    run = simulate(d, cfg(), w)
+    return float(run.requests.first_token_s[1] - arrive), step
+
+
+def test_scheduling_lag_makes_a_new_request_wait_one_more_step() -> None:
+    ttft0, step = _second_request_ttft_s(0)
+    ttft1, _ = _second_request_ttft_s(1)
+    # Without the lag it joins the next step (the rest of this one + one step); with it, the
+    # step after next: one more step, whose batch of two costs about a decode step.
+    assert ttft0 == pytest.approx(1.5 * step, rel=0.05)
+    assert ttft1 - ttft0 == pytest.approx(step, rel=0.05)
+
+
+def test_an_idle_engine_schedules_at_once_even_with_a_lag() -> None:
+    a = summarize(simulate(dep(scheduling_lag_steps=0), cfg(), lone(1.0)))
+    b = summarize(simulate(dep(scheduling_lag_steps=1), cfg(), lone(1.0)))
+    assert b.ttft_ms["p50"] == pytest.approx(a.ttft_ms["p50"], rel=1e-12)
+
+
+def test_prefix_cache_hit_computes_only_the_rest_in_whole_blocks() -> None:
+    d = dep()
+    miss = summarize(simulate(d, cfg(), lone(0.0, prompt=1000)))
+    hit = summarize(simulate(d, cfg(), lone(0.0, prompt=1000, cached=1000)))
+    # A hit covers whole 16-token blocks and never the last prompt token: 992 cached, 8
+    # computed; the step that runs them is a chunk of 8 tokens on top of 992.
+    want = st.price(st.shape(d).scheduled([992], [8]), d.eff)[0]
+    assert hit.ttft_ms["p50"] == pytest.approx(want * 1e3, rel=1e-9)
+    assert miss.ttft_ms["p50"] == pytest.approx(rl.prefill_s(d, 1000) * 1e3, rel=1e-9)
+    assert hit.ttft_ms["p50"] < 0.5 * miss.ttft_ms["p50"]
+
+
+def test_capacity_separates_steady_from_growing_queues() -> None:
+    d = dep()
+    rng = np.random.default_rng(7)
+    unit = Workload(np.full(400, 575), np.full(400, 248), np.zeros(400))
+    cap, _ = capacity(d, cfg(), unit)
+    assert cap.running_max == 128 and not cap.kv_bound
+    n = 2500  # long enough for the batch to fill and a queue to build past it
+    for frac, grows in ((0.8, False), (1.25, True)):
+        rate = frac * cap.capacity_req_s
+        w = Workload(np.full(n, 575), np.full(n, 248), Poisson(rate).arrivals(rng, n))
+        run = simulate(d, cfg(), w)
+        r = run.requests
+        ttft = r.first_token_s - r.arrival_s
+        early, late = np.median(ttft[: n // 4]), np.median(ttft[-n // 10:])
+        assert cap.sustains(rate) is not grows
+        assert queue_grows(run) is grows
+        # Past the capacity the waits of the last arrivals dwarf the first ones'.
+        assert bool(late > 5 * early) is grows
+
+
+def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bstar.cli import main
+
+    base = ["simulate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--rate", "5",
+            "--input-len", "575", "--output-len", "32", "--max-num-seqs", "64",
+            "--num-requests", "80", "--json"]
+    out = []
+    for extra in ([], ["--prefix-cached-tokens", "560"]):
+        assert main([*base, *extra]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    cold, warm = (o[0] if isinstance(o, list) else o for o in out)
+    # The cached 560 tokens (whole blocks) are not computed: TTFT falls by most of their
+    # prefill (the rest of the TTFT, request overhead and waiting for a step, stays).
+    from bstar.deployment import DeploymentOptions
+
+    d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()
+    saved_ms = (rl.prefill_s(d, 575) - rl.prefill_s(d, 15)) * 1e3
+    assert cold["ttft_ms"]["p50"] - warm["ttft_ms"]["p50"] > 0.5 * saved_ms
+    assert warm["capacity"]["capacity_req_s"] >= cold["capacity"]["capacity_req_s"]
+    assert main([*base, "--prefix-cached-tokens", "-1"]) == 2
+
+
+def test_search_traffic_carries_the_cached_prefix_to_every_rate() -> None:
+    from bstar.search.spec import Traffic, at_rate
+    from bstar.sim import Lengths
+
+    t = Traffic(10.0, Lengths("uniform", low=50, high=900), Lengths.fixed(20),
+                num_requests=50, prefix_cached_tokens=100)
+    unit = t.unit_workload()
+    assert unit.cached_tokens is not None
+    assert np.array_equal(unit.cached_tokens, np.minimum(unit.input_tokens, 100))
+    assert np.array_equal(at_rate(unit, 7.0).cached_tokens, unit.cached_tokens)
+    assert t.to_dict()["prefix_cached_tokens"] == 100
