@@ -142,3 +142,11 @@ def test_error_line_is_masked(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert URL_PASSWORD not in err and KEY not in err and "u:***@h" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_credentials_in_the_url_and_an_api_key_are_one_line_not_a_traceback() -> None:
+    from bstar.errors import BstarError
+    from bstar.loadgen.client import OpenAIClient
+
+    with pytest.raises(BstarError, match="not both"):
+        OpenAIClient("http://user:pw@127.0.0.1:1", "m", api_key="sk-secret")

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Any, Literal
 
+from bstar.errors import BstarError
+
 Endpoint = Literal["completions", "chat"]
 
 # Error kinds a record can carry (the `error_kind` column); documented in docs/sweep.md.
@@ -133,6 +135,12 @@ class OpenAIClient:
         self.extra_body = dict(extra_body or {})
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
+            from urllib.parse import urlsplit
+
+            if urlsplit(self.base_url).username is not None:
+                # aiohttp refuses an Authorization header beside URL credentials.
+                raise BstarError("give the server's credentials once: in --url "
+                                 "(user:password@host) or as --api-key, not both")
             self._headers["Authorization"] = f"Bearer {api_key}"
         # An injected session (aiohttp.ClientSession or anything with its request/post
         # interface, e.g. a test's in-process fake) is the caller's: used, never closed.
