@@ -199,3 +199,30 @@ def test_fit_chooses_the_roof_shape_that_made_the_rows() -> None:
         eff = vc.fit_rows(rows, rl.Efficiency(), ("bandwidth", "compute", "overhead_s",
                                                   "roof_sharpness"))
         assert eff is not None and eff.roof_sharpness == k
+
+
+def test_predicted_many_prices_a_curve_at_once_with_the_same_numbers() -> None:
+    """The fit prices every row of a deployment in one vectorized call per context: the same
+    numbers as `predicted` row by row, on every shipped curves table."""
+    from collections import defaultdict
+
+    n = 0
+    for name in ("published", "h200", "cpu"):
+        path = ROOT / "data" / name / "curves.csv"
+        rows = vc.curves_from_csv(path.read_text(), str(path), path.parent)
+        groups: dict[tuple[str, ...], list[vc.CurveRow]] = defaultdict(list)
+        for r in rows:
+            if vc.measured(r):
+                groups[(r.model, r.gpu, str(r.num_gpus), r.dtype, r.kv_dtype)].append(r)
+        for group in groups.values():
+            try:
+                d = vc.deployment_for(group[0], rl.Efficiency())
+            except BstarError:
+                continue
+            for r, many in zip(group, vc.predicted_many(d, group), strict=True):
+                one = vc.predicted(d, r)
+                assert many.keys() == one.keys()
+                for k in one:
+                    assert many[k] == pytest.approx(one[k], rel=1e-12)
+                    n += 1
+    assert n > 300

@@ -241,6 +241,38 @@ def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
     return out
 
 
+def predicted_many(d: rl.Deployment, rows: Sequence[CurveRow]) -> list[dict[str, float]]:
+    """`predicted` for rows that share the deployment `d`, with one vectorized step pricing
+    per (context, kind): a fit predicts every row at every trial, so a curve of n batches
+    costs one call, not n (`predicted` row by row gives the same numbers)."""
+    out: list[dict[str, float]] = [{} for _ in rows]
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        m = measured(r)
+        if "step_ms" in m:
+            groups[(r.context, "step" if r.batch_kind == "step" else "tpot")].append(i)
+        if "throughput_tok_s" in m:
+            groups[(r.input_len + r.output_len // 2, f"tput:{r.input_len}:{r.output_len}")
+                   ].append(i)
+    for (ctx, kind), idx in groups.items():
+        batches = [rows[i].batch for i in idx]
+        if kind == "step":
+            t = rl.decode_step(d, batches, ctx).step_s
+            for i, v in zip(idx, t, strict=True):
+                out[i]["step_ms"] = float(v) * 1e3
+            continue
+        c = rl.curve(d, batches, ctx)
+        if kind == "tpot":
+            for i, v in zip(idx, c.tpot_s, strict=True):
+                out[i]["step_ms"] = float(v) * 1e3
+            continue
+        inp, outp = rows[idx[0]].input_len, rows[idx[0]].output_len
+        for i, running, step in zip(idx, c.running_batch, c.step_s, strict=True):
+            total = rl.prefill_s(d, inp, int(running)) + outp * float(step)
+            out[i]["throughput_tok_s"] = int(running) * outp / total
+    return out
+
+
 # ---- scoring ------------------------------------------------------------------------------
 def _med(x: Sequence[float]) -> float | None:
     return float(np.median(np.abs(x))) if len(x) else None
@@ -358,16 +390,20 @@ def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
 
     gpus = {r.gpu: get_gpu(_resolve(r.gpu, r.base_dir)) for r in rows}
 
+    # Rows that share a deployment (model, GPU, TP, dtypes) are priced together.
+    by_dep: dict[tuple[Any, ...], list[CurveRow]] = defaultdict(list)
+    for r in rows:
+        by_dep[(r.model, str(r.base_dir), r.gpu, r.num_gpus, r.dtype, r.kv_dtype)].append(r)
+
     def pred_all(v: dict[str, float]) -> np.ndarray:
         e = replace(prior, **v)
         cache: dict[int, dict[str, float]] = {}
-        out = []
-        for r, k, _ in pairs:
-            if id(r) not in cache:
-                cache[id(r)] = predicted(deployment_for(r, e, models[id(r)], gpus[r.gpu]),
-                                         r)
-            out.append(cache[id(r)][k])
-        return np.array(out)
+        for group in by_dep.values():
+            r0 = group[0]
+            d = deployment_for(r0, e, models[id(r0)], gpus[r0.gpu])
+            for r, p in zip(group, predicted_many(d, group), strict=True):
+                cache[id(r)] = p
+        return np.array([cache[id(r)][k] for r, k, _ in pairs])
 
     return fit_efficiency(pred_all, [v for _, _, v in pairs], prior, fit).eff
 
