@@ -84,9 +84,10 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                         "e2e allowed); needs ttft or e2e")
     t.add_argument("--rel-tol", type=positive_float, default=0.02,
                    help="bisection stops when the rate bracket is this narrow (default 0.02)")
-    t.add_argument("--max-utilization", type=positive_float, default=0.9,
-                   help="rates per replica at most this fraction of its simulated capacity "
-                        "(default 0.9: headroom a run from an empty server does not show)")
+    t.add_argument("--max-utilization", type=positive_float, default=0.95,
+                   help="rates tried are at most this fraction of a replica's capacity, the "
+                        "largest rate whose queue does not grow (default 0.95: headroom for "
+                        "the capacity's growth threshold and tolerance)")
     x = p.add_argument_group("execution and output")
     x.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes (default 1: in this process); with --ray, the local "
