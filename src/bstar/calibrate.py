@@ -135,7 +135,6 @@ def points_from_fit(points: Any, context_tokens: int) -> list[Point]:
 # The step's price is bstar.step.price (the one price of a step, which the plan, the
 # simulator and validation use too); here it is evaluated at trial parameters. What the
 # points do (StepWork) is built once per fit and does not depend on the parameters.
-_Terms = st.StepWork
 # Efficiency 1 everywhere, no fixed costs: the starting point's scale.
 _UNIT = rl.Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
                       allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
@@ -150,10 +149,6 @@ def _terms(d: rl.Deployment, points: Sequence[Point]) -> st.StepWork:
 
 def _with_shape(d: rl.Deployment, v: Mapping[str, float]) -> dict[str, Any]:
     return {"grouped": d.eff.grouped, "roof_sharpness": d.eff.roof_sharpness, **v}
-
-
-def _step_s(t: st.StepWork, v: Mapping[str, Any]) -> np.ndarray:
-    return st.price(t, v)
 
 
 def _bound(t: st.StepWork, v: Mapping[str, Any]) -> np.ndarray:
@@ -410,7 +405,7 @@ def fit_steps(groups: Sequence[tuple[rl.Deployment, Sequence[Point]]],
     cap = 1.0 if groups[0][0].gpu.provenance == "datasheet" else MAX_EFF_MEASURED
     shaped = [(t, d.with_eff(prior), inv) for t, (d, _), (_, inv)
               in zip(terms, groups, shapes, strict=True)]
-    return fit_efficiency(lambda v: np.concatenate([_step_s(t, _with_shape(d, v))[inv]
+    return fit_efficiency(lambda v: np.concatenate([st.price(t, _with_shape(d, v))[inv]
                                                     for t, d, inv in shaped]),
                           measured, prior, fit, max_efficiency=cap)
 
@@ -457,7 +452,7 @@ def calibrate(d: rl.Deployment, points: Sequence[Point],
     # the engine's, and caches serve part of a small model), so against a measured device
     # the efficiencies may reach MAX_EFF_MEASURED, the excess scaling the GPU's figures.
     cap = 1.0 if d.gpu.provenance == "datasheet" else MAX_EFF_MEASURED
-    f = fit_efficiency(lambda v: _step_s(terms, _with_shape(d, v))[inv], measured, d.eff,
+    f = fit_efficiency(lambda v: st.price(terms, _with_shape(d, v))[inv], measured, d.eff,
                        fit, starts, cap)
     eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
     prior = _eff_dict(d.eff)

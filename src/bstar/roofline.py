@@ -40,7 +40,6 @@ from bstar.specs.precision import KV_DTYPES, WEIGHT_DTYPES, Precision, get_preci
 roof = _step.roof
 expert_fraction_read = _step.expert_fraction_read
 allreduce_rounds = _step.allreduce_rounds
-ATTENTION_TILE_TOKENS = _step.ATTENTION_TILE_TOKENS
 
 GiB = 1 << 30
 IntArray = npt.NDArray[np.int64]
@@ -450,19 +449,6 @@ def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
     sh = _step.shape(d)
     return np.asarray(sh.comm_s_per_token * b + sh.allreduce_calls * d.eff.allreduce_latency_s,
                       dtype=np.float64)
-
-
-def chunk_occupancy(d: Deployment, new_tokens: float, num_chunks: float = 1.0) -> float:
-    """Fraction of the GPU's SMs that attention over prompt chunks can fill: a
-    FlashAttention-style prefill runs (heads per GPU) x ceil(tokens / 128) blocks per chunk,
-    and fewer blocks than SMs leave the rest idle (an H200's 128-token chunk over a 4,096
-    prefix: 32 blocks on 132 SMs; data/h200/steps.jsonl). 1 when the SM count is unknown."""
-    sms = d.gpu.num_sms
-    if not sms or new_tokens <= 0:
-        return 1.0
-    heads = max(1, math.ceil(d.model.num_heads / d.num_gpus))
-    blocks = heads * math.ceil(new_tokens / ATTENTION_TILE_TOKENS) * num_chunks
-    return min(1.0, blocks / sms)
 
 
 def batch_output_tok_s(d: Deployment, batch: int, input_tokens: int, output_tokens: int,

@@ -62,7 +62,7 @@ def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) ->
 def weight_stream(weight_bits: int, params: Any) -> float:
     """Weight-streaming efficiency for weights of `weight_bits`: the bandwidth efficiency,
     times the dequantizing GEMMs' fraction for 8- and 4-bit weights."""
-    p = _params(params)
+    p = params_dict(params)
     if weight_bits <= 4:
         return p["bandwidth"] * p["int4_weight_stream"]
     if weight_bits <= 8:
@@ -146,8 +146,6 @@ def params_dict(params: Any) -> Mapping[str, Any]:
     return {k: getattr(params, k) for k in _FIELDS}
 
 
-_params = params_dict
-
 
 def concat(works: list[StepWork]) -> StepWork:
     """Several StepWorks of one deployment as one (arrays joined in order)."""
@@ -161,7 +159,7 @@ def price_parts(w: StepWork, params: Any) -> StepParts:
     """Each step's parts at the efficiencies and engine terms of `params` (an Efficiency,
     or a mapping of its field names; `grouped` and `roof_sharpness` default to cost model
     2's soft roof when the mapping lacks them)."""
-    p = _params(params)
+    p = params_dict(params)
     grouped = bool(p.get("grouped", True))
     k = float(p.get("roof_sharpness", 2.0))
     has_dec = w.num_decode > 0

@@ -39,7 +39,7 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
-from bstar.fit.points import read_table
+from bstar.fit.points import read_columns
 
 REQUIRED = ("model", "gpu", "num_gpus", "engine", "batch", "batch_kind", "source")
 OPTIONAL = ("engine_version", "dtype", "kv_dtype", "input_len", "output_len",
@@ -137,16 +137,7 @@ def _count(r: dict[str, str], k: str, at: str, required: bool = False) -> int:
 def curves_from_csv(text: str, where: str = "table", base_dir: Path | None = None
                     ) -> list[CurveRow]:
     """Parse a curves table (header row; lines starting with # are comments)."""
-    table = read_table(text, where)
-    if table is None:
-        raise BstarError(f"{where}: empty table")
-    missing = [c for c in REQUIRED if c not in table.header]
-    if missing:
-        raise BstarError(f"{where}: missing column(s) {', '.join(missing)}")
-    unknown = [h for h in table.header if h not in REQUIRED + OPTIONAL]
-    if unknown:
-        raise BstarError(f"{where}: unknown column(s) {', '.join(unknown)} (known: "
-                         f"{', '.join(REQUIRED + OPTIONAL)})")
+    table = read_columns(text, where, REQUIRED, REQUIRED + OPTIONAL)
     rows = []
     for cells, at in table.rows():
         r = {h: (c or "").strip() for h, c in cells.items()}

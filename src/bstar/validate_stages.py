@@ -65,7 +65,7 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
-from bstar.fit.points import read_table
+from bstar.fit.points import read_columns
 from bstar.sim.capacity import GROWTH_SLOPE
 
 if TYPE_CHECKING:
@@ -105,8 +105,8 @@ STEADY, GROWING = "steady", "queue growing"
 # --fit-profiles fits the vllm profile's terms to): the KV stream of the engine's attention,
 # its CPU time per step and its fixed work per request. The all-reduce latency and the time
 # per running sequence stay stated guesses: one TP-1 and one TP-2 model cannot tell a
-# per-step cost from a per-all-reduce one (fitted together they trade off, to 0.3 us per
-# all-reduce), nor the per-sequence cost from the KV stream.
+# per-step cost from a per-all-reduce one, nor the per-sequence cost from the KV stream
+# (fitted with them, `--fit` drives terms to their bounds: docs/cost-model.md).
 DEFAULT_FIT = ("kv_bandwidth", "overhead_s", "request_overhead_s")
 
 
@@ -217,16 +217,7 @@ def _int(r: Mapping[str, str], k: str, at: str, required: bool = False,
 def stages_from_csv(text: str, where: str = "table", base_dir: Path | None = None
                     ) -> list[Stage]:
     """Parse a stages table (header row; lines starting with # are comments)."""
-    table = read_table(text, where)
-    if table is None:
-        raise BstarError(f"{where}: empty table")
-    missing = [c for c in REQUIRED if c not in table.header]
-    if missing:
-        raise BstarError(f"{where}: missing column(s) {', '.join(missing)}")
-    unknown = [h for h in table.header if h not in COLUMNS]
-    if unknown:
-        raise BstarError(f"{where}: unknown column(s) {', '.join(unknown)} (known: "
-                         f"{', '.join(COLUMNS)})")
+    table = read_columns(text, where, REQUIRED, COLUMNS)
     out = []
     for cells, at in table.rows():
         r = {h: (c or "").strip() for h, c in cells.items()}

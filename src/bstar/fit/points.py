@@ -217,6 +217,23 @@ def read_table(text: str, source: str) -> Table | None:
     return Table(source, header, numbered[0][0], numbered[1:])
 
 
+def read_columns(text: str, where: str, required: Sequence[str],
+                 known: Sequence[str]) -> Table:
+    """`read_table` for a table whose columns are fixed: empty, a required column missing or
+    an unknown one present is a one-line BstarError naming them."""
+    table = read_table(text, where)
+    if table is None:
+        raise BstarError(f"{where}: empty table")
+    missing = [c for c in required if c not in table.header]
+    if missing:
+        raise BstarError(f"{where}: missing column(s) {', '.join(missing)}")
+    unknown = [h for h in table.header if h not in known]
+    if unknown:
+        raise BstarError(f"{where}: unknown column(s) {', '.join(unknown)} (known: "
+                         f"{', '.join(known)})")
+    return table
+
+
 def read_text(path: str | Path) -> str:
     """A points file's text; a missing or unreadable file is a one-line BstarError."""
     p = Path(path)

@@ -25,6 +25,7 @@ import socket
 import sqlite3
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,23 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
         raise _db_error(path, e) from None
 
 
+def connect_writable(path: Path, what: str,
+                     error: Callable[[Path, sqlite3.Error], BstarError]) -> sqlite3.Connection:
+    """Open (creating it and its folder) a bstar DB for writing: the results DB here and the
+    search DB (`what` names it in the one-line errors; `error` words SQLite's)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BstarError(f"cannot create the folder of the {what} {path}: "
+                         f"{e.strerror or e}") from None
+    if path.is_dir():
+        raise BstarError(f"the {what} {path} is a folder; give --db a file")
+    try:
+        return sqlite3.connect(str(path), timeout=30.0)
+    except sqlite3.Error as e:
+        raise error(path, e) from None
+
+
 class Store:
     """A connection to the results DB. Writes commit immediately; `readonly=True` opens an
     existing DB for reading only (the read commands)."""
@@ -234,17 +252,7 @@ class Store:
                 self.conn.close()
                 raise
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise BstarError(f"cannot create the folder of the results DB {self.path}: "
-                             f"{e.strerror or e}") from None
-        if self.path.is_dir():
-            raise BstarError(f"the results DB {self.path} is a folder; give --db a file")
-        try:
-            self.conn = sqlite3.connect(str(self.path), timeout=30.0)
-        except sqlite3.Error as e:
-            raise _db_error(self.path, e) from None
+        self.conn = connect_writable(self.path, "results DB", _db_error)
         try:
             self.conn.row_factory = sqlite3.Row
             check_tables(self.conn, self.path, _OWN_TABLES, set(), "results DB")

@@ -438,15 +438,9 @@ class LoadPool:
                     stopped = True
                     await asyncio.gather(*(h.call("stop", False) for h in pending))
                 results = await asyncio.gather(*(h.call("drain") for h in pending))
-                still = []
-                for h, (recs, done) in zip(pending, results, strict=True):
-                    if recs:
-                        yield recs
-                    if done is None:
-                        still.append(h)
-                    else:
-                        self._finished(done)
-                pending = still
+                batches, pending = self._collect(pending, results)
+                for recs in batches:
+                    yield recs
                 if pending:
                     await asyncio.sleep(POLL_S)
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -454,6 +448,20 @@ class LoadPool:
             async for recs in self._abort(pending):
                 yield recs
             raise
+
+    def _collect(self, pending: list[Any], results: list[Any]
+                 ) -> tuple[list[list[RequestRecord]], list[Any]]:
+        """One drain of every pending worker: the record batches it returned, and the
+        workers still running (a finished one's outcome is added to the level's)."""
+        batches, still = [], []
+        for h, (recs, done) in zip(pending, results, strict=True):
+            if recs:
+                batches.append(recs)
+            if done is None:
+                still.append(h)
+            else:
+                self._finished(done)
+        return batches, still
 
     def _finished(self, done: WorkerDone) -> None:
         o = self.outcome
@@ -474,12 +482,6 @@ class LoadPool:
                     max(0.1, deadline - time.monotonic()))
             except Exception:
                 return
-            still = []
-            for h, (recs, done) in zip(pending, results, strict=True):
-                if recs:
-                    yield recs
-                if done is None:
-                    still.append(h)
-                else:
-                    self._finished(done)
-            pending = still
+            batches, pending = self._collect(pending, results)
+            for recs in batches:
+                yield recs

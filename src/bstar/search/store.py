@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
+from bstar.loadgen.store import check_tables, connect_writable
 from bstar.redact import redact_obj
 
 _OWN_TABLES = {"searches", "evaluations"}
@@ -67,25 +68,9 @@ def _error(path: Path, e: BaseException) -> BstarError:
 class SearchStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.db = connect_writable(self.path, "search DB", _error)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise BstarError(f"cannot create the folder of the search DB {self.path}: "
-                             f"{e.strerror or e}") from None
-        if self.path.is_dir():
-            raise BstarError(f"the search DB {self.path} is a folder; give --db a file")
-        try:
-            self.db = sqlite3.connect(self.path, timeout=30)
-        except sqlite3.Error as e:
-            raise _error(self.path, e) from None
-        try:
-            names = {r[0] for r in self.db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' "
-                "AND name NOT LIKE 'sqlite_%'")}
-            if names and not names & _OWN_TABLES:
-                raise BstarError(f"{self.path} is a SQLite file but not a bstar search DB "
-                                 f"(its tables: {', '.join(sorted(names)[:5])}); "
-                                 "give --db another path")
+            check_tables(self.db, self.path, _OWN_TABLES, set(), "search DB")
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.executescript(_SCHEMA)
         except sqlite3.Error as e:
