@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -58,13 +59,52 @@ TPUT_FRACTION = 0.95
 COLLAPSED = 0.5  # a client under half the floor's tokens/s is not run at higher levels
 
 
-def stats(gaps_s: list[float], tokens: int, wall_s: float, cpu_s: float,
-          interval_ms: float) -> dict[str, float]:
-    g = sorted(x * 1e3 for x in gaps_s)
+Gaps = dict[int, list[float]]  # a request's index -> the gaps (s) its client saw
+
+
+def stats(per: Gaps, tokens: int, wall_s: float, cpu_s: float,
+          interval_ms: float) -> dict[str, Any]:
+    g = sorted(x * 1e3 for v in per.values() for x in v)
     p99 = percentile(g, 99) if g else float("nan")
     return {"tok_s": tokens / wall_s, "itl_p50_ms": percentile(g, 50) if g else float("nan"),
             "itl_p99_ms": p99, "added_p99_ms": p99 - interval_ms,
-            "cpu_pct": 100 * cpu_s / wall_s}
+            "cpu_pct": 100 * cpu_s / wall_s, "gaps": per}
+
+
+def read_stamps(stamp_dir: Path) -> dict[int, list[float]]:
+    """The token server's send times per request index (its prompts start with the index),
+    then emptied for the next run (the server appends with O_APPEND, so truncating is safe)."""
+    out: dict[int, list[float]] = {}
+    for f in stamp_dir.glob("*.stamps"):
+        for line in f.read_text().splitlines():
+            word, *times = line.split()
+            if word.isdigit():
+                out[int(word)] = [float(t) for t in times]
+        os.truncate(f, 0)
+    return out
+
+
+def paired(per: Gaps, sent: dict[int, list[float]]) -> dict[str, float]:
+    """The same chunks seen by the server and by the client: the server's own gaps (its
+    loop's jitter on a busy host) against the client's, so what the client adds to ITL p99
+    is measured with the server's jitter cancelled. A request is paired when the client saw
+    as many gaps as the server sent."""
+    client: list[float] = []
+    server: list[float] = []
+    n = 0
+    for i, gaps in per.items():
+        s = sent.get(i)
+        if s is None or len(s) - 1 != len(gaps):
+            continue
+        n += 1
+        client += [g * 1e3 for g in gaps]
+        server += [(b - a) * 1e3 for a, b in itertools.pairwise(s)]
+    if not client:
+        return {"paired_requests": 0, "server_p99_ms": float("nan"),
+                "client_added_p99_ms": float("nan")}
+    sp99 = percentile(sorted(server), 99)
+    return {"paired_requests": n, "server_p99_ms": sp99,
+            "client_added_p99_ms": percentile(sorted(client), 99) - sp99}
 
 
 def prompt(i: int, n: int) -> str:
@@ -78,11 +118,11 @@ async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
         # Warm-up: one request per stream, so connections exist before timing.
         async for _ in drive(c, specs[:n], concurrency=n):
             pass
-        gaps: list[float] = []
+        gaps: Gaps = {}
         tokens = 0
         t0, c0 = time.perf_counter(), time.process_time()
         async for r in drive(c, specs[n:], concurrency=n):
-            gaps += r.itl_s
+            gaps[r.index] = r.itl_s
             tokens += r.output_tokens if r.ok else 0
         return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
                      interval_ms)
@@ -100,12 +140,12 @@ async def run_pool(pool: LoadPool, url: str, n: int, requests: int, in_len: int,
     jobs = split_level(specs[n:], specs[:n], workers=pool.workers, concurrency=n, rate=None,
                        seed=0, base=base)
     await pool.warm(jobs)
-    gaps: list[float] = []
+    gaps: Gaps = {}
     tokens = 0
     c0 = time.process_time()
     async for batch in pool.measure():
         for r in batch:
-            gaps += r.itl_s
+            gaps[r.index] = r.itl_s
             tokens += r.output_tokens if r.ok else 0
     return stats(gaps, tokens, pool.outcome.duration_s,
                  pool.outcome.cpu_s + time.process_time() - c0, interval_ms)
@@ -117,12 +157,13 @@ async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
 
     body = {"model": "tiny", "max_tokens": out_len, "stream": True,
             "stream_options": {"include_usage": True}}
-    gaps: list[float] = []
+    gaps: Gaps = {}
     tokens = 0
 
     async def one(client: httpx.AsyncClient, i: int, record: bool) -> None:
         nonlocal tokens
         last = None
+        mine = gaps.setdefault(i, []) if record else []
         async with client.stream("POST", url + "/v1/completions",
                                  json={**body, "prompt": prompt(i, in_len)}) as resp:
             async for line in resp.aiter_lines():
@@ -131,8 +172,8 @@ async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
                 ev = json.loads(line[5:])
                 if any(ch.get("text") for ch in ev.get("choices") or ()):
                     t = time.perf_counter()
-                    if last is not None and record:
-                        gaps.append(t - last)
+                    if last is not None:
+                        mine.append(t - last)
                     last = t
                     tokens += record
 
@@ -156,7 +197,7 @@ async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int
     """The floor: raw asyncio sockets, one keep-alive connection per stream, no JSON
     parsing. What it sees beyond the interval is the host's and the server's jitter."""
     host, port = url.split("//", 1)[1].split(":")
-    gaps: list[float] = []
+    gaps: Gaps = {}
     tokens = 0
 
     async def stream(ids: list[int], record: bool) -> None:
@@ -170,6 +211,7 @@ async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int
                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                              % (len(body), body))
                 last = None
+                mine = gaps.setdefault(i, []) if record else []
                 while True:
                     line = await reader.readline()
                     if line.startswith(b"data: [DONE]"):
@@ -179,8 +221,8 @@ async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int
                         break
                     if line.startswith(b"data: {"):
                         t = time.perf_counter()
-                        if last is not None and record:
-                            gaps.append(t - last)
+                        if last is not None:
+                            mine.append(t - last)
                         last = t
                         tokens += record
         finally:
@@ -223,7 +265,8 @@ def run_aiperf(aiperf: str, url: str, n: int, requests: int, in_len: int, out_le
     tok_s = float(summary["output_token_throughput"]["avg"])
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     shutil.rmtree(out, ignore_errors=True)
-    s = stats(gaps, round(tok_s * wall_s), wall_s, 0.0, interval_ms)
+    # AIPerf's records carry no request index: its gaps are pooled, not paired.
+    s = stats({-1: gaps}, round(tok_s * wall_s), wall_s, 0.0, interval_ms)
     # AIPerf's CPU includes its start-up and dataset generation: report it over the run.
     s["cpu_pct"] = float("nan") if cpu_s <= 0 else 100 * cpu_s / wall_s
     return s
@@ -271,9 +314,10 @@ def main(argv: list[str] | None = None) -> int:
 
         tokenizer = str(default_tiny_dir().hf_dir)
     port = free_port()
+    stamp_dir = Path(tempfile.mkdtemp(prefix="bstar-stamps-"))
     server = ManagedServer([sys.executable, str(HERE / "token_server.py"), "--port", str(port),
                             "--interval-ms", str(args.interval_ms),
-                            "--procs", str(args.server_procs)],
+                            "--procs", str(args.server_procs), "--stamp-dir", str(stamp_dir)],
                            health_url=f"http://127.0.0.1:{port}/health", timeout_s=30)
     rows: list[dict[str, Any]] = []
     pools: dict[str, LoadPool] = {}
@@ -305,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     s = run_aiperf(args.aiperf, url, n, requests, args.input_len,
                                    args.output_len, args.interval_ms, tokenizer or "")
+                s.update(paired(s.pop("gaps"), read_stamps(stamp_dir)))
                 rows.append({"client": client, "concurrency": n, **s})
                 floor_s = next((r for r in rows if r["client"] == "minimal"
                                 and r["concurrency"] == n), None)
@@ -313,17 +358,21 @@ def main(argv: list[str] | None = None) -> int:
                     behind.add(client)
                 print(f"{client:7s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
                       f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
-                      f"{s['added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%  load "
+                      f"{s['added_p99_ms']:5.2f}; server {s['server_p99_ms']:6.2f}, client "
+                      f"+{s['client_added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%  load "
                       f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     finally:
         for pool in pools.values():
             pool.close()
         server.stop()
+        shutil.rmtree(stamp_dir, ignore_errors=True)
     # Against the floor at the same level: what the client adds beyond host/server jitter.
     floor = {r["concurrency"]: r for r in rows if r["client"] == "minimal"}
     for r in rows:
         f = floor.get(r["concurrency"])
         r["vs_minimal_p99_ms"] = r["itl_p99_ms"] - f["itl_p99_ms"] if f else float("nan")
+        r["vs_minimal_paired_ms"] = (r["client_added_p99_ms"] - f["client_added_p99_ms"]
+                                     if f else float("nan"))
         # A client that cannot keep up streams fewer tokens than the server sends (and then
         # sees a quieter server): it must keep >= 95% of the floor's tokens/s to count.
         r["keeps_up"] = bool(f) and r["tok_s"] >= TPUT_FRACTION * f["tok_s"]
@@ -333,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         "vs_minimal": ("within 1 ms of the minimal client's ITL p99 and within "
                        f"{100 - TPUT_FRACTION * 100:g}% of its tokens/s",
                        lambda r: r["keeps_up"] and r["vs_minimal_p99_ms"] < ADDED_LIMIT_MS),
+        "paired": ("within 1 ms of the minimal client's ITL p99, each over the server's own "
+                   f"gaps of the same chunks, and within {100 - TPUT_FRACTION * 100:g}% of "
+                   "its tokens/s", lambda r: r["keeps_up"] and r["vs_minimal_paired_ms"]
+                   < ADDED_LIMIT_MS),
         "tput": (f"keeping tokens/s within {100 - TPUT_FRACTION * 100:g}% of the minimal "
                  "client's", lambda r: r["keeps_up"]),
     }
@@ -366,11 +419,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{event_loop_name()}, load average "
           f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
-          f"{'added':>7s} {'vs min':>7s} {'CPU%':>6s}")
+          f"{'added':>7s} {'vs min':>7s} {'srv p99':>8s} {'client':>7s} {'vs min':>7s} "
+          f"{'CPU%':>6s}")
     for r in rows:
         print(f"{r['client']:7s} {r['concurrency']:5d} {r['tok_s']:9.1f} {r['itl_p50_ms']:8.2f} "
               f"{r['itl_p99_ms']:8.2f} {r['added_p99_ms']:+7.2f} "
-              f"{r['vs_minimal_p99_ms']:+7.2f} {r['cpu_pct']:6.1f}")
+              f"{r['vs_minimal_p99_ms']:+7.2f} {r['server_p99_ms']:8.2f} "
+              f"{r['client_added_p99_ms']:+7.2f} {r['vs_minimal_paired_ms']:+7.2f} "
+              f"{r['cpu_pct']:6.1f}")
+    print("(srv p99: the server's own gaps between sends of the same chunks; client: ITL p99 "
+          "over srv p99, the server's jitter cancelled; its vs min: over the minimal "
+          "client's)")
     for name, (title, _) in tests.items():
         print(f"\nhighest concurrency sustained {title}:")
         for client, r in result["sustained"][name].items():

@@ -49,6 +49,12 @@ class State:
         self.cache_queries = 0
         self.cache_hits = 0
         self.sem = asyncio.Semaphore(args.max_seqs) if args.max_seqs else None
+        # --stamp-dir: one line per finished stream, "<prompt's first word> <send times>",
+        # appended in one write so a reader sees whole lines (the client bench pairs them
+        # with the gaps its clients saw, so the server's own jitter cancels).
+        self.stamp_fd = os.open(os.path.join(args.stamp_dir, f"{os.getpid()}.stamps"),
+                                os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+            if args.stamp_dir else None
 
 
 def _chunk(data: bytes) -> bytes:
@@ -147,6 +153,7 @@ async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWrite
         interval = a.interval_ms / 1e3
         obj = "chat.completion.chunk" if chat else "text_completion"
         events = _EVENTS[chat]
+        sent: list[float] | None = [] if st.stamp_fd is not None else None
         for k in range(out):
             due = t0 + a.ttft_ms / 1e3 + k * interval
             delay = due - time.monotonic()
@@ -163,8 +170,14 @@ async def _stream(st: State, body: dict, chat: bool, writer: asyncio.StreamWrite
                 if a.fault == "hang":
                     await asyncio.sleep(3600)
             writer.write(events[k % len(events)])
+            if sent is not None:
+                sent.append(time.monotonic())
             st.generated += 1
             await writer.drain()
+        if sent is not None and st.stamp_fd is not None:
+            word = str(body.get("prompt") or "").split(" ", 1)[0] or "-"
+            os.write(st.stamp_fd, (word + " " + " ".join(f"{t:.7f}" for t in sent)
+                                   + "\n").encode())
         if usage_wanted:
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": out,
                      "total_tokens": prompt_tokens + out,
@@ -268,6 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--api-key", default="")
     ap.add_argument("--no-tokenize", action="store_true",
                     help="no /tokenize endpoint (clients must calibrate from usage)")
+    ap.add_argument("--stamp-dir", default="",
+                    help="record each stream's send times there (bench/client_bench.py "
+                         "pairs them with what its clients saw)")
     ap.add_argument("--procs", type=int, default=1,
                     help="serve from N processes sharing the port (SO_REUSEPORT; the kernel "
                          "spreads connections), so 1,000+ streams are not capped by one "
