@@ -223,3 +223,20 @@ def test_gpu_telemetry_skips_cleanly_and_samples_a_fake_nvml(
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
     assert GpuTelemetry.create() is None
+
+
+def test_steady_gc_freezes_for_the_outermost_level_only() -> None:
+    import gc
+
+    from bstar.loadgen.worker import steady_gc
+
+    keep = [object() for _ in range(10)]  # something to freeze
+    assert gc.get_freeze_count() == 0
+    with steady_gc():
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(keep)
+        with steady_gc():  # a nested drive (warm-up inside a level) does not re-freeze
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen  # the inner exit does not unfreeze
+    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()

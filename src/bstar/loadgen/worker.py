@@ -9,6 +9,8 @@ other machines (Ray) when one client cannot drive a fleet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import random
 import time
@@ -41,6 +43,31 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 
         return uvloop.run(coro)  # type: ignore[no-any-return]
     return asyncio.run(coro)
+
+
+_frozen = 0  # nesting depth of steady_gc
+
+
+@contextlib.contextmanager
+def steady_gc() -> Iterator[None]:
+    """Keep the collector's pauses out of the measured gaps: collect once, then freeze
+    what exists (the client, its session, the specs) into the permanent generation, so
+    the collections a level triggers only scan what the level allocates. Without it a
+    full collection over a 256-stream level's objects stalls every stream at once
+    (27-31 ms measured by a gc callback in a 256-stream bench level, against 10-13 ms
+    frozen). vLLM's engine freezes its start-up objects for the same reason. The
+    collector stays on: a long level still frees its cycles."""
+    global _frozen
+    if _frozen == 0:
+        gc.collect()
+        gc.freeze()
+    _frozen += 1
+    try:
+        yield
+    finally:
+        _frozen -= 1
+        if _frozen == 0:
+            gc.unfreeze()
 
 
 class Sender(Protocol):
@@ -129,14 +156,15 @@ async def drive(
         assert concurrency is not None
         tasks = [asyncio.create_task(closed_stream()) for _ in range(concurrency)]
     remaining = len(tasks)
-    try:
-        while remaining:
-            rec = await queue.get()
-            if rec is None:
-                remaining -= 1
-                continue
-            yield rec
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    with steady_gc():
+        try:
+            while remaining:
+                rec = await queue.get()
+                if rec is None:
+                    remaining -= 1
+                    continue
+                yield rec
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
