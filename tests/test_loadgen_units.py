@@ -240,3 +240,16 @@ def test_steady_gc_freezes_for_the_outermost_level_only() -> None:
         assert gc.get_freeze_count() == frozen  # the inner exit does not unfreeze
     assert gc.get_freeze_count() == 0
     assert gc.isenabled()
+
+
+def test_ray_workers_refuse_an_address_nobody_listens_at() -> None:
+    """Ray alone retries such an address for a minute or more; the pool says so at once."""
+    pytest.importorskip("ray")
+    from bstar.errors import BstarError
+    from bstar.loadgen.workers import LoadPool
+    from bstar.servers import free_port
+
+    pool = LoadPool(2, f"127.0.0.1:{free_port()}")
+    with pytest.raises(BstarError, match=r"cannot reach the Ray cluster at 127\.0\.0\.1:"):
+        pool.start()
+    pool.close()

@@ -380,7 +380,10 @@ class LoadPool:
                 from pathlib import Path
 
                 import bstar
+                from bstar.search.backends import ray_reachable
 
+                # Ray itself retries an address nobody listens at for a minute or more.
+                ray_reachable(self.ray_address)
                 ray.init(address=self.ray_address, log_to_driver=False,
                          configure_logging=False,
                          runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})

@@ -69,7 +69,7 @@ def _die_with_parent(parent_pid: int) -> None:
                      name="bstar-parent-watch").start()
 
 
-def _ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+def ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
     """A BstarError, within `timeout_s`, when nothing listens at a HOST:PORT (or
     ray://HOST:PORT) Ray address; "auto" and other forms are left to Ray."""
     rest = address.split("://", 1)[1] if "://" in address else address
@@ -194,7 +194,7 @@ class RayBackend(Backend):
         else:
             import bstar
 
-            _ray_reachable(self.address)
+            ray_reachable(self.address)
             ray.init(address=self.address, log_to_driver=False, configure_logging=False,
                      runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
         self.workers = int(ray.cluster_resources().get("CPU", 1))
