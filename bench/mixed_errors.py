@@ -16,7 +16,8 @@ import sys
 
 from bstar.commands.common import add_deployment_arguments
 from bstar.commands.plan import deployment_from_args
-from bstar.loadgen.mixed import decode_vs_joint, read_csv
+from bstar.fit.points import load_steps
+from bstar.loadgen.mixed import decode_vs_joint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     add_deployment_arguments(p)
     args = p.parse_args(argv)
     d = deployment_from_args(args)
-    e = decode_vs_joint(d, read_csv(args.points))
+    e = decode_vs_joint(d, load_steps(args.points, None)[0])
     print(f"{'batch':>6}{'context':>9}{'chunk':>7}{'measured ms':>13}{'decode-only':>13}"
           f"{'error':>8}{'joint':>10}{'error':>8}")
     for pt, a, b in zip(e.points, e.decode_only, e.joint, strict=True):

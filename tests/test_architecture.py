@@ -145,7 +145,7 @@ LAYERS = (
      "bstar.engines",
      "bstar.validate", "bstar.validate_curves", "bstar.probe", "bstar.tinymodel"),
     ("bstar.deployment", "bstar.plan"),
-    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.transfer", "bstar.search",
+    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search",
      "bstar.kvcheck", "bstar.validate_stages"),
     ("bstar.report",),
     ("bstar.commands",),

@@ -13,8 +13,8 @@ import pytest
 from bstar import calibrate as cal
 from bstar import roofline as rl
 from bstar.cli import main
-from bstar.commands.calibrate import load_calibration_points
 from bstar.errors import BstarError
+from bstar.fit.points import load_steps
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
@@ -119,14 +119,14 @@ def test_points_files_read_through_fit_with_or_without_a_context_column(
         tmp_path: Path) -> None:
     plain = tmp_path / "plain.csv"
     plain.write_text("batch,tpot_ms,throughput_tok_s\n1,10,\n2,,160\n4,20,\n")
-    pts, _ = load_calibration_points(plain, 512)
+    pts, _ = load_steps(plain, 512)
     assert [(p.batch, p.context_tokens) for p in pts] == [(1, 512), (2, 512), (4, 512)]
     assert pts[1].step_s == pytest.approx(2 / 160)  # step = batch / throughput
     with_ctx = tmp_path / "ctx.json"
     with_ctx.write_text(json.dumps({"points": [
         {"batch": b, "tpot_ms": 10 + b, "context_tokens": c}
         for c in (100, 900) for b in (1, 2, 4)]}))
-    pts, _ = load_calibration_points(with_ctx, None)
+    pts, _ = load_steps(with_ctx, None)
     assert sorted({p.context_tokens for p in pts}) == [100, 900]
     assert len(pts) == 6  # the same batch at two contexts is two points
     # A sweep result (bstar sweep --json) is read by fit's loader too.
@@ -134,7 +134,7 @@ def test_points_files_read_through_fit_with_or_without_a_context_column(
     sweep.write_text(json.dumps({"levels": [
         {"concurrency": b, "throughput_tok_s": 100 * b, "tpot_ms": {"mean": 10.0}}
         for b in (1, 2, 4)]}))
-    assert [p.step_s for p in load_calibration_points(sweep, 96)[0]] == [0.01] * 3
+    assert [p.step_s for p in load_steps(sweep, 96)[0]] == [0.01] * 3
 
 
 @pytest.mark.parametrize("text, ctx, match", [
@@ -150,7 +150,7 @@ def test_bad_points_files_are_one_line_user_errors(tmp_path: Path, text: str,
     f = tmp_path / "p.csv"
     f.write_text(text)
     with pytest.raises(BstarError, match=match):
-        load_calibration_points(f, ctx)
+        load_steps(f, ctx)
 
 
 def test_too_few_points_or_unknown_parameter_are_user_errors() -> None:
@@ -236,14 +236,37 @@ def test_points_from_a_sweep_result_use_each_levels_batch_and_the_mean_context()
     result = SimpleNamespace(run_id="r1", run={"options": {"input_len": 64, "output_len": 32}},
                              levels=[level(0, 1, 2.0), level(1, 2, 3.0), level(2, 4, None),
                                      level(3, 8, 9.0, done=0)])
-    pts = cal.points_from_sweep(result)
+    pts = cal.steps_from_sweep(result)
     assert [(p.batch, p.context_tokens, p.step_s) for p in pts] == [(1, 80, 0.002),
                                                                       (2, 80, 0.003)]
     # Level 2 has a TPOT but no ITL; level 3 completed nothing.
-    assert [p.step_s for p in cal.points_from_sweep(result, "tpot_mean")] == [0.004, 0.006,
+    assert [p.step_s for p in cal.steps_from_sweep(result, "tpot_mean")] == [0.004, 0.006,
                                                                              0.002]
     with pytest.raises(BstarError, match="metric"):
-        cal.points_from_sweep(result, "e2e_p99")
+        cal.steps_from_sweep(result, "e2e_p99")
+
+
+def test_sweep_levels_whose_server_preempted_are_left_out_unless_asked() -> None:
+    from types import SimpleNamespace
+
+    def level(idx: int, batch: int, preemptions: int) -> SimpleNamespace:
+        return SimpleNamespace(idx=idx, batch=batch, server={"preemptions": preemptions},
+                               stats={"completed": 5, "itl_ms": {"p50": float(batch)}})
+
+    result = SimpleNamespace(run_id="r2", run={"options": {"input_len": 8, "output_len": 8}},
+                             levels=[level(0, 1, 0), level(1, 2, 0), level(2, 4, 3)])
+    assert [p.batch for p in cal.steps_from_sweep(result)] == [1, 2]
+    assert [p.batch for p in cal.steps_from_sweep(result, drop_preempted=False)] == [1, 2, 4]
+
+
+def test_statistics_over_checked_points() -> None:
+    pts = [cal.PointFit(b, 100, ms, ms * (1 + e), ms * 2, "memory")
+           for b, ms, e in ((1, 10.0, 0.1), (1, 12.0, -0.3), (2, 20.0, 0.2))]
+    assert cal.median_abs_error(pts) == pytest.approx(0.2)
+    assert cal.median_abs_error(pts, uncalibrated=True) == pytest.approx(1.0)
+    (spread,) = cal.repeat_spread(pts)  # batch 2 was measured once
+    assert spread["batch"] == 1 and spread["n"] == 2 and spread["measured_ms"] == [10.0, 12.0]
+    assert spread["rel_spread"] == pytest.approx(2.0 / 11.0)
 
 
 def test_check_predicts_other_points_with_given_efficiencies() -> None:

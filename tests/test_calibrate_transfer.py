@@ -1,6 +1,6 @@
 """The transfer proof on this machine (slow): probe, sweep model A with the real llama.cpp
 server, calibrate on that sweep alone, then predict model A at a longer context and a
-bigger model B at the first, and sweep those to compare (bstar.transfer).
+bigger model B at the first, and sweep those to compare (bench/transfer.py, the harness).
 
 Stated bound: the median |error| over the four levels (batch 1, 2, 4, 8) of EACH transfer
 is at most 40%, and the calibration run itself is fitted within 25%. Measured on a shared,
@@ -11,26 +11,30 @@ load moves single levels by tens of percent.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from bstar import calibrate as cal
 
-pytestmark = pytest.mark.slow
+HARNESS = Path(__file__).resolve().parents[1] / "bench" / "transfer.py"
 
 TRANSFER_BOUND = 0.40
 FIT_BOUND = 0.25
 
 
+@pytest.mark.slow
 def test_calibration_on_one_sweep_predicts_another_context_and_a_sibling_model(
         tmp_path: Path) -> None:
     pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
     pytest.importorskip("gguf", reason="needs the extra bstar[tiny]")
     pytest.importorskip("scipy", reason="needs scipy (a base dependency)")
-    from bstar.transfer import format_result, run_transfer
-
-    r = run_transfer(tmp_path, log=print)
+    bench = _harness()
+    format_result = bench.format_result
+    r = bench.run_transfer(tmp_path, log=print)
     print(format_result(r))
     fitted, *transfers = r.cases
     assert len(transfers) == 2
@@ -42,3 +46,22 @@ def test_calibration_on_one_sweep_predicts_another_context_and_a_sibling_model(
     assert transfers[0].points[0].context_tokens > fitted.points[0].context_tokens
     prof = cal.load_profile(tmp_path / "profile.toml")
     assert prof.engine == "llama.cpp"
+
+
+def _harness() -> ModuleType:
+    """bench/transfer.py, imported from its file (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_transfer", HARNESS)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_harness_imports_and_parses_its_arguments() -> None:
+    # The fast check of the slow harness: bench/transfer.py loads and its main rejects a
+    # missing WORKDIR as argparse does.
+    bench = _harness()
+    assert bench.TransferConfig().fit == bench.FIT
+    with pytest.raises(SystemExit):
+        bench.main([])

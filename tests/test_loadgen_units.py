@@ -158,6 +158,42 @@ def test_levels_plan() -> None:
     assert SweepConfig.from_options(cfg.to_options()) == cfg
 
 
+def test_one_level_batch_for_the_sweep_the_fit_and_the_report() -> None:
+    """A level's batch is defined once (bstar.fit.points.level_batch): the smaller of the
+    client's streams and the server's cap, for a planned level, a stored one, its JSON and
+    the report's x axis alike."""
+    from bstar.fit.points import level_batch, points_from_sweep
+    from bstar.loadgen.sweep import LevelResult
+    from bstar.report.views import level_x
+
+    cfg = SweepConfig(url="http://127.0.0.1:1", concurrency=[2, 16], max_num_seqs=[4, 8],
+                      server_cmd="x {max_num_seqs}")
+    plans = cfg.levels()
+    assert [lv.batch for lv in plans] == [2, 4, 2, 8]
+    stored = [LevelResult(lv.idx, lv.concurrency, lv.rate, lv.max_num_seqs, "completed",
+                          None, 1, None, None, None, None) for lv in plans]
+    as_json = [lv.to_dict() for lv in stored]
+    assert ([lv.batch for lv in stored] == [level_batch(lv) for lv in as_json]
+            == [level_x(lv) for lv in as_json] == [2, 4, 2, 8])
+    assert level_batch({"rate": 2.0}) is None and level_batch({"concurrency": 3}) == 3
+    # The fit reads the same batches from a sweep's JSON (one per batch: 2, 4 and 8).
+    levels = [{**lv, "throughput_tok_s": 100.0 * lv["concurrency"], "tpot_ms": {"mean": 10.0}}
+              for lv in as_json if lv["concurrency"] != 2 or lv["max_num_seqs"] == 4]
+    assert points_from_sweep(levels).batch == (2, 4, 8)
+
+
+def test_the_runner_imports_the_sweep_types_not_the_sweep() -> None:
+    # loadgen/config.py holds SweepConfig and LevelPlan: the runner no longer reaches back
+    # into sweep.py (which imports the runner), not even for annotations.
+    import ast
+
+    import bstar.loadgen.runner as runner
+
+    tree = ast.parse(Path(runner.__file__).read_text(encoding="utf-8"))
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "bstar.loadgen.config" in modules and "bstar.loadgen.sweep" not in modules
+
+
 def test_fit_prompt_hits_exact_token_count() -> None:
     # A tokenizer of ~3.3 characters per token (words of up to 4 chars are one token).
     async def count(text: str) -> int:

@@ -13,13 +13,13 @@ import pytest
 from bstar import calibrate as cal
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.fit.points import load_steps
 from bstar.loadgen.mixed import (
     MixedConfig,
     StepSample,
     gap_at,
     measure_steps,
     mixed_gap,
-    read_csv,
     to_csv,
     window_means,
 )
@@ -81,7 +81,8 @@ def test_points_csv_round_trip(tmp_path: Path) -> None:
     samples = _synthetic(d)
     path = tmp_path / "points.csv"
     path.write_text("# a comment line\n" + to_csv(samples))
-    pts = read_csv(path)
+    pts, warnings = load_steps(path, None)
+    assert warnings == []
     assert [(p.batch, p.context_tokens, p.chunk_tokens) for p in pts] == \
         [(s.batch, s.context_tokens, s.chunk_tokens) for s in samples]
     assert [p.step_s for p in pts] == pytest.approx([s.step_s for s in samples], rel=1e-5)
@@ -189,7 +190,7 @@ def test_recorded_cpu_mixed_steps(path: Path) -> None:
     from bstar.loadgen.mixed import decode_vs_joint
 
     tag = path.stem.removeprefix("vllm-mixed-")
-    e = decode_vs_joint(cpu_deployment(tag), read_csv(path))
+    e = decode_vs_joint(cpu_deployment(tag), load_steps(path, None)[0])
     tolerance = float(np.median(repeat_noise(path)))
     assert len(e.points) >= 6
     assert e.joint_median <= tolerance, (e.joint_median, tolerance)

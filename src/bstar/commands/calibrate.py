@@ -5,7 +5,6 @@ efficiencies and overheads to measured decode steps; write a calibration profile
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -47,75 +46,6 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
 
 
-def load_calibration_points(path: Path, context: int | None) -> tuple[list[Any], list[str]]:
-    """POINTS as `bstar fit` reads them (its loader and validation), plus an optional
-    context_tokens column: rows are then grouped by context and each group is read by fit
-    (so each context needs fit's minimum of distinct batch sizes)."""
-    from bstar import calibrate as cal
-    from bstar import fit
-    from bstar.errors import BstarError
-
-    rows = _rows_with_context(path)
-    if rows is not None and any("chunk_tokens" in r for r, _ in rows):
-        # Step points (bstar.loadgen.mixed's file): decode, mixed and prefill steps, each
-        # row one Point (batch, context_tokens, chunk_tokens, chunk_start, step_ms).
-        from bstar.loadgen.mixed import points_from_rows
-
-        return points_from_rows([r for r, _ in rows], [w for _, w in rows]), []
-    if rows is None:  # no context column: fit's loader as is (CSV, JSON or a sweep result)
-        if context is None:
-            raise BstarError(f"{path}: no context_tokens column; give --context N (the "
-                             "tokens each sequence holds while decoding, e.g. input + "
-                             "output/2)")
-        pts = fit.load_points(path, repeats=True)
-        return cal.points_from_fit(pts, context), list(pts.warnings)
-    groups: dict[int, list[tuple[dict[str, object], str]]] = {}
-    for row, where in rows:
-        raw = row.pop("context_tokens", None)
-        if raw in (None, ""):
-            if context is None:
-                raise BstarError(f"{where}: empty context_tokens and no --context")
-            ctx = context
-        else:
-            try:
-                ctx = int(float(str(raw)))
-            except (ValueError, OverflowError):  # OverflowError: inf
-                raise BstarError(f"{where}: context_tokens {raw!r} is not a number") from None
-            if ctx < 1:
-                raise BstarError(f"{where}: context_tokens must be at least 1")
-        groups.setdefault(ctx, []).append((row, where))
-    out: list[Any] = []
-    warnings: list[str] = []
-    for ctx, items in sorted(groups.items()):
-        pts = fit.points_from_rows([r for r, _ in items], [w for _, w in items],
-                                   f"{path} (context {ctx})", repeats=True)
-        out += cal.points_from_fit(pts, ctx)
-        warnings += pts.warnings
-    return out, warnings
-
-
-def _rows_with_context(path: Path) -> list[tuple[dict[str, object], str]] | None:
-    """The file's rows with labels when it has a context_tokens column, else None (read by
-    bstar.fit.points, the one reader of points files)."""
-    from bstar.fit.points import is_json, read_table, read_text
-
-    text = read_text(path)
-    if is_json(path, text):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None  # fit's loader reports it
-        items = data.get("points") if isinstance(data, dict) else data
-        if not (isinstance(items, list) and items and all(isinstance(r, dict) for r in items)
-                and any("context_tokens" in r for r in items)):
-            return None
-        return [(dict(r), f"{path}: point {i + 1}") for i, r in enumerate(items)]
-    table = read_table(text, str(path))
-    if table is None or "context_tokens" not in table.header:
-        return None
-    return [(dict(r), where) for r, where in table.rows()]
-
-
 def run_calibrate(args: argparse.Namespace) -> int:
     from bstar import calibrate as cal
     from bstar.commands.plan import deployment_from_args
@@ -125,7 +55,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     path = Path(args.source)
     warnings: list[str] = []
     if path.is_file():
-        points, warnings = load_calibration_points(path, args.context)
+        from bstar.fit.points import load_steps
+
+        points, warnings = load_steps(path, args.context)
         source = str(path)
     else:
         points, source, run = points_from_run(args.db, args.source, args.metric, args.context)
@@ -150,14 +82,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
         from dataclasses import replace
         c = replace(c, notes=(*warnings, *c.notes))
     checks = [_check(args, spec, c) for spec in args.check]
-    spread = repeat_spread(list(c.points))
+    spread = cal.repeat_spread(c.points)
     if args.json:
         from bstar.commands.emit import dumps
 
         print(dumps({**c.to_dict(), "profile": str(args.output or ""),
                      "repeat_spread": spread,
                      "checks": [{"run": run, "model": model,
-                                 "median_abs_error": _median_abs(pts),
+                                 "median_abs_error": cal.median_abs_error(pts),
                                  "points": [_point_dict(p) for p in pts]}
                                 for run, model, pts in checks]}))
         return 0
@@ -165,31 +97,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for run, model, pts in checks:
         print(f"check: run {run}, model {model}, predicted with the calibration")
         _print_points(pts)
-        print(f"  median |error| {_median_abs(pts):.1%} calibrated, "
-              f"{_median_abs(pts, uncal=True):.1%} uncalibrated")
+        print(f"  median |error| {cal.median_abs_error(pts):.1%} calibrated, "
+              f"{cal.median_abs_error(pts, uncalibrated=True):.1%} uncalibrated")
     return 0
-
-
-def repeat_spread(points: list[Any]) -> list[dict[str, Any]]:
-    """Per (batch, context) measured more than once: the repeats' step times and their
-    spread. Every repeat is a point of the fit; this says how far apart they were."""
-    import statistics
-
-    groups: dict[tuple[int, int, int, int], list[float]] = {}
-    for p in points:  # a mixed step repeats only with the same chunk
-        key = (p.batch, p.context_tokens, getattr(p, "chunk_tokens", 0),
-               getattr(p, "chunk_start", 0))
-        groups.setdefault(key, []).append(p.measured_ms)
-    out = []
-    for (b, ctx, _, _), ms in sorted(groups.items()):
-        if len(ms) < 2:
-            continue
-        mean = statistics.fmean(ms)
-        out.append({"batch": b, "context_tokens": ctx, "n": len(ms), "measured_ms": ms,
-                    "mean_ms": mean, "min_ms": min(ms), "max_ms": max(ms),
-                    "std_ms": statistics.stdev(ms),
-                    "rel_spread": (max(ms) - min(ms)) / mean})
-    return out
 
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
@@ -204,13 +114,6 @@ def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[
                                                    c.compute_scale))
 
 
-def _median_abs(pts: list[Any], uncal: bool = False) -> float:
-    import statistics
-
-    return statistics.median(abs(p.uncalibrated_rel_error if uncal else p.rel_error)
-                             for p in pts)
-
-
 def _point_dict(p: Any) -> dict[str, Any]:
     return {"batch": p.batch, "context_tokens": p.context_tokens,
             "chunk_tokens": p.chunk_tokens, "chunk_start": p.chunk_start,
@@ -222,11 +125,12 @@ def _point_dict(p: Any) -> dict[str, Any]:
 
 def points_from_run(db: str | None, run_id: str, metric: str,
                     context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
-    """Decode-step points from a stored sweep run (bstar sweep's store)."""
+    """Decode-step points from a stored sweep run (bstar sweep's store), read by
+    bstar.fit.points.steps_from_sweep."""
     import sqlite3
 
-    from bstar import calibrate as cal
     from bstar.errors import BstarError
+    from bstar.fit.points import steps_from_sweep
     from bstar.loadgen.store import Store
     from bstar.loadgen.sweep import load_result
 
@@ -236,7 +140,7 @@ def points_from_run(db: str | None, run_id: str, metric: str,
             result = load_result(store, run_id)
         except sqlite3.Error as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
-    points = cal.points_from_sweep(result, metric, context)
+    points = steps_from_sweep(result, metric, context)
     return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
 
 

@@ -174,7 +174,7 @@ def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     from bstar import calibrate as cal
 
     d = _deployment(result.to_dict())
-    points = cal.points_from_sweep(result, CALIBRATION_METRIC)
+    points = cal.steps_from_sweep(result, CALIBRATION_METRIC)
     # As many parameters as the levels can carry: the weight stream and the per-step cost
     # first (they set batch 1), then compute and the per-sequence cost.
     fit = cal.DEFAULT_FIT if len(points) > len(cal.DEFAULT_FIT) else \

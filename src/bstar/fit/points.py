@@ -1,6 +1,8 @@
 """The one reader of measured points: CSV and JSON files, sweep results, rows and aligned
-lists, validated into `Points` (`bstar fit`); `read_table` is the CSV tokenizer that
-`bstar calibrate`'s context column and `bstar validate`'s table also go through."""
+lists, validated into `Points` (a curve, `bstar fit`) or into `Point`s (measured steps,
+`bstar calibrate`: points files with a context column, mixed-step files, stored sweeps);
+`level_batch` is the batch of a sweep level; `read_table` is the CSV tokenizer that
+`bstar validate`'s tables also go through."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bstar.errors import BstarError, closest
+from bstar.fit.steps import Point
 
 COLUMNS = ("batch", "throughput_tok_s", "tpot_ms")
 MIN_POINTS = 3
@@ -307,8 +311,8 @@ def _points_from_json(text: str, source: str, repeats: bool = False) -> Points:
 
 def points_from_sweep(levels: object, source: str = "sweep", *,
                       repeats: bool = False) -> Points:
-    """A sweep result's levels (`bstar sweep --json`'s "levels"): batch = max_num_seqs or
-    concurrency, throughput_tok_s, and the mean of tpot_ms (vLLM's mean_tpot_ms)."""
+    """A sweep result's levels (`bstar sweep --json`'s "levels"): batch = `level_batch`,
+    throughput_tok_s, and the mean of tpot_ms (vLLM's mean_tpot_ms)."""
     if not isinstance(levels, list):
         raise BstarError(f"{source}: \"levels\" must be a list")
     rows: list[dict[str, object]] = []
@@ -317,7 +321,8 @@ def points_from_sweep(levels: object, source: str = "sweep", *,
         where = f"{source}: level {i + 1}"
         if not isinstance(lv, dict):
             raise BstarError(f"{where}: expected an object")
-        b = lv.get("max_num_seqs", lv.get("concurrency"))
+        b = level_batch({k: _number(lv.get(k), k, where)
+                         for k in ("concurrency", "max_num_seqs")})
         tp = lv.get("tpot_ms")
         if isinstance(tp, dict):
             tp = tp.get("mean")  # vLLM's mean_tpot_ms
@@ -326,3 +331,147 @@ def points_from_sweep(levels: object, source: str = "sweep", *,
     return points_from_rows(rows, labels, source, repeats=repeats)
 
 
+def level_batch(level: Any) -> int | None:
+    """The batch a sweep level ran at: the smaller of the client's concurrency and the
+    server's max_num_seqs cap, of those given (a cap above the streams does not fill, and
+    streams past the cap queue); None for a level with neither (a rate alone). `level`: a
+    level as `bstar sweep --json` writes it (a mapping) or as the sweep holds it
+    (`LevelPlan`, `LevelResult`: attributes)."""
+    if isinstance(level, Mapping):
+        given = (level.get("concurrency"), level.get("max_num_seqs"))
+    else:
+        given = (getattr(level, "concurrency", None), getattr(level, "max_num_seqs", None))
+    vals = [v for v in given if v]
+    return min(vals) if vals else None
+
+
+# ---- measured steps: calibration's points ---------------------------------------------------
+def points_from_fit(points: Points, context_tokens: int) -> list[Point]:
+    """Steps from validated `Points` measured at one context length. Their tpot_ms is the
+    per-request step time (batch / throughput when only throughput was given)."""
+    if context_tokens < 1:
+        raise BstarError("context_tokens must be at least 1")
+    return [Point(int(b), context_tokens, float(t) / 1e3, f"{points.source} batch {b}")
+            for b, t in zip(points.batch, points.tpot_ms, strict=True)]
+
+
+def steps_from_rows(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[Point]:
+    """Steps from rows with batch, context_tokens, step_ms (or tpot_ms) and optional
+    chunk_tokens, chunk_start (empty = 0), as `bstar.loadgen.mixed.to_csv` writes them; each
+    row one Point, labelled by its kind when it has one. Other columns are ignored."""
+    def num(row: Mapping[str, Any], key: str, w: str, default: float | None = None) -> float:
+        raw = row.get(key)
+        if raw in (None, ""):
+            if default is None:
+                raise BstarError(f"{w}: no {key}")
+            return default
+        try:
+            return float(str(raw))
+        except ValueError:
+            raise BstarError(f"{w}: {key} {raw!r} is not a number") from None
+
+    out = []
+    for row, w in zip(rows, labels, strict=True):
+        ms_key = "step_ms" if row.get("step_ms") not in (None, "") else "tpot_ms"
+        label = str(row.get("kind") or "") or w
+        out.append(Point(int(num(row, "batch", w)), int(num(row, "context_tokens", w)),
+                         num(row, ms_key, w) / 1e3, label,
+                         int(num(row, "chunk_tokens", w, 0.0)),
+                         int(num(row, "chunk_start", w, 0.0))))
+    if not out:
+        raise BstarError("no points")
+    return out
+
+
+def load_steps(path: str | Path, context: int | None) -> tuple[list[Point], list[str]]:
+    """POINTS for `bstar calibrate`, and the warnings of reading them: a file of steps
+    (with chunk_tokens: `steps_from_rows`); else points as `load_points` reads them (with
+    their repeats), at `context` or, with a context_tokens column, grouped by context, each
+    group read as a curve (so each needs MIN_POINTS distinct batch sizes)."""
+    rows = _rows_with_context(path)
+    if rows is not None and any("chunk_tokens" in r for r, _ in rows):
+        return steps_from_rows([r for r, _ in rows], [w for _, w in rows]), []
+    if rows is None:  # no context column: the curve reader as is (CSV, JSON, a sweep)
+        if context is None:
+            raise BstarError(f"{path}: no context_tokens column; give --context N (the "
+                             "tokens each sequence holds while decoding, e.g. input + "
+                             "output/2)")
+        pts = load_points(path, repeats=True)
+        return points_from_fit(pts, context), list(pts.warnings)
+    groups: dict[int, list[tuple[dict[str, object], str]]] = {}
+    for row, where in rows:
+        raw = row.pop("context_tokens", None)
+        if raw in (None, ""):
+            if context is None:
+                raise BstarError(f"{where}: empty context_tokens and no --context")
+            ctx = context
+        else:
+            try:
+                ctx = int(float(str(raw)))
+            except (ValueError, OverflowError):  # OverflowError: inf
+                raise BstarError(f"{where}: context_tokens {raw!r} is not a number") from None
+            if ctx < 1:
+                raise BstarError(f"{where}: context_tokens must be at least 1")
+        groups.setdefault(ctx, []).append((row, where))
+    out: list[Point] = []
+    warnings: list[str] = []
+    for ctx, items in sorted(groups.items()):
+        pts = points_from_rows([r for r, _ in items], [w for _, w in items],
+                               f"{path} (context {ctx})", repeats=True)
+        out += points_from_fit(pts, ctx)
+        warnings += pts.warnings
+    return out, warnings
+
+
+def _rows_with_context(path: str | Path) -> list[tuple[dict[str, object], str]] | None:
+    """The file's rows with labels when it has a context_tokens column, else None."""
+    text = read_text(path)
+    if is_json(path, text):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return None  # load_points reports it
+        items = data.get("points") if isinstance(data, dict) else data
+        if not (isinstance(items, list) and items and all(isinstance(r, dict) for r in items)
+                and any("context_tokens" in r for r in items)):
+            return None
+        return [(dict(r), f"{path}: point {i + 1}") for i, r in enumerate(items)]
+    table = read_table(text, str(path))
+    if table is None or "context_tokens" not in table.header:
+        return None
+    return [(dict(r), where) for r, where in table.rows()]
+
+
+STEP_METRICS = ("itl_p50", "tpot_mean", "tpot_p50")
+
+
+def steps_from_sweep(result: Any, metric: str = "itl_p50", context_tokens: int | None = None,
+                     *, drop_preempted: bool = True) -> list[Point]:
+    """Decode steps from a sweep result (bstar.loadgen.sweep.SweepResult): one per
+    completed level with a batch (concurrency or max_num_seqs), at the context a request
+    holds on average while decoding, input_len + output_len // 2 (as the sweep's own
+    prediction). `metric`: itl_p50 (the median gap between streamed tokens: one decode
+    step), tpot_mean or tpot_p50 (these also carry stalls behind other requests' prefills).
+    `drop_preempted`: leave out levels whose server preempted (regime 3): their batch is
+    not what ran."""
+    if metric not in STEP_METRICS:
+        raise BstarError(f"metric must be itl_p50, tpot_mean or tpot_p50, got {metric!r}")
+    opts = result.run.get("options") or {}
+    ctx = context_tokens or int(opts.get("input_len") or 0) + int(opts.get("output_len") or 0) // 2
+    if ctx < 1:
+        raise BstarError(f"run {result.run_id}: no input/output lengths stored; give --context")
+    key, stat = metric.split("_", 1)
+    points = []
+    for lv in result.levels:
+        st = lv.stats or {}
+        value = (st.get(f"{key}_ms") or {}).get(stat)
+        if not lv.batch or not st.get("completed") or not value:
+            continue
+        if drop_preempted and (getattr(lv, "server", None) or {}).get("preemptions"):
+            continue  # regime 3: fewer than `batch` ran, and recomputes stalled the rest
+        points.append(Point(int(lv.batch), ctx, float(value) / 1e3,
+                            f"run {result.run_id} level {lv.idx}"))
+    if not points:
+        raise BstarError(f"run {result.run_id}: no completed level with a batch and "
+                         f"{key}_ms {stat}")
+    return points

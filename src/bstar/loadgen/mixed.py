@@ -17,8 +17,9 @@ prefilled. The recipe, engine-agnostic (no step log, no metrics endpoint):
   step at B = 1 (that step does the same engine work as a one-token prefill).
 
 Each (B, n) is repeated and the median kept, with the spread. `StepSample.point()` turns a
-sample into a `bstar.calibrate.Point`; `write_csv` / `read_csv` are the points file that
-`bstar calibrate` reads (columns batch, context_tokens, chunk_tokens, chunk_start, step_ms).
+sample into a `bstar.fit.steps.Point`; `to_csv` writes the points file that `bstar calibrate`
+reads (columns batch, context_tokens, chunk_tokens, chunk_start, step_ms) through
+`bstar.fit.points.load_steps`, the one point reader.
 
 The decoding streams' context at a step is exact: a stream that received its m-th token
 from the step holds prompt + m - 1 tokens of KV after it.
@@ -35,10 +36,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
+from bstar.fit.steps import Point
 from bstar.loadgen.client import OpenAIClient, RequestSpec
 
 CSV_COLUMNS = ("kind", "batch", "context_tokens", "chunk_tokens", "chunk_start", "step_ms",
@@ -70,9 +71,7 @@ class StepSample:
         """(max - min) / median of the repeats."""
         return (max(self.samples_s) - min(self.samples_s)) / self.median_s
 
-    def point(self) -> Any:
-        from bstar.calibrate import Point
-
+    def point(self) -> Point:
         label = f"{self.kind} B={self.batch}" + (f" n={self.chunk_tokens}"
                                                   if self.chunk_tokens else "")
         return Point(self.batch, max(1, self.context_tokens), self.step_s, label,
@@ -382,44 +381,6 @@ def to_csv(samples: Sequence[StepSample]) -> str:
                     f"{s.step_s * 1e3:.4f}", len(s.samples_s), f"{min(s.samples_s) * 1e3:.4f}",
                     f"{s.median_s * 1e3:.4f}", f"{max(s.samples_s) * 1e3:.4f}"])
     return buf.getvalue()
-
-
-def points_from_rows(rows: Sequence[dict[str, Any]], where: Sequence[str]) -> list[Any]:
-    """calibrate Points from rows with batch, context_tokens, step_ms (or tpot_ms) and
-    optional chunk_tokens, chunk_start (empty = 0). Other columns are ignored."""
-    from bstar.calibrate import Point
-
-    def num(row: dict[str, Any], key: str, w: str, default: float | None = None) -> float:
-        raw = row.get(key)
-        if raw in (None, ""):
-            if default is None:
-                raise BstarError(f"{w}: no {key}")
-            return default
-        try:
-            return float(str(raw))
-        except ValueError:
-            raise BstarError(f"{w}: {key} {raw!r} is not a number") from None
-
-    out = []
-    for row, w in zip(rows, where, strict=True):
-        ms_key = "step_ms" if row.get("step_ms") not in (None, "") else "tpot_ms"
-        label = str(row.get("kind") or "") or w
-        out.append(Point(int(num(row, "batch", w)), int(num(row, "context_tokens", w)),
-                         num(row, ms_key, w) / 1e3, label,
-                         int(num(row, "chunk_tokens", w, 0.0)),
-                         int(num(row, "chunk_start", w, 0.0))))
-    if not out:
-        raise BstarError("no points")
-    return out
-
-
-def read_csv(path: str | Path) -> list[Any]:
-    """calibrate Points from a points CSV (`#` lines are comments)."""
-    p = Path(path)
-    lines = [ln for ln in p.read_text().splitlines()
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    rows = list(csv.DictReader(lines))
-    return points_from_rows(rows, [f"{p}: row {i + 1}" for i in range(len(rows))])
 
 
 # ---- how well the cost model predicts them ------------------------------------------------

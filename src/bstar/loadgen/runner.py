@@ -13,18 +13,16 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bstar.loadgen.client import OpenAIClient, RequestRecord
+from bstar.loadgen.client import OpenAIClient, RequestRecord, RequestSpec
+from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive, run_loop
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
-
-if TYPE_CHECKING:
-    from bstar.loadgen.sweep import LevelPlan, SweepConfig
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
 # rule or its time limit still measured what it measured; re-running would not change why.
@@ -258,35 +256,7 @@ class _Runner:
                 self.emit("level_end", level=lv.idx, status="server_failed", detail=problem)
                 return None
             client.model = self.served_model or ""
-            counter = TokenCounter(client)
-            await counter.setup(chat=wl.endpoint == "chat")
-            streams = lv.concurrency or max(1, math.ceil(lv.rate or 1))
-            n_warm = cfg.warmup_requests if cfg.warmup_requests is not None else streams
-            # Seeds differ per level and attempt: no prompt repeats across levels, so a
-            # prefix cache cannot serve a level from an earlier one.
-            seed = (cfg.seed or 0) * 1_000_003 + lv.idx * 1009 + attempt
-            warm = await build_requests(client, wl, num=n_warm, first_index=-n_warm,
-                                        seed=seed, counter=counter, warmup=True)
-            reqs = await build_requests(client, wl, num=cfg.num_requests, first_index=0,
-                                        seed=seed, counter=counter)
-            self.store.add_prompts(level_id, warm + reqs)
-            self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
-                      warmup=n_warm, token_count=counter.method)
-            if self.pool is not None:
-                jobs = split_level(
-                    reqs, warm, workers=self.pool.workers, concurrency=lv.concurrency,
-                    rate=lv.rate, seed=seed,
-                    base=WorkerJob(url=url, model=client.model, endpoint=wl.endpoint,
-                                   api_key=self.api_key,
-                                   request_timeout_s=cfg.request_timeout_s,
-                                   extra_body=wl.extra_body(), warm=[], specs=[],
-                                   concurrency=None, rate=None, seed=seed,
-                                   level_time_limit_s=cfg.level_time_limit_s))
-                for rec in await self.pool.warm(jobs):
-                    self.store.add_request(level_id, rec)
-            elif warm:
-                async for rec in drive(client, warm, concurrency=lv.concurrency or streams):
-                    self.store.add_request(level_id, rec)
+            counter, seed, reqs = await self._warm_up(client, wl, lv, level_id, attempt, url)
             scraper = Scraper(client, interval_s=cfg.scrape_interval_s,
                               tokens_per_seq=cfg.input_len + cfg.output_len)
             await scraper.start()
@@ -335,6 +305,43 @@ class _Runner:
             m.server = (await scraper.stop()).to_dict()
             self._live = None
         return m
+
+    async def _warm_up(self, client: OpenAIClient, wl: Workload, lv: LevelPlan, level_id: int,
+                       attempt: int, url: str) -> tuple[TokenCounter, int, list[RequestSpec]]:
+        """Build the level's prompts (warm-up and measured, stored), then run the warm-up
+        requests (here or in the load workers). Returns the token counter, the level's
+        prompt seed and the measured requests."""
+        cfg = self.cfg
+        counter = TokenCounter(client)
+        await counter.setup(chat=wl.endpoint == "chat")
+        streams = lv.concurrency or max(1, math.ceil(lv.rate or 1))
+        n_warm = cfg.warmup_requests if cfg.warmup_requests is not None else streams
+        # Seeds differ per level and attempt: no prompt repeats across levels, so a
+        # prefix cache cannot serve a level from an earlier one.
+        seed = (cfg.seed or 0) * 1_000_003 + lv.idx * 1009 + attempt
+        warm = await build_requests(client, wl, num=n_warm, first_index=-n_warm,
+                                    seed=seed, counter=counter, warmup=True)
+        reqs = await build_requests(client, wl, num=cfg.num_requests, first_index=0,
+                                    seed=seed, counter=counter)
+        self.store.add_prompts(level_id, warm + reqs)
+        self.emit("level_start", level=lv.idx, label=lv.label(), total=cfg.num_requests,
+                  warmup=n_warm, token_count=counter.method)
+        if self.pool is not None:
+            jobs = split_level(
+                reqs, warm, workers=self.pool.workers, concurrency=lv.concurrency,
+                rate=lv.rate, seed=seed,
+                base=WorkerJob(url=url, model=client.model, endpoint=wl.endpoint,
+                               api_key=self.api_key,
+                               request_timeout_s=cfg.request_timeout_s,
+                               extra_body=wl.extra_body(), warm=[], specs=[],
+                               concurrency=None, rate=None, seed=seed,
+                               level_time_limit_s=cfg.level_time_limit_s))
+            for rec in await self.pool.warm(jobs):
+                self.store.add_request(level_id, rec)
+        elif warm:
+            async for rec in drive(client, warm, concurrency=lv.concurrency or streams):
+                self.store.add_request(level_id, rec)
+        return counter, seed, reqs
 
     async def _classify(self, m: _Measured, url: str) -> tuple[str, str | None]:
         """The level's status and why: completed, stopped_errors, time_limit or

@@ -12,163 +12,28 @@ With `server_cmd` and `max_num_seqs`, each value restarts the server (seed 000's
 procedure): the command is formatted with {max_num_seqs} and {port}, started in its own
 process group, waited on for health, stopped after its level; its log is kept next to the
 DB and its path stored with the level.
+
+`SweepConfig` and `LevelPlan` are defined in `bstar.loadgen.config` (the runner reads them
+too) and exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bstar.errors import BstarError
+from bstar.fit.points import level_batch
+from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.runner import DONE_STATUSES, EventFn, _Runner, predict_level
 from bstar.loadgen.store import LevelRow, Store, utc_now
 from bstar.recommend import Recommendation, SlaBound
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
            "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
-
-
-@dataclass
-class SweepConfig:
-    """Everything a sweep needs except the API key (passed apart, never stored)."""
-
-    url: str | None = None
-    served_model: str | None = None  # None: the first model /v1/models lists
-    endpoint: str = "completions"  # or "chat"
-    concurrency: list[int] | None = None
-    rate: list[float] | None = None
-    max_num_seqs: list[int] | None = None
-    server_cmd: str | None = None
-    input_len: int = 128
-    output_len: int = 128
-    num_requests: int = 64  # measured requests per level
-    warmup_requests: int | None = None  # None: one per stream
-    level_time_limit_s: float = 300.0
-    request_timeout_s: float = 600.0
-    health_timeout_s: float = 600.0
-    # Prompt seed. None: a fresh random one per run (recorded here before the run starts),
-    # so a repeated sweep never finds its prompts in the server's prefix cache; give the
-    # recorded value to replay a run's exact prompts.
-    seed: int | None = None
-    prompts_file: str | None = None
-    slo: dict[str, float] = field(default_factory=dict)
-    max_error_rate: float = 0.5
-    min_requests_for_error_rule: int = 8
-    ignore_eos: bool = True
-    scrape_interval_s: float = 0.5
-    model: str | None = None  # cost-model preset/config (for predictions)
-    gpu: str | None = None
-    # `DeploymentOptions.to_dict()` of the cost model's deployment (with model and gpu).
-    deployment: dict[str, Any] = field(default_factory=dict)
-    # Load from N worker processes (each its own event loop, bstar.loadgen.workers; 0: this
-    # process's loop), or from N (at least 1) Ray actors with `ray` ("local": a cluster
-    # started here, else its address).
-    workers: int = 0
-    ray: str | None = None
-
-    def validate(self) -> None:
-        if self.endpoint not in ("completions", "chat"):
-            raise BstarError(f"--endpoint must be completions or chat, got {self.endpoint}")
-        if self.concurrency and self.rate:
-            raise BstarError("give --concurrency or --rate, not both")
-        if not (self.concurrency or self.rate or self.max_num_seqs):
-            raise BstarError("give --concurrency, --rate or --max-num-seqs")
-        if self.max_num_seqs and not self.server_cmd:
-            raise BstarError("--max-num-seqs needs --server-cmd (bstar restarts the server "
-                             "for each value)")
-        if self.server_cmd and "{max_num_seqs}" not in self.server_cmd and self.max_num_seqs:
-            raise BstarError("--server-cmd must contain {max_num_seqs}")
-        if not self.url and not self.server_cmd:
-            raise BstarError("give --url (or --server-cmd to let bstar start the server)")
-        if self.input_len < 1 or self.output_len < 1 or self.num_requests < 1:
-            raise BstarError("--input-len, --output-len and --num-requests must be >= 1")
-        import math
-
-        if self.concurrency and any(
-                isinstance(c, bool) or not isinstance(c, int) or c < 1
-                for c in self.concurrency):
-            raise BstarError(f"--concurrency values must be integers >= 1, got "
-                             f"{','.join(map(str, self.concurrency))}")
-        if self.rate and any(not (isinstance(r, int | float) and math.isfinite(r) and r > 0)
-                             for r in self.rate):
-            raise BstarError(f"--rate values must be finite and > 0 requests/s, got "
-                             f"{','.join(map(str, self.rate))}")
-        if self.max_num_seqs and any(not isinstance(v, int) or v < 1
-                                     for v in self.max_num_seqs):
-            raise BstarError("--max-num-seqs values must be integers >= 1")
-        if self.warmup_requests is not None and self.warmup_requests < 0:
-            raise BstarError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or (
-                self.workers < 0):
-            raise BstarError(f"--workers must be an integer >= 0, got {self.workers}")
-        if not 0 <= self.max_error_rate <= 1:
-            raise BstarError("--max-error-rate must be in [0, 1]")
-        if self.url:
-            try:
-                parts = urllib.parse.urlsplit(self.url)
-                host, _ = parts.hostname, parts.port
-            except ValueError as e:  # 'http://[::1', a port out of range
-                raise BstarError(f"--url {self.url!r} is not a URL ({e})") from None
-            if not host:
-                raise BstarError(f"--url {self.url!r} is not a URL (http://host:port)")
-
-    def levels(self) -> list[LevelPlan]:
-        loads: list[tuple[int | None, float | None]]
-        if self.rate:
-            loads = [(None, r) for r in self.rate]
-        elif self.concurrency:
-            loads = [(c, None) for c in self.concurrency]
-        else:
-            loads = [(None, None)]
-        out: list[LevelPlan] = []
-        for mns in self.max_num_seqs or [None]:
-            for conc, rate in loads:
-                if conc is None and rate is None:
-                    conc = mns  # fill exactly the server's batch cap
-                out.append(LevelPlan(len(out), conc, rate, mns))
-        return out
-
-    def to_options(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> SweepConfig:
-        known = {f.name for f in fields(cls)}
-        out = {k: v for k, v in options.items() if k in known}
-        if "deployment_args" in options and "deployment" not in options:
-            from bstar.deployment import DeploymentOptions
-
-            # A run stored before `deployment`: its flags by their argparse names.
-            out["deployment"] = DeploymentOptions.from_sweep_options(options).to_dict()
-        return cls(**out)
-
-
-@dataclass(frozen=True)
-class LevelPlan:
-    idx: int
-    concurrency: int | None
-    rate: float | None
-    max_num_seqs: int | None
-
-    @property
-    def batch(self) -> int | None:
-        """The batch the server can run at this level (for the knee and the cost model)."""
-        vals = [v for v in (self.concurrency, self.max_num_seqs) if v]
-        return min(vals) if vals else None
-
-    def label(self) -> str:
-        parts = []
-        if self.max_num_seqs is not None:
-            parts.append(f"max_num_seqs={self.max_num_seqs}")
-        if self.concurrency is not None:
-            parts.append(f"concurrency={self.concurrency}")
-        if self.rate is not None:
-            parts.append(f"rate={self.rate:g}/s")
-        return " ".join(parts)
 
 
 class SweepInterrupted(Exception):
@@ -199,7 +64,7 @@ class LevelResult:
 
     @property
     def batch(self) -> int | None:
-        return LevelPlan(self.idx, self.concurrency, self.rate, self.max_num_seqs).batch
+        return level_batch(self)
 
     def to_dict(self) -> dict[str, Any]:
         s = self.stats or {}
@@ -419,26 +284,7 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
             store.update_run(run_id, status="failed", finished_at=utc_now(),
                              status_detail=f"{type(e).__name__}: {e}"[:500])
             raise
-        rows = store.levels(run_id)
-        statuses = {r.idx: r.status for r in rows}
-        missing = [lv.idx for lv in levels if statuses.get(lv.idx) not in DONE_STATUSES]
-        if runner.fatal:
-            status, detail = "failed", runner.fatal
-        elif rows and not any((r.stats or {}).get("completed") for r in rows):
-            status = "failed"
-            detail = "no request succeeded: " + "; ".join(
-                f"{levels[r.idx].label()}: {r.status_detail or r.status}" for r in rows)
-        elif missing:
-            status = "incomplete"
-            detail = "levels not completed: " + ", ".join(
-                f"{levels[i].label()} ({statuses.get(i, 'not run')})" for i in missing)
-        elif any(r.status != "completed" or (r.stats or {}).get("errors") for r in rows):
-            status = "completed_with_errors"
-            detail = "; ".join(f"{levels[r.idx].label()}: {r.status_detail or r.status}"
-                               for r in rows if r.status != "completed"
-                               or (r.stats or {}).get("errors"))
-        else:
-            status, detail = "completed", None
+        status, detail = _run_status(store.levels(run_id), levels, runner.fatal)
         store.update_run(run_id, status=status, status_detail=detail, finished_at=utc_now())
         if runner.served_model and not cfg.served_model:
             store.update_run(run_id, served_model=runner.served_model)
@@ -451,6 +297,26 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
         if pool is not None:
             pool.close()
         store.close()
+
+
+def _run_status(rows: list[LevelRow], levels: list[LevelPlan],
+                fatal: str | None) -> tuple[str, str | None]:
+    """A finished run's status and its detail, from its stored levels."""
+    statuses = {r.idx: r.status for r in rows}
+    missing = [lv.idx for lv in levels if statuses.get(lv.idx) not in DONE_STATUSES]
+    if fatal:
+        return "failed", fatal
+    if rows and not any((r.stats or {}).get("completed") for r in rows):
+        return "failed", "no request succeeded: " + "; ".join(
+            f"{levels[r.idx].label()}: {r.status_detail or r.status}" for r in rows)
+    if missing:
+        return "incomplete", "levels not completed: " + ", ".join(
+            f"{levels[i].label()} ({statuses.get(i, 'not run')})" for i in missing)
+    if any(r.status != "completed" or (r.stats or {}).get("errors") for r in rows):
+        return "completed_with_errors", "; ".join(
+            f"{levels[r.idx].label()}: {r.status_detail or r.status}"
+            for r in rows if r.status != "completed" or (r.stats or {}).get("errors"))
+    return "completed", None
 
 
 def _level_key(lv: dict[str, Any]) -> tuple[Any, ...]:

@@ -409,11 +409,11 @@ def fit_signature(result: Any, options: DeploymentOptions | None,
 
 # ---- a sweep's levels as drawn ---------------------------------------------------------------
 def level_x(level: dict[str, Any]) -> int:
-    """The batch a level ran at: max_num_seqs when the server was restarted per level (it
-    caps the running batch), else the client's concurrency."""
-    for k in ("max_num_seqs", "concurrency"):
-        if level.get(k) is not None:
-            return int(level[k])
+    """The batch a level ran at (bstar.fit.points.level_batch)."""
+    from bstar.fit.points import level_batch
+
+    if (b := level_batch(level)) is not None:
+        return int(b)
     raise BstarError("a sweep level has neither 'concurrency' nor 'max_num_seqs'")
 
 

@@ -1,11 +1,13 @@
 """The transfer proof, end to end on this machine: probe, sweep, calibrate, predict.
 
+    python bench/transfer.py WORKDIR [--json]   # minutes; needs bstar[tiny,llamacpp]
+
 Two tiny random-weight Llamas of different sizes (bstar.tinymodel) are served by the real
 llama.cpp server (bstar.servers.LlamaCppServer) on the CPU. Model A is swept at a short
 context; the cost model is calibrated on that sweep alone; then it predicts model A at a
 longer context and model B at the short one, and those are swept too. The per-level error
-of the predictions is the figure of merit. `python -m bstar.commands.transfer` prints it; the slow
-test asserts a bound on it.
+of the predictions is the figure of merit. This script prints it; the slow test
+(tests/test_calibrate_transfer.py) asserts a bound on it.
 
 Modelled as llama.cpp runs these files: weights float32 as written in the GGUF ("fp32"),
 KV cache float16 (llama.cpp's default cache_type_k/v = f16), one decode step per token for
@@ -16,13 +18,17 @@ not describe.
 
 from __future__ import annotations
 
-import statistics
+import argparse
+import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 
 # A: ~52M parameters (208 MB of float32), B: ~95M (380 MB): both far past the 32 MiB L3 of
 # the machines this runs on, and different enough that a calibration tied to A's size
@@ -66,7 +72,9 @@ class Case:
 
     @property
     def median_abs_error(self) -> float:
-        return statistics.median(abs(p.rel_error) for p in self.points)
+        from bstar.calibrate import median_abs_error
+
+        return median_abs_error(self.points)
 
     @property
     def max_abs_error(self) -> float:
@@ -74,7 +82,9 @@ class Case:
 
     @property
     def uncalibrated_median_abs_error(self) -> float:
-        return statistics.median(abs(p.uncalibrated_rel_error) for p in self.points)
+        from bstar.calibrate import median_abs_error
+
+        return median_abs_error(self.points, uncalibrated=True)
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,7 @@ def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
                              kv_dtype="fp16")
 
     def points(run: str) -> list[cal.Point]:
-        return cal.points_from_sweep(load_result(db, run), cfg.metric)
+        return cal.steps_from_sweep(load_result(db, run), cfg.metric)
 
     c = cal.calibrate(deployment("A"), points(runs["A-short"]), cfg.fit, engine="llama.cpp",
                       source=f"sweep run {runs['A-short']} ({db}), {cfg.metric}")
@@ -184,3 +194,18 @@ def format_result(r: TransferResult) -> str:
                          f"{p.measured_ms:8.3f} ms  predicted {p.predicted_ms:8.3f} ms  "
                          f"{p.rel_error:+6.1%}  (uncalibrated {p.uncalibrated_rel_error:+6.1%})")
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/transfer.py",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("workdir", type=Path)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    r = run_transfer(args.workdir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

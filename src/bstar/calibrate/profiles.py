@@ -1,0 +1,135 @@
+"""The calibration profile file: written from a `Calibration` (`profile_toml`), read back
+as a `Profile` that `--profile FILE` applies to a deployment (`load_profile`: a small TOML
+reader, the only I/O of bstar.calibrate)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bstar import roofline as rl
+from bstar.calibrate.params import MAX_EFF_MEASURED, PARAMS, _eff_dict, scaled
+from bstar.calibrate.results import Calibration
+from bstar.errors import BstarError
+
+
+def profile_toml(c: Calibration) -> str:
+    """The calibration profile (TOML): GPU x engine x version, efficiencies, overheads,
+    their uncertainty, the fit quality, the source and every point's residual."""
+    def val(x: Any) -> str:
+        if x is None:
+            return '"n/a"'
+        if isinstance(x, bool):
+            return "true" if x else "false"
+        if isinstance(x, int):
+            return str(x)
+        if isinstance(x, float):
+            return repr(x) if math.isfinite(x) else '"n/a"'
+        return json.dumps(str(x), ensure_ascii=True)
+
+    lines = ["# bstar calibration profile (`bstar calibrate`); use with --profile THIS_FILE",
+             "[profile]"]
+    for k, x in (("gpu", c.gpu), ("engine", c.engine), ("engine_version", c.engine_version),
+                 ("model", c.model), ("num_gpus", c.num_gpus),
+                 ("weight_dtype", c.weight_dtype), ("kv_dtype", c.kv_dtype),
+                 ("source", c.source),
+                 ("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))):
+        lines.append(f"{k} = {val(x)}")
+    lines.append("\n[efficiency]")
+    for k, x in _eff_dict(c.eff).items():
+        lines.append(f"{k} = {val(x)}")
+    # The shape of the model the values belong to (not fitted).
+    k = c.eff.roof_sharpness
+    lines.append(f"roof_sharpness = {'inf' if math.isinf(k) else val(float(k))}")
+    lines.append(f"grouped = {val(c.eff.grouped)}")
+    lines.append("\n[gpu_scale]  # the engine beats the (probed) GPU figures by these factors")
+    lines.append(f"bandwidth = {val(c.bandwidth_scale)}")
+    lines.append(f"compute = {val(c.compute_scale)}")
+    lines.append("\n[uncertainty]  # 1 sigma; n/a = not fitted, not identified or at a bound")
+    for k, p in c.params.items():
+        lines.append(f"{k} = {val(p.std)}")
+    lines.append("\n[fit]")
+    lines.append(f"fitted = {json.dumps([k for k, p in c.params.items() if p.fitted])}")
+    lines.append(f"median_abs_error = {val(c.median_abs_error)}")
+    lines.append(f"max_abs_error = {val(c.max_abs_error)}")
+    lines.append(f"uncalibrated_median_abs_error = {val(c.uncalibrated_median_abs_error)}")
+    lines.append(f"notes = {json.dumps(list(c.notes))}")
+    if c.reserve_bytes is not None:
+        lines.append("\n[memory]  # from the engine's start-up log")
+        lines.append(f"reserve_bytes = {c.reserve_bytes}")
+        lines.append(f"kv_pool_bytes = {val(c.kv_pool_bytes)}")
+    for p in c.points:
+        lines += ["\n[[points]]", f"batch = {p.batch}", f"context_tokens = {p.context_tokens}",
+                  f"measured_ms = {val(p.measured_ms)}", f"predicted_ms = {val(p.predicted_ms)}",
+                  f"rel_error = {val(p.rel_error)}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    eff: rl.Efficiency
+    gpu: str
+    engine: str
+    engine_version: str
+    reserve_bytes: int | None
+    path: str
+    bandwidth_scale: float = 1.0
+    compute_scale: float = 1.0
+
+    def apply(self, d: rl.Deployment) -> rl.Deployment:
+        return scaled(d, self.eff, self.bandwidth_scale, self.compute_scale)
+
+
+def load_profile(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
+    except OSError as e:
+        raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BstarError(f"{p}: not valid TOML ({e})") from None
+    eff_tab = data.get("efficiency")
+    if not isinstance(eff_tab, dict):
+        raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")
+    known = {*PARAMS, "roof_sharpness", "grouped"}
+    unknown = set(eff_tab) - known
+    if unknown:
+        raise BstarError(f"{p}: unknown efficiency field(s) {', '.join(sorted(unknown))}")
+    grouped = eff_tab.pop("grouped", True)
+    if not isinstance(grouped, bool):
+        raise BstarError(f"{p}: grouped must be true or false")
+    try:
+        values: dict[str, Any] = {k: float(x) for k, x in eff_tab.items()}
+    except (TypeError, ValueError):
+        raise BstarError(f"{p}: efficiency values must be numbers") from None
+    values["grouped"] = grouped
+    try:
+        eff = replace(rl.Efficiency(), **values)
+    except BstarError as e:
+        raise BstarError(f"{p}: {e}") from None
+    prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
+    for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):
+        if not isinstance(tab, dict):
+            raise BstarError(f"{p}: [{name}] must be a table")
+    reserve = mem.get("reserve_bytes")
+    if reserve is not None and (isinstance(reserve, bool)
+                                or not isinstance(reserve, int | float)
+                                or not 0 <= reserve <= 2**50):
+        raise BstarError(f"{p}: memory.reserve_bytes must be a number of bytes in 0..2**50, "
+                         f"got {reserve!r}")
+    try:
+        bs, cs = float(sc.get("bandwidth", 1.0)), float(sc.get("compute", 1.0))
+    except (TypeError, ValueError):
+        raise BstarError(f"{p}: gpu_scale values must be numbers") from None
+    if not (1.0 <= bs <= MAX_EFF_MEASURED and 1.0 <= cs <= MAX_EFF_MEASURED):
+        raise BstarError(f"{p}: gpu_scale must be in [1, {MAX_EFF_MEASURED:g}]")
+    return Profile(eff, str(prof.get("gpu", "")), str(prof.get("engine", "")),
+                   str(prof.get("engine_version", "")),
+                   int(reserve) if isinstance(reserve, int | float) else None, str(p), bs, cs)
