@@ -305,9 +305,16 @@ class _Loop:
         cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
         if cut < 2:
             return False
-        steps_s, ends = steps_s[:cut], ends[:cut]
-        self.timeline.add(self.now, bm.num_used, len(sched.waiting), b)
-        # Tokens: every running request computes and samples `cut` tokens.
+        self._commit_decode_run(ids, comp, gen, held, steps_s[:cut], ends[:cut])
+        return True
+
+    def _commit_decode_run(self, ids: IntArray, comp: IntArray, gen: IntArray,
+                           held: IntArray, steps_s: FloatArray, ends: FloatArray) -> None:
+        """Every running request (`ids`, with its computed/generated tokens and blocks held
+        before the run) computes and samples one token in each of the run's steps."""
+        r, bm, b, cut = self.reqs, self.bm, len(ids), len(steps_s)
+        bs = bm.block_size
+        self.timeline.add(self.now, bm.num_used, len(self.sched.waiting), b)
         last = r.last_token_s[ids]
         contiguous = last == self.now
         n_contig = int(contiguous.sum())
@@ -329,5 +336,4 @@ class _Loop:
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut
-        return True
 
