@@ -20,7 +20,13 @@ DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
-    c = p.add_argument_group("candidates")
+    _candidate_arguments(p.add_argument_group("candidates"))
+    _cost_arguments(p.add_argument_group("cost model terms"))
+    _traffic_arguments(p.add_argument_group("traffic and SLO"))
+    _execution_arguments(p.add_argument_group("execution and output"))
+
+
+def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--model", type=str_list, default=None,
                    help="preset names or config.json paths, comma-separated (default "
                         "llama-3-8b)")
@@ -42,7 +48,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-GPU memory kept for activations etc., GiB (default 2)")
     c.add_argument("--block-size", type=positive_int, default=16,
                    help="KV block size in tokens (default 16)")
-    e = p.add_argument_group("cost model terms")
+
+
+def _cost_arguments(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--profile", type=str_list, default=None, metavar="[GPU=]FILE,...",
                    help="calibration profiles from `bstar calibrate`, each applied to the GPU "
                         "it names (or GPU=FILE); other GPUs keep the stated defaults")
@@ -58,7 +66,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--overhead-ms", type=non_negative_float, default=None,
                    help="per-step overhead for uncalibrated GPUs, ms (default: the engine "
                         "profile's)")
-    t = p.add_argument_group("traffic and SLO")
+
+
+def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--rate", type=positive_float, default=None,
                    help="demand: requests/s over the whole fleet (default with --trace: the "
                         "trace's mean rate)")
@@ -88,7 +98,9 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                    help="rates tried are at most this fraction of a replica's capacity, the "
                         "largest rate whose queue does not grow (default 0.95: headroom for "
                         "the capacity's growth threshold and tolerance)")
-    x = p.add_argument_group("execution and output")
+
+
+def _execution_arguments(x: argparse._ArgumentGroup) -> None:
     x.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes (default 1: in this process); with --ray, the local "
                         "cluster's CPUs (default: all)")
