@@ -173,6 +173,7 @@ def test_fit_solves_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -
     sees at most MAX_FIT_POINTS of them: the fit is O(n log n), not one solve per split."""
     import bstar.fit as fit
     import bstar.fit.model as model
+    import bstar.fit.run as run
 
     calls: list[int] = []
     real = model._solve
@@ -182,7 +183,7 @@ def test_fit_solves_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -
         return real(mode, b, y, start)
 
     monkeypatch.setattr(model, "_solve", counting)
-    monkeypatch.setattr(fit, "_solve", counting)
+    monkeypatch.setattr(run, "_solve", counting)
     rng = np.random.default_rng(0)
     counts = {}
     for n in (200, 5000):

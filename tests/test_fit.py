@@ -325,3 +325,25 @@ def test_with_prefill_predicts_the_closed_loop_output_throughput() -> None:
         assert p.throughput_tok_s < 1e3 * p.batch / p.tpot_ms
     assert fit.throughput_kind.startswith("output, prefill included")
     assert base.throughput_kind == "decode only (B / TPOT)"
+
+
+def test_the_fit_returns_its_sla_batch_and_its_curve() -> None:
+    """What the report draws from a fit is the fit's own: the SLA batch is the fitted
+    curve's "sla" knee (None without a bound or when no batch meets it), and the dense curve
+    is step_ms / throughput_at on a log grid to 1.25x the last prediction."""
+    pts = make_points([1, 2, 4, 8, 16], tpot_ms=[10.0, 10.4, 11.2, 12.8, 16.0])
+    free = fit_points(pts, n_bootstrap=0, predict=[64])
+    assert free.sla_batch is None and free.to_dict()["sla_batch"] is None
+    bound = fit_points(pts, n_bootstrap=0, predict=[64], max_tpot_ms=14.0)
+    b = bound.sla_batch
+    assert b is not None and b == bound.knees_fitted["sla"].batch
+    assert bound.step_ms(b) <= 14.0 < bound.step_ms(b + 1)
+    assert bound.to_dict()["sla_batch"] == b and bound.to_dict()["max_tpot_ms"] == 14.0
+    assert fit_points(pts, n_bootstrap=0, max_tpot_ms=1.0).sla_batch is None
+    c = bound.curve(50)
+    assert c["batch"][0] == 1.0 and c["batch"][-1] == pytest.approx(64 * 1.25)
+    assert c["last_measured_batch"] == 16.0
+    assert c["tpot_ms"] == pytest.approx(list(bound.step_ms(c["batch"])))
+    assert c["throughput_tok_s"] == pytest.approx(
+        [1e3 * x / t for x, t in zip(c["batch"], c["tpot_ms"], strict=True)])
+    json.dumps(c)

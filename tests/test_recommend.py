@@ -50,6 +50,27 @@ def test_the_tightest_slo_caps_and_an_unmet_one_gives_the_smallest_batch() -> No
     assert (f.max_num_seqs, f.rule) == (32, "sla")
 
 
+
+def test_the_marked_knee_is_the_throughput_rules_pick_whatever_bound_the_recommendation(
+        ) -> None:
+    """`Recommendation.knee`, which every picture marks: the knee a knee-bound pick
+    followed; under an SLO or the load, the one it would have followed; none when no
+    throughput rule fired (and then no `knee` in `to_dict()`)."""
+    r = Recommendation.from_curve("measured", BATCHES, KNEES)
+    assert r.knee == KNEES["doubling"] and r.to_dict()["knee"] == KNEES["doubling"].to_dict()
+    capped = Recommendation.from_curve("measured", BATCHES, KNEES,
+                                       [SlaBound(Knee("sla", 4, "tight"))])
+    assert capped.bound == "sla" and capped.knee == KNEES["doubling"]
+    loaded = Recommendation.from_curve("simulated", BATCHES, KNEES, load=(4, "load"))
+    assert loaded.knee == KNEES["doubling"] and "knee" in loaded.to_dict(knees=True)
+    none = {k: Knee(k, None, "") for k in ("step", "doubling")}
+    end = Recommendation.from_curve("measured", BATCHES, none)
+    assert end.knee is None and "knee" not in end.to_dict()
+    # The cost model marks the doubling pick it started from, even when memory binds.
+    mem = Recommendation.from_cost_model(10.0, 20, knees={"doubling": Knee("doubling", 64, "d")})
+    assert mem.bound == "b_mem" and mem.knee == Knee("doubling", 64, "d")
+    assert Recommendation.from_cost_model(40.0, 100).knee is None  # --ideal: no knees
+
 def test_load_bound_pick_wins_over_knees() -> None:
     r = Recommendation.from_curve("simulated", BATCHES, KNEES, load=(4, "load words"))
     assert (r.max_num_seqs, r.bound, r.reason) == (4, "load", "load words")

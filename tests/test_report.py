@@ -32,7 +32,7 @@ pytestmark = pytest.mark.filterwarnings("error:constrained_layout not applied:Us
 @pytest.fixture(scope="module")
 def view() -> dict[str, Any]:
     d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
-    return plan_view(make_plan(d, [512, 8192]), max_tpot_ms=20.0)
+    return plan_view(make_plan(d, [512, 8192], max_tpot_ms=20.0))
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -239,19 +239,6 @@ def test_report_wants_an_html_name(tmp_path: Path, capsys: pytest.CaptureFixture
     assert ".html" in capsys.readouterr().err
 
 
-def test_sla_batch_is_the_largest_that_meets_it() -> None:
-    from bstar.report.views import sla_batch
-
-    d = bstar.Deployment(model=bstar.get_model("llama-3-8b"), gpu=bstar.get_gpu("a100-80gb-sxm"))
-    bm = rl.b_mem(d, 2048)
-    b = sla_batch(d, 2048, bm, 15.0)
-    assert b is not None and 1 <= b < bm
-    tpot_ms = rl.curve(d, [b, b + 1], 2048).tpot_s * 1e3
-    assert tpot_ms[0] <= 15.0 < tpot_ms[1]
-    assert sla_batch(d, 2048, bm, 1.0) == 0
-    assert sla_batch(d, 2048, bm, None) is None
-
-
 def test_bad_suffix_is_a_user_error(view: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(BstarError):
         plots.roofline_chart(view).save(tmp_path / "x.jpg")
@@ -433,6 +420,67 @@ def test_plan_view_marks_the_plans_own_knee() -> None:
         assert float(next(star.iter(f"{SVG}use")).get("x")) == pytest.approx(x_line, abs=0.01)
 
 
+
+# ---- one decision, one meaning: the page reads the plan's knee and SLA batch -----------------
+def _context_facts(report: Any) -> dict[int, dict[str, str]]:
+    return {int(sec.anchor.removeprefix("ctx-")): dict(sec.facts) for sec in report.sections
+            if sec.anchor.startswith("ctx-")}
+
+
+@pytest.mark.parametrize("max_tpot_ms", [None, 12.0])
+def test_plan_report_knee_is_the_plans_recommendation_knee(max_tpot_ms: float | None) -> None:
+    """The knee the plan page states and draws, per context, is the knee the plan's
+    recommendation marks (`ContextPlan.knee`), with or without an SLA binding the pick."""
+    from bstar.report.build import plan_report
+
+    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+    plan = make_plan(d, [512, 2048, 8192], max_tpot_ms=max_tpot_ms)
+    pv = plan_view(plan)
+    facts = _context_facts(plan_report(pv))
+    for cp, c in zip(plan.contexts, pv["contexts"], strict=True):
+        k = cp.recommendation.knee
+        assert k is not None and k.batch is not None
+        assert c["knee"] == k.to_dict()
+        assert facts[cp.context_tokens]["knee"] == f"{k.batch:,} ({k.rule})"
+        for chart in plots.plan_charts_for_context(pv, c):
+            labels = [t.get_text() for ax in chart.fig.axes if ax.get_legend()
+                      for t in ax.get_legend().get_texts()]
+            labels += [t.get_text() for lg in chart.fig.legends for t in lg.get_texts()]
+            assert any(x.startswith(f"knee = {k.batch} ") for x in labels), labels
+
+
+@pytest.mark.parametrize("max_tpot_ms", [None, "12", "1"])
+def test_sla_batch_means_the_same_in_plan_json_and_the_report(
+        max_tpot_ms: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bstar plan --json`'s `sla_batch` and the plan report's SLA fact are one decision:
+    the largest batch meeting the bound; null (the report: "not met at batch 1") when none
+    does; absent from the page and null in the JSON without a bound."""
+    flags = ["--context", "512,8192"] + (["--max-tpot-ms", max_tpot_ms] if max_tpot_ms else [])
+    rc = main(["plan", "--json", *flags])
+    assert rc == (3 if max_tpot_ms == "1" else 0)  # 3: the bound is unmet (still printed)
+    out = json.loads(capsys.readouterr().out)
+    assert main(["report", "plan", *flags, "-o", str(tmp_path / "p.html")]) == 0
+    html = (tmp_path / "p.html").read_text(encoding="utf-8")
+    page = re.findall(r"<dt>SLA TPOT ≤ ([\d.]+) ms</dt><dd>(.*?)</dd>", html)
+    if max_tpot_ms is None:
+        assert out["max_tpot_ms"] is None and page == []
+        assert all(c["sla_batch"] is None for c in out["contexts"])
+        return
+    assert out["max_tpot_ms"] == float(max_tpot_ms)
+    assert len(page) == len(out["contexts"])
+    for c, (bound, said) in zip(out["contexts"], page, strict=True):
+        assert float(bound) == float(max_tpot_ms)
+        if c["sla_batch"] is None:
+            assert not c["sla_met"] and said == "not met at batch 1"
+        else:
+            assert c["sla_met"] and said == f"up to batch {c['sla_batch']:,}"
+            tpot = {p["batch"]: p["tpot_ms"] for p in c["curve"]}
+            assert all(t <= float(max_tpot_ms) for b, t in tpot.items()
+                       if b <= c["sla_batch"])
+    if max_tpot_ms == "12":
+        assert any(c["sla_batch"] for c in out["contexts"])
+
+
 # ---- the demo's report: one story ------------------------------------------------------------
 DEMO_RUN = Path(__file__).resolve().parent / "fixtures" / "demo-run"
 DEMO_RUN_ID = "20261201-102616-283c"  # a `bstar demo` run on a 2-core CPU, stored as it ran
@@ -560,6 +608,22 @@ def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) 
         d = next(lines[1].iter(f"{SVG}path")).get("d").split()
         assert float(d[1]) == pytest.approx(x_point, abs=0.01), kind
 
+
+
+def test_demo_report_measured_knee_is_the_sweeps_recommendation_knee(
+        demo_run: dict[str, Any]) -> None:
+    """The measured knee the signature marks is the one the sweep's recommendation marks
+    (`Recommendation.knee`: the rule it followed), one of the sweep's own rule picks."""
+    sweep = demo_run["sweep"]
+    rec = sweep["recommendation"]
+    k = rec["knee"]
+    assert k == sweep["knee"]["rules"][k["rule"]]
+    if rec["bound"] == "knee":
+        assert k["batch"] == rec["max_num_seqs"]
+    assert demo_run["views"]["signature"]["measured_knee"] == k["batch"]
+    # The plan drawn beside it marks the plan's own knee, not one of the picture's.
+    plan = demo_run["views"]["signature"]["plan"]
+    assert plan["knee"] == plan["recommendation"]["knee"]
 
 def test_search_footer_names_the_efficiencies_it_used(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]

@@ -42,11 +42,20 @@ class ContextPlan:
     # What one sequence holds per kind of layer and what the engine allocates for it
     # (roofline.kv_per_kind): full, sliding, chunked, dsa, state.
     kv_per_kind: tuple[dict[str, Any], ...] = ()
+    # The largest batch up to B_mem whose per-request TPOT meets `--max-tpot-ms`; None when
+    # no bound was given or no batch meets it (then `sla_unmet`).
+    sla_batch: int | None = None
 
     @property
     def sla_unmet(self) -> bool:
         """True when no batch meets the TPOT SLA (`--max-tpot-ms`) on this hardware."""
         return self.recommendation.bound == "sla-unmet"
+
+    @property
+    def knee(self) -> Knee | None:
+        """The predicted knee the recommendation was chosen from, the one a picture marks
+        (`Recommendation.knee`: seed 004's doubling rule on the plan's fine grid)."""
+        return self.recommendation.knee
 
     def to_dict(self) -> dict[str, Any]:
         c = self.curve
@@ -80,8 +89,10 @@ class ContextPlan:
                                "b_star": self.b_star,
                                "knees": {k: v.to_dict()
                                          for k, v in self.recommendation.knees.items()},
+                               "knee": None if self.knee is None else self.knee.to_dict(),
                                "at_batch": self.at_recommendation},
             "sla_met": not self.sla_unmet,
+            "sla_batch": self.sla_batch,
             "tpot_batch1_ms": (None if self.tpot_batch1_s is None
                                else self.tpot_batch1_s * 1e3),
             "engine_defaults": [dict(e) for e in self.engine_defaults],
@@ -96,12 +107,14 @@ class Plan:
     kv_bytes_per_token: int
     kv_pool_bytes: int
     contexts: tuple[ContextPlan, ...]
+    max_tpot_ms: float | None = None  # the per-request TPOT bound the plan was made for
 
     def to_dict(self) -> dict[str, Any]:
         d = self.deployment
         m, e = d.model, d.eff
         return {
             "model": m.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "max_tpot_ms": self.max_tpot_ms,
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "ridge_flops_per_byte": d.gpu.ridge_flops_per_byte,
@@ -280,9 +293,9 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
                                "regime": at.regime[0]},
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
-            kv_per_kind=tuple(rl.kv_per_kind(d, ctx))))
+            kv_per_kind=tuple(rl.kv_per_kind(d, ctx)), sla_batch=sla_b))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
-                rl.kv_pool_bytes(d), tuple(out))
+                rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 
 
 def predicted_knees(d: rl.Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:

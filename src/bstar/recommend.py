@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from bstar.knee import Knee
@@ -29,7 +29,8 @@ class Recommendation:
     "knee", "sweep_end" (measured), "max-level" (simulated), "none" (fitted: no knee),
     "load" (simulated: the offered load, not the server, sets throughput),
     "single-level"; from an SLO "sla", "sla-unmet". `knees` are the rules' picks it was
-    chosen from (empty for the cost model).
+    chosen from (empty under --ideal's seed rule); `source` the curve they were found on
+    ("cost-model", "measured", "fitted", "simulated").
     """
 
     max_num_seqs: int
@@ -37,10 +38,24 @@ class Recommendation:
     bound: str
     knees: dict[str, Knee] = field(default_factory=dict)
     rule: str | None = None  # the knee rule it followed ("step", "doubling", "sla", ...)
+    source: str = ""
+
+    @property
+    def knee(self) -> Knee | None:
+        """The knee every picture marks beside this recommendation: the earliest pick of its
+        source's throughput rules (`MARKED_RULES`), the one it followed when a knee bound
+        it, and the one it would have followed when memory, an SLA or the load bound it
+        instead; None when no rule fired."""
+        return _earliest(self.knees, MARKED_RULES.get(self.source, ()))
 
     def to_dict(self, knees: bool = False) -> dict[str, Any]:
+        """max_num_seqs, reason and bound; `knee` (the marked knee) when one fired, and
+        with `knees` every rule's pick."""
         out: dict[str, Any] = {"max_num_seqs": self.max_num_seqs, "reason": self.reason,
                                "bound": self.bound}
+        marked = self.knee
+        if marked is not None:
+            out["knee"] = marked.to_dict()
         if knees:
             out["knees"] = {k: v.to_dict() for k, v in self.knees.items()}
         return out
@@ -60,6 +75,23 @@ class Recommendation:
         Without `knees` (--ideal: the seeds' arithmetic, and the `recommend()` API of old):
         seed 000's rule, B* when it fits well inside B_mem, else 85% of B_mem, lowered to
         the compute crossover when that comes first."""
+        rec = cls._cost_model_pick(b_star, b_mem, compute_crossover, knees)
+        if max_tpot_ms is not None:
+            if sla_batch is None or sla_batch < 1:
+                at1 = f" (batch 1 already takes {tpot_at_1_ms:.2f} ms)" if tpot_at_1_ms else ""
+                rec = cls(1, f"no batch meets TPOT <= {max_tpot_ms:g} ms{at1}; the SLA needs "
+                          "faster hardware or more GPUs", "sla-unmet", rec.knees, "sla")
+            elif sla_batch < rec.max_num_seqs:
+                rec = cls(
+                    sla_batch, f"latency SLA: per-request TPOT <= {max_tpot_ms:g} ms holds up "
+                    f"to B = {sla_batch} (unconstrained: {rec.max_num_seqs}, {rec.bound})",
+                    "sla", rec.knees, "sla")
+        return replace(rec, source="cost-model")
+
+    @classmethod
+    def _cost_model_pick(cls, b_star: float, b_mem: int, compute_crossover: float | None,
+                         knees: Mapping[str, Knee] | None) -> Recommendation:
+        """`from_cost_model` before the SLA."""
         cap = max(1, math.floor(MEMORY_HEADROOM * b_mem))
         doubling = (knees or {}).get("doubling")
         if knees is not None and doubling is not None:
@@ -90,16 +122,6 @@ class Recommendation:
                 max(1, math.floor(compute_crossover)),
                 f"compute roof at B = {compute_crossover:.1f}: past it throughput is flat and "
                 f"only latency grows (B* = {b_star:.2f}, B_mem = {b_mem})", "compute")
-        if max_tpot_ms is not None:
-            if sla_batch is None or sla_batch < 1:
-                at1 = f" (batch 1 already takes {tpot_at_1_ms:.2f} ms)" if tpot_at_1_ms else ""
-                return cls(1, f"no batch meets TPOT <= {max_tpot_ms:g} ms{at1}; the SLA needs "
-                           "faster hardware or more GPUs", "sla-unmet", rec.knees, "sla")
-            if sla_batch < rec.max_num_seqs:
-                rec = cls(
-                    sla_batch, f"latency SLA: per-request TPOT <= {max_tpot_ms:g} ms holds up "
-                    f"to B = {sla_batch} (unconstrained: {rec.max_num_seqs}, {rec.bound})",
-                    "sla", rec.knees, "sla")
         return rec
 
     @classmethod
@@ -117,13 +139,11 @@ class Recommendation:
            meets gives the smallest batch ("sla-unmet").
         """
         words = _WORDS[source]
-        fired = [k for r in THROUGHPUT_RULES[source] if (k := knees.get(r)) is not None
-                 and k.batch is not None]
+        pick = _earliest(knees, THROUGHPUT_RULES[source])
         rule: str | None = None
         if load is not None:
             value, reason, bound = load[0], load[1], "load"
-        elif fired:
-            pick = min(fired, key=lambda k: k.batch or 0)
+        elif pick is not None:
             assert pick.batch is not None
             value, bound, rule = pick.batch, "knee", pick.rule
             reason = words["knee"].format(rule=pick.rule, reason=pick.reason)
@@ -136,11 +156,12 @@ class Recommendation:
             tight = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch)
             if tight.knee.batch is None:
                 return cls(batches[0], words["sla_unmet"].format(
-                    label=tight.label, reason=tight.knee.reason), "sla-unmet", all_knees, "sla")
+                    label=tight.label, reason=tight.knee.reason), "sla-unmet", all_knees, "sla",
+                    source)
             if tight.knee.batch < value or (bound == "none" and tight.knee.batch <= value):
                 reason = words["sla"].format(reason=tight.knee.reason, value=value)
                 value, bound, rule = tight.knee.batch, "sla", "sla"
-        return cls(value, reason, bound, all_knees, rule)
+        return cls(value, reason, bound, all_knees, rule, source)
 
 
 CurveSource = Literal["measured", "fitted", "simulated"]
@@ -151,6 +172,17 @@ THROUGHPUT_RULES: dict[str, tuple[str, ...]] = {
     "simulated": ("step", "doubling"),
     "fitted": ("doubling",),  # the fitted curve is smooth: seed 004's doubling rule
 }
+# The rules whose earliest pick a picture marks as the knee (`Recommendation.knee`): a
+# curve's throughput rules; the cost model's pick starts from seed 004's doubling rule
+# (`from_cost_model`), so its pictures mark that knee.
+MARKED_RULES: dict[str, tuple[str, ...]] = {"cost-model": ("doubling",), **THROUGHPUT_RULES}
+
+
+def _earliest(knees: Mapping[str, Knee], rules: Sequence[str]) -> Knee | None:
+    """The fired knee of `rules` at the smallest batch (the first of `rules` on a tie)."""
+    fired = [k for r in rules if (k := knees.get(r)) is not None and k.batch is not None]
+    return min(fired, key=lambda k: k.batch or 0) if fired else None
+
 
 _WORDS: dict[str, dict[str, str]] = {
     "measured": {

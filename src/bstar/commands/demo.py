@@ -125,14 +125,14 @@ def analyse(result: Any, out: Path, say: Callable[[str], None]
     sweep_json = out / "sweep.json"
     sweep_json.write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
 
-    from bstar.fit import fit_points, load_points
+    from bstar.fit import fit_points, load_points, prefill_aware
 
     points = load_points(sweep_json)
     top = max(points.batch)
     predict = [2 * top, 4 * top]
     say(f"fitting {len(points.batch)} measured levels, predicting batch {predict[0]} and "
         f"{predict[1]}")
-    from bstar.report.views import demo_views, prefill_aware
+    from bstar.report.views import demo_views
 
     # Throughput extrapolated in the quantity measured: output tokens with each prefill.
     fit = prefill_aware(fit_points(points, predict=predict), sweep)

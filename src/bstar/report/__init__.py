@@ -44,9 +44,10 @@ def write_compare_report(rows: list[dict[str, Any]], path: str | Path,
 
 def write_sweep_report(sweep: dict[str, Any], path: str | Path, command: str = "") -> Path:
     """`sweep` is the sweep JSON contract (`bstar sweep --json`)."""
+    from bstar.fit import fit_sweep
     from bstar.report.build import sweep_report
     from bstar.report.html import write_html
-    from bstar.report.views import fit_sweep, run_signature, sweep_view
+    from bstar.report.views import run_signature, sweep_view
 
     signature = run_signature(sweep, fit_sweep(sweep), "The sweep four ways")
     return write_html(sweep_report(sweep_view(sweep), command, signature), path)

@@ -91,9 +91,9 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
                  ("compute roof", f"{c['compute_roof_tok_s']:,.0f} tok/s")]
         if knee.get("batch"):
             facts.append(("knee", f"{knee['batch']:,} ({knee.get('rule', '')})"))
-        if c.get("sla_batch") is not None:
-            facts.append((f"SLA TPOT ≤ {p['max_tpot_ms']:g} ms", f"up to batch {c['sla_batch']:,}"
-                          if c["sla_batch"] else "not met at batch 1"))
+        if p.get("max_tpot_ms") is not None:  # the plan's SLA batch; None: not even batch 1
+            facts.append((f"SLA TPOT ≤ {p['max_tpot_ms']:g} ms", "not met at batch 1"
+                          if c["sla_batch"] is None else f"up to batch {c['sla_batch']:,}"))
         rec_b = c["recommendation"]["max_num_seqs"]
         rows, classes = [], []
         for pt in c["curve"]:

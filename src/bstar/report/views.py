@@ -4,6 +4,11 @@ The plots and the HTML report draw from these dicts only, never from live object
 plan, a fit, a sweep run or a simulation (each a `.to_dict()` or a contract JSON) plugs in
 the same way. A plan's `to_dict()` lacks a few things a picture wants (the roofs, a dense
 curve to draw smoothly, achieved FLOP/s); `plan_view` adds them from the cost model.
+
+Views decide nothing: the knees, SLA batches and recommendations are the library's
+(`plan.ContextPlan`, `recommend.Recommendation.knee`, `fit.FitResult`), and so are the
+sweep's predictions and its replay in the simulator (`loadgen.prediction`); a view only
+reshapes them and puts the page's words (`prediction_label`) on them.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
+from bstar.loadgen.prediction import AGREE_TOL as AGREE_TOL  # the page's words quote it
 
 if TYPE_CHECKING:
     from bstar.deployment import DeploymentOptions
@@ -23,7 +29,12 @@ DENSE_SAMPLES = 240
 
 
 def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
-    """`plan.to_dict()` plus, per context, a dense curve, roofs and marked batches."""
+    """`plan.to_dict()` plus, per context, a dense curve and roofs, and the batches the plan
+    marks: its SLA batch (`ContextPlan.sla_batch`) and its knee (`ContextPlan.knee`).
+    `max_tpot_ms`, when given, must be the bound the plan was made for."""
+    if max_tpot_ms is not None and max_tpot_ms != plan.max_tpot_ms:
+        raise ValueError(f"the plan was made for max_tpot_ms={plan.max_tpot_ms}, not "
+                         f"{max_tpot_ms}: make_plan(..., max_tpot_ms=) decides its SLA batch")
     d = plan.deployment
     out = plan.to_dict()
     peak_flops = d.gpu.peak_flops(d.weight.compute)
@@ -37,7 +48,6 @@ def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
     out["gpu_name"] = d.gpu.name
     out["gpu_source"] = d.gpu.source
     out["gpu_provenance"] = d.gpu.provenance
-    out["max_tpot_ms"] = max_tpot_ms
     for cp, cd in zip(plan.contexts, out["contexts"], strict=True):
         ctx = cp.context_tokens
         top = int(max(int(cp.curve.batch.max()), cp.b_mem * 2, 2))
@@ -54,10 +64,9 @@ def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
         cd["compute_roof_tok_s"] = peak_flops * d.eff.compute / flops_per_token_per_gpu
         cd["ai_limit_flops_per_byte"] = float(
             flops_per_token_per_gpu / (float(one.kv_bytes_read[0]) or 1.0))
-        cd["sla_batch"] = sla_batch(d, ctx, cp.b_mem, max_tpot_ms)
-        # The knee the recommendation was chosen from (seed 004's doubling rule on the
-        # plan's fine grid), so the picture marks the plan's knee, never one of its own.
-        cd["knee"] = (cd["recommendation"].get("knees") or {}).get("doubling")
+        # The knee the recommendation was chosen from, so the picture marks the plan's
+        # knee, never one of its own (`sla_batch` is the plan's too).
+        cd["knee"] = cd["recommendation"]["knee"]
     return out
 
 
@@ -76,34 +85,10 @@ def _achieved_flops(c: rl.Curve) -> list[float]:
     return [float(x) for x in c.cost.flops / c.step_s]
 
 
-def sla_batch(d: rl.Deployment, context_tokens: int, b_mem: int,
-              max_tpot_ms: float | None) -> int | None:
-    """Largest running batch whose predicted per-request TPOT meets the SLA, by the knee
-    module's SLA rule over every batch up to B_mem (None: no SLA given, 0: even batch 1
-    misses it)."""
-    if max_tpot_ms is None:
-        return None
-    from bstar import knee
-
-    grid = np.arange(1, max(b_mem, 1) + 1)
-    k = knee.sla_knee(grid, rl.curve(d, grid, context_tokens).tpot_s * 1e3, max_tpot_ms)
-    return k.batch or 0
-
-
-def fit_view(result: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
-    """`FitResult.to_dict()` plus the fitted curve sampled densely (through the result's own
-    `step_ms`), from batch 1 to past the last prediction."""
-    out = result.to_dict()
-    batches = [p["batch"] for p in out["points"]] + [p["batch"] for p in out["predictions"]]
-    top = max(max(batches) * 1.25, 2.0)
-    grid = np.unique(np.geomspace(1, top, DENSE_SAMPLES))
-    step_ms = np.asarray(result.step_ms(grid), dtype=np.float64)
-    out["dense"] = {"batch": [float(x) for x in grid], "tpot_ms": [float(x) for x in step_ms],
-                    "throughput_tok_s": [float(x) for x in result.throughput_at(grid, step_ms)],
-                    "last_measured_batch": float(max(p["batch"] for p in out["points"]))}
-    out["max_tpot_ms"] = max_tpot_ms if max_tpot_ms is not None else getattr(
-        result, "max_tpot_ms", None)
-    return out
+def fit_view(result: Any) -> dict[str, Any]:
+    """`FitResult.to_dict()` plus the fitted curve sampled densely (`FitResult.curve`), from
+    batch 1 to past the last prediction."""
+    return {**result.to_dict(), "dense": result.curve(DENSE_SAMPLES)}
 
 
 def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
@@ -115,9 +100,6 @@ def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
 
 
 # ---- predictions as the page names them ------------------------------------------------------
-# A calibrated prediction that lands within this of the measured level it sits beside agrees
-# with it; one that misses says by how much, beside the level.
-AGREE_TOL = 0.15
 BASIS_WORDS = {"incl_prefill": "output tok/s incl. prefill",
                "decode_only": "decode only, B / TPOT"}
 
@@ -129,98 +111,45 @@ def prediction_label(calibrated: bool, basis: str) -> str:
             f"({BASIS_WORDS.get(basis, basis)})")
 
 
-def _sweep_lengths(sweep: dict[str, Any]) -> tuple[int, tuple[int, int]] | None:
-    """The context the sweep's levels were predicted at and the (input, output) lengths of
-    a prefill-aware prediction ((0, 0): runs stored before it stay decode-only, as their
-    levels); None when the sweep named no cost model."""
-    opts = sweep.get("options") or {}
-    preds = [lv["predicted"] for lv in sweep.get("levels", []) if lv.get("predicted")]
-    if not (opts.get("model") and opts.get("gpu") and preds
-            and preds[0].get("context_tokens")):
-        return None
-    lengths = ((int(opts.get("input_len") or 0), int(opts.get("output_len") or 0))
-               if preds[0].get("throughput_basis") == "incl_prefill" else (0, 0))
-    return int(preds[0]["context_tokens"]), lengths
+def _labelled(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The library's predicted curves, or level predictions, each with its label."""
+    return [{**s, "label": prediction_label(s["calibrated"], s["throughput_basis"])}
+            for s in series]
 
 
-def _stored_is_calibrated(sweep: dict[str, Any]) -> bool:
-    """Whether the deployment a sweep stored was already calibrated (a --profile)."""
-    from bstar.deployment import DeploymentOptions
+def _level_rows(sweep: dict[str, Any], series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each drawable level beside every predicted series (`prediction.level_predictions`),
+    each prediction labelled."""
+    from bstar.loadgen.prediction import level_predictions
 
-    return bool(DeploymentOptions.from_sweep_options(sweep.get("options") or {}).profile)
-
-
-def predicted_series(d: rl.Deployment, sweep: dict[str, Any], batches: list[int],
-                     calibrated: bool, calibration: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
-    """The cost model at `batches`, each figure the quantity the sweep's levels measure
-    (the sweep's own `predict_level`), labelled calibrated or not and with its basis."""
-    from bstar.loadgen.runner import predict_level
-
-    at = _sweep_lengths(sweep)
-    if at is None:
-        raise BstarError("the sweep named no cost model (--model and --gpu)")
-    ctx, lengths = at
-    rows = [predict_level(d, int(b), ctx, *lengths) for b in batches]
-    basis = rows[0]["throughput_basis"]
-    return {"batch": [r["batch"] for r in rows], "tpot_ms": [r["tpot_ms"] for r in rows],
-            "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
-            "b_mem": rows[0]["b_mem"], "b_star": rows[0]["b_star"],
-            "throughput_basis": basis, "calibrated": calibrated,
-            "label": prediction_label(calibrated, basis), "calibration": calibration,
-            "context_tokens": ctx, "model": d.model.name, "gpu": d.gpu.name}
-
-
-def prediction_grid(lo: float, hi: float, levels: list[int], n: int = 120) -> list[int]:
-    """Integer batches from lo to hi for a smooth line, the measured levels among them."""
-    grid = np.geomspace(max(lo, 1), max(hi, lo, 1), n).round().astype(np.int64)
-    return sorted({*(int(b) for b in grid), *levels})
-
-
-def level_predictions(sweep: dict[str, Any], series: list[dict[str, Any]]
-                      ) -> list[dict[str, Any]]:
-    """Each drawable level beside every predicted series: the prediction at its batch, its
-    error against the measured throughput, and whether it agrees (within AGREE_TOL)."""
-    out = []
-    for lv in drawable_levels(sweep["levels"]):
-        b, meas = level_x(lv), float(lv["throughput_tok_s"])
-        preds = []
-        for s in series:
-            i = s["batch"].index(b)
-            tput = float(s["throughput_tok_s"][i])
-            err = tput / meas - 1.0
-            preds.append({"label": s["label"], "calibrated": s["calibrated"],
-                          "throughput_basis": s["throughput_basis"],
-                          "tpot_ms": float(s["tpot_ms"][i]), "throughput_tok_s": tput,
-                          "error": err, "agrees": abs(err) <= AGREE_TOL})
-        out.append({"batch": b, "measured_tok_s": meas, "predicted": preds})
-    return out
+    levels = [(level_x(lv), float(lv["throughput_tok_s"]))
+              for lv in drawable_levels(sweep["levels"])]
+    return [{**row, "predicted": _labelled(row["predicted"])}
+            for row in level_predictions(levels, series)]
 
 
 def sweep_view(sweep: dict[str, Any], calibrated: rl.Deployment | None = None,
                calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sweep JSON plus, when the run named a cost model (--model and --gpu), its
     prediction on a dense grid of batches between the levels, in the quantities the levels
-    measured. With a `calibrated` deployment (`calibration` says on what), that prediction
-    is the calibrated one and the stored deployment's follows as `uncalibrated_curve`;
-    `level_predictions` puts each level beside them."""
+    measured (`prediction.predicted_curves`). With a `calibrated` deployment (`calibration`
+    says on what), that prediction is the calibrated one and the stored deployment's
+    follows as `uncalibrated_curve`; `level_predictions` puts each level beside them."""
+    from bstar.loadgen.prediction import predicted_curves, prediction_grid, sweep_shape
+
     out = dict(sweep)
-    if _sweep_lengths(sweep) is None:
+    shape = sweep_shape(sweep)
+    if shape is None:
         return out
-    d = sweep_deployment(sweep.get("options") or {})
     batches = [level_x(lv) for lv in drawable_levels(sweep["levels"])]
     preds = [lv["predicted"]["batch"] for lv in sweep["levels"]
              if (lv.get("predicted") or {}).get("batch")]
     grid = prediction_grid(min(preds), max(preds), batches)
-    if calibrated is not None:
-        series = [predicted_series(calibrated, sweep, grid, True, calibration),
-                  predicted_series(d, sweep, grid, False)]
-    else:
-        series = [predicted_series(d, sweep, grid, _stored_is_calibrated(sweep))]
+    series = _labelled(predicted_curves(sweep, shape, grid, calibrated, calibration))
     out["predicted_curve"] = series[0]
     if len(series) > 1:
         out["uncalibrated_curve"] = series[1]
-    out["level_predictions"] = level_predictions(sweep, series)
+    out["level_predictions"] = _level_rows(sweep, series)
     return out
 
 
@@ -233,25 +162,14 @@ def measured_series(sweep: dict[str, Any]) -> dict[str, Any]:
             "throughput_tok_s": [x["throughput_tok_s"] for x in lv]}
 
 
-def simulated_series(d: rl.Deployment, levels: list[tuple[int, int]], input_tokens: int,
-                     output_tokens: int, num_requests: int, seed: int = 0) -> dict[str, Any]:
-    """The simulator at each sweep level, given as (closed-loop users, server batch cap),
-    with the sweep's request shape: what the sweep would have measured if the cost model
-    were right, with scheduling and queueing included. x is the running-batch bound,
-    min(users, cap), as on the sweep's axis."""
-    from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, parse_lengths, simulate_levels
-
-    rows = []
-    for users, cap in levels:
-        rows.append(simulate_levels(d, [cap], ClosedLoop(users),
-                                    parse_lengths(str(input_tokens)),
-                                    parse_lengths(str(output_tokens)), num_requests, seed,
-                                    SimConfig(SchedulerConfig(cap)))[0].to_dict())
-    return {"batch": [min(u, c) for u, c in levels],
+def simulated_series(rows: list[dict[str, Any]], calibrated: bool) -> dict[str, Any]:
+    """The simulator's replay of a sweep's levels (`prediction.replay_sweep`) as aligned
+    lists; x is each level's running-batch bound, as on the sweep's axis."""
+    return {"batch": [r["batch"] for r in rows],
             "tpot_ms": [r["tpot_ms"]["p50"] for r in rows],
             "tpot_p99_ms": [r["tpot_ms"]["p99"] for r in rows],
             "throughput_tok_s": [r["throughput_tok_s"] for r in rows],
-            "preemptions": [r["preemptions"] for r in rows]}
+            "preemptions": [r["preemptions"] for r in rows], "calibrated": calibrated}
 
 
 def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any] | None = None,
@@ -261,9 +179,9 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
                    calibrated: bool = False) -> dict[str, Any]:
     """Predicted, fitted, measured and simulated curves for one picture. `predicted` is a
     plan view and the index of its context whose regimes, B*, B_mem and knee are drawn;
-    `series` the predicted lines to draw (`predicted_series`: the first is the prediction,
-    a second the uncalibrated one beside it), by default the plan's own curve (decode-only,
-    calibrated or not as `calibrated` says)."""
+    `series` the predicted lines to draw (`loadgen.prediction.predicted_curves`, labelled:
+    the first is the prediction, a second the uncalibrated one beside it), by default the
+    plan's own curve (decode-only, calibrated or not as `calibrated` says)."""
     out: dict[str, Any] = {"title": title, "measured": measured, "simulated": simulated,
                            "fitted": None, "predicted": None, "predicted_uncalibrated": None,
                            "plan": None}
@@ -300,46 +218,31 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
     """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
     or None), and, when the sweep named a cost model, the plan at the levels' context, the
     prediction in the quantities the levels measured and the simulator replaying the
-    sweep's levels, with `deployment` (calibrated on the sweep itself when `calibration`
-    says on what; then the stored, uncalibrated prediction is drawn beside it) or the one
-    the sweep stored."""
+    sweep's levels, with `deployment` (calibrated on the sweep itself, `calibration` says on
+    what; then the stored, uncalibrated prediction is drawn beside it) or the one the sweep
+    stored. The measured knee is the one the sweep's recommendation marks."""
+    from bstar.loadgen import prediction as pr
     from bstar.plan import make_plan
 
     meas = measured_series(sweep)
     fitted = fit_view(fit) if fit is not None else None
-    opts = sweep.get("options") or {}
-    at = _sweep_lengths(sweep)
+    shape = pr.sweep_shape(sweep)
     predicted, simulated, series = None, None, None
-    if at is not None:
-        stored = sweep_deployment(opts)
-        d = deployment or stored
-        ctx = at[0]
+    if shape is not None:
+        d = deployment or pr.stored_deployment(sweep)
         extra = [p["batch"] for p in (fitted or {}).get("predictions", [])]
         batches = sorted({*meas["batch"], *extra})
-        pv = plan_view(make_plan(d, [ctx], batches))
-        predicted = (pv, 0)
-        grid = prediction_grid(1, max(batches), batches, DENSE_SAMPLES // 2)
-        if calibration is not None and deployment is not None:
-            series = [predicted_series(d, sweep, grid, True, calibration),
-                      predicted_series(stored, sweep, grid, False)]
-        else:
-            series = [predicted_series(d, sweep, grid, _stored_is_calibrated(sweep))]
-        levels = drawable_levels(sweep["levels"])
-        conc = [lv.get("concurrency") for lv in levels]
-        top = max([c for c in conc if c] or [1])
-        pairs = [(lv.get("concurrency") or lv["max_num_seqs"], lv.get("max_num_seqs") or top)
-                 for lv in levels]
-        simulated = simulated_series(d, pairs, int(opts.get("input_len") or ctx),
-                                     int(opts.get("output_len") or 1),
-                                     int(opts.get("num_requests") or 64),
-                                     int(opts.get("seed") or 0))
-    if simulated is not None:
-        simulated["calibrated"] = bool(series and series[0]["calibrated"])
+        predicted = (plan_view(make_plan(d, [shape.context_tokens], batches)), 0)
+        grid = pr.prediction_grid(1, max(batches), batches, DENSE_SAMPLES // 2)
+        series = _labelled(pr.predicted_curves(sweep, shape, grid, deployment, calibration))
+        simulated = simulated_series(
+            pr.replay_sweep(d, sweep, drawable_levels(sweep["levels"]), shape),
+            series[0]["calibrated"])
     v = signature_view(meas, fitted, predicted, simulated, title, series)
     if series:
-        v["level_predictions"] = level_predictions(sweep, series)
-    knee = sweep_knee(sweep)
-    v["measured_knee"] = knee.get("batch") if knee else None
+        v["level_predictions"] = _level_rows(sweep, series)
+    knee = (sweep.get("recommendation") or {}).get("knee") or {}
+    v["measured_knee"] = knee.get("batch")
     return v
 
 
@@ -350,38 +253,6 @@ def demo_views(sweep: dict[str, Any], fit: Any, calibrated: rl.Deployment,
     beside it, in the quantities the levels measured."""
     return {"signature": run_signature(sweep, fit, title, calibrated, calibration),
             "sweep": sweep_view(sweep, calibrated, calibration), "fit": fit_view(fit)}
-
-
-def fit_sweep(sweep: dict[str, Any], predict: list[int] | None = None) -> Any | None:
-    """bstar fit on a sweep's levels (through the fit's own sweep reader), predicting 2x and
-    4x the largest level by default; None when the levels cannot be fitted (too few)."""
-    from bstar.errors import BstarError
-    from bstar.fit import fit_points
-    from bstar.fit.points import points_from_sweep
-
-    try:
-        points = points_from_sweep(sweep["levels"], "sweep.json")
-        top = max(points.batch)
-        return prefill_aware(fit_points(points, predict=predict or [2 * top, 4 * top]),
-                             sweep)
-    except BstarError:
-        return None
-
-
-def prefill_aware(fit: Any, sweep: dict[str, Any]) -> Any:
-    """The fit of a closed-loop (concurrency) sweep, predicting output throughput with each
-    request's prefill (`fit.with_prefill`): the quantity the sweep measured. Other sweeps
-    (rates, max_num_seqs) keep B / TPOT."""
-    from bstar.fit import with_prefill
-
-    out_len = int((sweep.get("options") or {}).get("output_len") or 0)
-    rows = [(lv["concurrency"], (lv.get("ttft_ms") or {}).get("mean"))
-            for lv in sweep.get("levels", [])
-            if lv.get("concurrency") and not lv.get("max_num_seqs") and lv.get("requests")]
-    rows = [(b, t) for b, t in rows if t]
-    if out_len < 1 or len(rows) < 2:
-        return fit
-    return with_prefill(fit, [b for b, _ in rows], [t for _, t in rows], out_len)
 
 
 def fit_signature(result: Any, options: DeploymentOptions | None,
@@ -424,22 +295,3 @@ def drawable_levels(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                   or lv.get("concurrency") is not None)
           and lv.get("throughput_tok_s")]
     return sorted(ok, key=level_x)
-
-
-def sweep_knee(s: dict[str, Any]) -> dict[str, Any] | None:
-    """The measured knee to mark: the rule the sweep's recommendation followed, else seed
-    000's step rule, else seed 004's doubling rule; also accepts a flat {"batch": ...}."""
-    knee = s.get("knee") or {}
-    if knee.get("batch"):
-        return knee
-    rules = knee.get("rules") or {}
-    rec = s.get("recommendation") or {}
-    if rec.get("bound") == "knee":  # the rule the recommendation followed
-        for k in rules.values():
-            if k.get("batch") == rec.get("max_num_seqs"):
-                return k
-    for name in ("step", "doubling"):
-        k = rules.get(name) or {}
-        if k.get("batch"):
-            return k
-    return None

@@ -1,6 +1,7 @@
 """`bstar simulate` as a library call: the load, the levels and the scheduler as plain
 values (`StudyOptions`), one simulation per max_num_seqs level and, for several levels, the
-knee advice (`run_study`). The command only maps its flags onto `StudyOptions`."""
+knee advice (`run_study`). The command only maps its flags onto `StudyOptions`.
+`replay_closed_loops` simulates a measured sweep's closed-loop levels (the report's replay)."""
 
 from __future__ import annotations
 
@@ -145,3 +146,22 @@ def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_
     s = summarize(simulate(d, cfg, w), slo)
     return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
+
+
+def replay_closed_loops(d: rl.Deployment, levels: list[tuple[int, int]], input_tokens: int,
+                        output_tokens: int, num_requests: int, seed: int = 0
+                        ) -> list[dict[str, Any]]:
+    """The simulator at each level given as (closed-loop users, server batch cap), every
+    request `input_tokens` in and `output_tokens` out: what a sweep of those levels would
+    measure if the cost model were right, scheduling and queueing included. One simulate
+    JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
+    from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, simulate_levels
+    from bstar.sim.traffic import parse_lengths
+
+    rows = []
+    for users, cap in levels:
+        r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(input_tokens)),
+                            parse_lengths(str(output_tokens)), num_requests, seed,
+                            SimConfig(SchedulerConfig(cap)))[0].to_dict()
+        rows.append({"batch": min(users, cap), **r})
+    return rows

@@ -32,10 +32,7 @@ def simulate_chart(results: list[dict[str, Any]]) -> Chart:
     xs = [int(r["max_num_seqs"]) for r in rs]
     advice = next((r["sweep"] for r in rs if r.get("sweep")), None) or {}
     rec = advice.get("max_num_seqs")
-    # The advice takes the smaller of the two throughput knees that fire; mark that one.
-    fired = [k for k in (advice.get("knees") or {}).values()
-             if k.get("batch") and k.get("rule") in ("step", "doubling")]
-    knee = min(fired, key=lambda k: k["batch"]) if fired else None
+    knee = advice.get("knee")  # the one the advice marks (`Recommendation.knee`)
     fig = _new_figure(15.0, 5.4)
     tips = _Tips("sim")
     from matplotlib.ticker import MaxNLocator

@@ -27,7 +27,7 @@ from bstar.report.charts.base import (
     _vline,
     _whiskers,
 )
-from bstar.report.views import BASIS_WORDS, drawable_levels, level_x, sweep_knee
+from bstar.report.views import BASIS_WORDS, drawable_levels, level_x
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -48,7 +48,8 @@ def sweep_chart(s: dict[str, Any]) -> Chart:
     xname = "max_num_seqs" if levels[0].get("max_num_seqs") is not None else "concurrency"
     fig = _new_figure(14.0, 9.6)
     tips = _Tips("sweep")
-    knee = sweep_knee(s) or {}
+    # The measured knee the sweep's recommendation marks (`Recommendation.knee`).
+    knee = (s.get("recommendation") or {}).get("knee") or {}
     knee_b = knee.get("batch")
     rec = (s.get("recommendation") or {}).get("max_num_seqs")
     with _style():
