@@ -13,6 +13,7 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.stages_table import Stage
+from bstar.stats import percentiles_ms
 
 if TYPE_CHECKING:
     from bstar.sim.traffic import Workload
@@ -189,7 +190,6 @@ def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
     """Simulate one stage like for like (the package docstring). The deployment is
     `deployment` if given, else `stage_deployment(stage, engine, eff)`."""
     from bstar.sim import SchedulerConfig, SimConfig, simulate
-    from bstar.sim.metrics import percentiles
 
     d = deployment if deployment is not None else stage_deployment(stage, engine, eff)
     n = stage_requests(stage, max_window_s, max_requests)
@@ -206,7 +206,7 @@ def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
     ttft, e2e = first - arrival, finish - arrival
     multi = out_tok > 1
     tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
-    t, e, p = percentiles(ttft * 1e3), percentiles(e2e * 1e3), percentiles(tpot * 1e3)
+    t, e, p = percentiles_ms(ttft), percentiles_ms(e2e), percentiles_ms(tpot)
     window = float(arrival.max() - arrival.min()) if arrival.size > 1 else 0.0
     span = float(finish.max() - arrival.min()) if arrival.size else 0.0
     growth = ttft_growth((t["p50"] or 0.0) / 1e3, (t["p90"] or 0.0) / 1e3, window)
