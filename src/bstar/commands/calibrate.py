@@ -223,9 +223,8 @@ def _point_dict(p: Any) -> dict[str, Any]:
 def points_from_run(db: str | None, run_id: str, metric: str,
                     context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
     """Decode-step points from a stored sweep run (bstar sweep's store)."""
-    import sqlite3
-
     from bstar import calibrate as cal
+    from bstar.db import DbError
     from bstar.errors import BstarError
     from bstar.loadgen.store import Store
     from bstar.loadgen.sweep import load_result
@@ -234,7 +233,7 @@ def points_from_run(db: str | None, run_id: str, metric: str,
     with Store(db, readonly=True) as store:
         try:
             result = load_result(store, run_id)
-        except sqlite3.Error as e:
+        except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = cal.points_from_sweep(result, metric, context)
     return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
