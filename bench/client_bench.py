@@ -49,10 +49,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from bstar.loadgen.client import OpenAIClient, RequestSpec  # noqa: E402
-from bstar.loadgen.metrics import percentile  # noqa: E402
 from bstar.loadgen.worker import drive, event_loop_name, run_loop  # noqa: E402
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level  # noqa: E402
 from bstar.servers import ManagedServer, free_port  # noqa: E402
+from bstar.stats import percentile  # noqa: E402
 
 ADDED_LIMIT_MS = 1.0
 TPUT_FRACTION = 0.95

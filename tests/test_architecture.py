@@ -4,6 +4,7 @@ the command line, and the modules import each other without a cycle."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -139,14 +140,15 @@ def test_no_import_cycle_among_bstar_modules(top_level_only: bool) -> None:
 
 # docs/architecture.md's layers, lowest first (a package stands for its modules).
 LAYERS = (
-    ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units"),
-    ("bstar.roofline", "bstar.sim.steptime"),
+    ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units", "bstar.stats"),
+    ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime"),
     ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
      "bstar.engines",
-     "bstar.validate", "bstar.validate_curves", "bstar.probe", "bstar.tinymodel"),
+     "bstar.validate", "bstar.validate_curves", "bstar.curves_table", "bstar.stages_table",
+     "bstar.probe", "bstar.tinymodel"),
     ("bstar.deployment", "bstar.plan"),
     ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search",
-     "bstar.kvcheck", "bstar.validate_stages"),
+     "bstar.kvcheck", "bstar.validate_stages", "bstar.db"),
     ("bstar.report",),
     ("bstar.commands",),
     ("bstar.cli", "bstar.__main__"),
@@ -171,3 +173,32 @@ def test_imports_point_down_the_layers() -> None:
               and layer_of(dep) > layer_of(name)]
     assert upward == []
     assert layer_of("bstar.sim.steptime") < layer_of("bstar.sim.engine")
+
+
+# docs/architecture.md, "what is written to the results DB": one helper opens every SQLite
+# file, checks it and words its errors (bstar.db); each store holds its own tables'
+# statements (the results DB's, the search DB's). Nothing else talks to SQLite.
+SQLITE_HELPER = "bstar.db"
+STORES = ("bstar.db", "bstar.loadgen.store", "bstar.search.store")
+_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|PRAGMA)\b")
+
+
+def test_only_the_store_helper_imports_sqlite3() -> None:
+    users = sorted(name for name, path in MODULES.items()
+                   if any(d == "sqlite3" or d.startswith("sqlite3.")
+                          for d in imported(name, path, top_level_only=False,
+                                            type_checking=True)))
+    assert users == [SQLITE_HELPER]
+
+
+def _sql_strings(path: Path) -> list[str]:
+    return [n.value for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and _SQL.match(n.value)]
+
+
+def test_sql_statements_live_in_the_stores() -> None:
+    outside = {name: _sql_strings(path)[:2] for name, path in MODULES.items()
+               if name not in STORES and _sql_strings(path)}
+    assert outside == {}
+    # The check sees the statements where they are.
+    assert all(_sql_strings(MODULES[name]) for name in STORES)

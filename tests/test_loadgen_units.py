@@ -13,12 +13,13 @@ import pytest
 
 from bstar.errors import BstarError
 from bstar.loadgen.client import RequestRecord
-from bstar.loadgen.metrics import dist_ms, percentile, summarize
+from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import kv_capacity_seqs, parse_prometheus, snapshot
 from bstar.loadgen.store import Store, default_db_path, scrub
 from bstar.loadgen.sweep import LevelPlan, SweepConfig
 from bstar.loadgen.workload import fit_prompt, load_prompts_jsonl, random_text
 from bstar.slo import Slo, parse_slo
+from bstar.stats import percentile, percentiles_ms
 
 np = pytest.importorskip("numpy")
 
@@ -74,7 +75,7 @@ def test_parse_slo_rejects_bad_input() -> None:
 
 
 def test_dist_of_nothing_is_none() -> None:
-    assert dist_ms([]) == {"p50": None, "p90": None, "p99": None, "mean": None}
+    assert percentiles_ms([]) == {"p50": None, "p90": None, "p99": None, "mean": None}
 
 
 VLLM_METRICS = """

@@ -28,9 +28,9 @@ from bstar.sim import (
     summarize,
 )
 from bstar.sim.block_manager import num_gpu_blocks
-from bstar.sim.metrics import weighted_percentiles
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
+from bstar.stats import weighted_percentiles
 
 A100 = get_gpu("a100-80gb-sxm")
 

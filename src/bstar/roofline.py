@@ -29,19 +29,28 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from bstar import kv_pool as _kv_pool
 from bstar import step as _step
 from bstar.errors import BstarError
 from bstar.specs.gpu import GpuSpec
 from bstar.specs.model import ModelSpec
 from bstar.specs.precision import KV_DTYPES, WEIGHT_DTYPES, Precision, get_precision
+from bstar.units import GiB
 
 # The step's arithmetic lives in bstar.step (the one price of a step); these names stay
 # importable from here.
 roof = _step.roof
 expert_fraction_read = _step.expert_fraction_read
 allreduce_rounds = _step.allreduce_rounds
+# How one sequence fills vLLM V1's KV pool lives in bstar.kv_pool; these names stay
+# importable from here.
+KvKind = _kv_pool.KvKind
+KvLayout = _kv_pool.KvLayout
+kv_layout = _kv_pool.kv_layout
+kv_bytes_per_seq_allocated = _kv_pool.kv_bytes_per_seq_allocated
+kv_per_kind = _kv_pool.kv_per_kind
+default_max_num_batched_tokens = _kv_pool.default_max_num_batched_tokens
 
-GiB = 1 << 30
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
@@ -203,153 +212,6 @@ def kv_bytes_per_seq(d: Deployment, context_tokens: int) -> int:
     """KV bytes a sequence of `context_tokens` holds, whole model, exact tokens (seed's
     kv_per_seq; sliding-window layers capped at their window)."""
     return d.model.kv_bytes_per_seq(context_tokens, d.kv)
-
-
-def default_max_num_batched_tokens(d: Deployment) -> int:
-    """vLLM's default max_num_batched_tokens for `vllm serve` (vllm/engine/arg_utils.py,
-    `get_batch_defaults`): 16384 on GPUs of 160 GiB or more, 8192 on 70 GiB or more but an
-    A100, 2048 otherwise and on a CPU (a device file whose id or name says "cpu"). A sliding
-    or chunked layer's pool share depends on it."""
-    mem, gid = d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}".lower()
-    if "cpu" in gid:
-        return 2048
-    if mem >= 160 * GiB:
-        return 16384
-    if mem >= 70 * GiB and "a100" not in gid:
-        return 8192
-    return 2048
-
-
-@dataclass(frozen=True, slots=True)
-class KvKind:
-    """One kind of layer in the engine's KV pool: what one sequence takes of it."""
-
-    kind: str  # LayerGroup kind: "full", "sliding", "chunked", "dsa", "state"
-    num_layers: int
-    pool_groups: int  # vLLM KV cache groups these layers fill (the last one padded)
-    blocks_per_seq: int  # blocks of each of those groups one sequence takes
-    tokens_per_seq: int  # tokens each layer keeps for a sequence (0: a fixed state)
-    bytes_per_seq: int  # per GPU, block rounding and group padding included
-
-
-@dataclass(frozen=True, slots=True)
-class KvLayout:
-    """The KV pool as vLLM V1 lays it out (docs/models.md): one page per layer per block,
-    layers in KV cache groups of `group_size` (each kind's layers split into groups, the
-    last padded), a block holding one page of each layer of a group; a sequence takes
-    each group's blocks from one shared pool."""
-
-    block_tokens: int  # raised for a hybrid model until the attention page holds a state
-    page_bytes: int  # one layer's block, per GPU (a state's page is padded to it)
-    group_size: int
-    kinds: tuple[KvKind, ...]
-    max_in_flight_tokens: int
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.page_bytes * self.group_size
-
-    @property
-    def blocks_per_seq(self) -> int:
-        return sum(k.pool_groups * k.blocks_per_seq for k in self.kinds)
-
-    @property
-    def bytes_per_seq(self) -> int:
-        return self.blocks_per_seq * self.bytes_per_block
-
-
-def kv_layout(d: Deployment, context_tokens: int,
-              max_num_batched_tokens: int | None = None) -> KvLayout:
-    """How vLLM V1 sizes one sequence of `context_tokens` (its max_model_len) in the KV pool,
-    per GPU (vllm/v1/kv_cache_interface.py, vllm/v1/core/kv_cache_utils.py):
-
-    - full (and DSA): cdiv(tokens, block) blocks (FullAttentionSpec);
-    - sliding: cdiv(min(window - 1 + in-flight tokens, tokens), block) + 1 blocks
-      (SlidingWindowSpec: the window, the tokens being computed, and a block the window may
-      start inside); chunked: cdiv(min(chunk + in-flight, tokens), block)
-      (ChunkedLocalAttentionSpec);
-    - state: two pages (MambaSpec in mamba_cache_mode "align", the default with prefix
-      caching: the running state and the last block-aligned one; a Mamba-2 mixer a third,
-      its prefill checkpoint), padded to the attention
-      page; the attention block grows until its page holds the largest state
-      (Platform._align_hybrid_block_size);
-    - layers of each kind are split into KV cache groups of `group_size` layers (the fewest
-      layers of a kind, or the most when under 1.5x the fewest), the last group padded.
-
-    In-flight tokens are max_num_batched_tokens (default: vLLM's for the GPU)."""
-    m, n = d.model, d.num_gpus
-    groups = m.layer_groups()
-    in_flight = max_num_batched_tokens or default_max_num_batched_tokens(d)
-    attn = [g for g in groups if g.kind != "state"]
-    states = [g for g in groups if g.kind == "state"]
-    per_token = max((g.kv_values_per_token_per_gpu(n) * d.kv.bits // 8 for g in attn),
-                    default=0)
-    state_page = max((g.state_bytes_per_seq_per_gpu(g.shard_divisor(n)) for g in states),
-                     default=0)
-    block = d.block_tokens
-    if per_token and state_page:
-        block *= -(-state_page // (block * per_token))
-    page = block * per_token if per_token else state_page
-    counts = [g.num_layers for g in groups]
-    lo, hi = min(counts), max(counts)
-    group_size = hi if len(groups) == 1 or hi < 1.5 * lo else lo
-    kinds = []
-    ctx = context_tokens
-    for g in groups:
-        if g.kind == "state":
-            # MambaSpec under mamba_cache_mode "align", vLLM's default while prefix caching
-            # is on (MambaModelConfig): the running state and the last block-aligned one,
-            # and for a Mamba-2 mixer a prefill checkpoint (MambaMixer2.get_kv_cache_spec).
-            tokens, blocks = 0, 3 if g.mixer == "mamba2" else 2
-        elif g.kind == "sliding":
-            tokens = min(g.window_tokens - 1 + in_flight, ctx)
-            blocks = -(-tokens // block) + 1
-        elif g.kind == "chunked":
-            tokens = min(g.chunk_tokens + in_flight, ctx)
-            blocks = -(-tokens // block)
-        else:
-            tokens = ctx
-            blocks = -(-ctx // block)
-        pool_groups = -(-g.num_layers // group_size)
-        kinds.append(KvKind(g.kind, g.num_layers, pool_groups, blocks, tokens,
-                            pool_groups * blocks * page * group_size))
-    return KvLayout(block, page, group_size, tuple(kinds), in_flight)
-
-
-def kv_bytes_per_seq_allocated(d: Deployment, context_tokens: int,
-                               max_num_batched_tokens: int | None = None) -> int:
-    """What the engine allocates per sequence on each GPU (`kv_layout`): whole blocks, KV
-    heads sharded, each layer kind's pool share as vLLM V1 counts it."""
-    return kv_layout(d, context_tokens, max_num_batched_tokens).bytes_per_seq
-
-
-def kv_per_kind(d: Deployment, context_tokens: int,
-                max_num_batched_tokens: int | None = None) -> list[dict[str, int | str]]:
-    """What one sequence of `context_tokens` holds per kind of layer (whole model, exact
-    tokens: windows and chunks capped, states fixed) beside what the engine allocates for
-    it per GPU (`kv_layout`). The "bytes" sum to `kv_bytes_per_seq`."""
-    layout = kv_layout(d, context_tokens, max_num_batched_tokens)
-    out: list[dict[str, int | str]] = []
-    for g, k in zip(d.model.layer_groups(), layout.kinds, strict=True):
-        held = int(g.held(context_tokens))
-        per_token = g.kv_values_per_token * d.kv.bits // 8
-        row: dict[str, int | str] = {
-            "kind": g.kind, "layers": g.num_layers, "tokens_per_layer": held,
-            "kv_bytes_per_token_per_layer": per_token,
-            "state_bytes_per_layer": g.state_bytes_per_seq,
-            "bytes": g.num_layers * (held * per_token + g.state_bytes_per_seq),
-            "allocated_tokens_per_layer": k.tokens_per_seq,
-            "allocated_blocks": k.pool_groups * k.blocks_per_seq,
-            "allocated_blocks_per_layer": k.blocks_per_seq,
-            "allocated_bytes_per_gpu": k.bytes_per_seq}
-        if g.window_tokens:
-            row["window_tokens"] = g.window_tokens
-        if g.chunk_tokens:
-            row["chunk_tokens"] = g.chunk_tokens
-        if g.topk_tokens:
-            row["topk_tokens"] = g.topk_tokens
-        out.append(row)
-    return out
 
 
 def kv_pool_bytes(d: Deployment) -> int:

@@ -1,11 +1,15 @@
 """Per-request latency objectives (`--slo ttft:500,tpot:50,e2e:3000`): one type, one parser,
-shared by the sweep, the simulator and the recommendation."""
+one check of which requests meet them (`Slo.met`), shared by the sweep, the simulator and
+the recommendation."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from bstar.errors import BstarError
 
@@ -39,6 +43,20 @@ class Slo:
         """{"ttft": ms, ...}, the objectives set (the sweep's stored options and stats)."""
         return {m: v for m, k in zip(METRICS, SLO_KEYS, strict=True)
                 if (v := getattr(self, k)) is not None}
+
+    def met(self, ttft_s: npt.ArrayLike, tpot_s: npt.ArrayLike,
+            e2e_s: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Which requests meet every objective set, from their TTFT, TPOT and E2E in seconds
+        (aligned per request): each time at most its objective, in ms. A request without a
+        TPOT (one output token) passes the TPOT objective when given 0; NaN (a time that was
+        not measured) fails any objective set on it. Goodput counts these requests."""
+        times = [np.asarray(x, dtype=np.float64) for x in (ttft_s, tpot_s, e2e_s)]
+        ok = np.ones(np.broadcast_shapes(*(t.shape for t in times)), dtype=bool)
+        for k, t in zip(SLO_KEYS, times, strict=True):
+            limit_ms = getattr(self, k)
+            if limit_ms is not None:
+                ok &= t * 1e3 <= limit_ms
+        return ok
 
     @classmethod
     def coerce(cls, value: Slo | Mapping[str, float] | None) -> Slo:

@@ -127,8 +127,7 @@ def points_from_run(db: str | None, run_id: str, metric: str,
                     context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
     """Decode-step points from a stored sweep run (bstar sweep's store), read by
     bstar.fit.points.steps_from_sweep."""
-    import sqlite3
-
+    from bstar.db import DbError
     from bstar.errors import BstarError
     from bstar.fit.points import steps_from_sweep
     from bstar.loadgen.store import Store
@@ -138,7 +137,7 @@ def points_from_run(db: str | None, run_id: str, metric: str,
     with Store(db, readonly=True) as store:
         try:
             result = load_result(store, run_id)
-        except sqlite3.Error as e:
+        except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = steps_from_sweep(result, metric, context)
     return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run

@@ -163,8 +163,7 @@ def _report_search(args: argparse.Namespace) -> int:
 
 
 def _report_run(args: argparse.Namespace) -> int:
-    import sqlite3
-
+    from bstar.db import DbError
     from bstar.errors import BstarError
     from bstar.loadgen.store import Store
     from bstar.loadgen.sweep import load_result
@@ -175,7 +174,7 @@ def _report_run(args: argparse.Namespace) -> int:
     with Store(args.db, readonly=True) as store:
         try:
             sweep = load_result(store, args.run_id).to_dict()
-        except sqlite3.Error as e:
+        except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     path = write_sweep_report(sweep, args.output, _command_line())
     if args.plot:

@@ -54,8 +54,7 @@ def _flat_level(lv: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_runs(args: argparse.Namespace) -> int:
-    import sqlite3
-
+    from bstar.db import DbError
     from bstar.errors import BstarError
     from bstar.loadgen.store import Store
 
@@ -67,7 +66,7 @@ def run_runs(args: argparse.Namespace) -> int:
     store = Store(args.db, readonly=True)
     try:
         return handlers[action](args, store)
-    except sqlite3.Error as e:
+    except DbError as e:
         raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     finally:
         store.close()

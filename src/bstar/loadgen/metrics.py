@@ -7,7 +7,8 @@
 - output throughput: output tokens of successful requests / wall time of the level's
   measured phase; total throughput adds their prompt tokens.
 - goodput: successful requests meeting every SLO (per-request TTFT, TPOT, E2E) per second.
-Percentiles interpolate linearly between order statistics (numpy's default, as vLLM).
+Percentiles interpolate linearly between order statistics (numpy's default, as vLLM;
+`bstar.stats`); whether a request meets the SLO is `Slo.met`, as in the simulator.
 """
 
 from __future__ import annotations
@@ -20,44 +21,21 @@ from typing import Any
 
 from bstar.loadgen.client import RequestRecord
 from bstar.slo import Slo
+from bstar.stats import percentiles_ms
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy 'linear'); q in [0, 100]."""
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    pos = (n - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+def _or_nan(v: float | None) -> float:
+    return math.nan if v is None else v
 
 
-def dist_ms(values_s: Iterable[float]) -> dict[str, float | None]:
-    """p50/p90/p99/mean of seconds, reported in milliseconds (None when empty)."""
-    v = sorted(x * 1e3 for x in values_s)
-    if not v:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    return {
-        "p50": percentile(v, 50),
-        "p90": percentile(v, 90),
-        "p99": percentile(v, 99),
-        "mean": sum(v) / len(v),
-    }
-
-
-def meets_slo(r: RequestRecord, slo: Mapping[str, float]) -> bool:
-    if not r.ok:
-        return False
-    checks = {"ttft": r.ttft_s, "tpot": r.tpot_s, "e2e": r.e2e_s}
-    for key, limit_ms in slo.items():
-        v = checks[key]
-        if key == "tpot" and v is None and r.output_tokens < 2:
-            continue  # a one-token answer has no TPOT; the other SLOs still apply
-        if v is None or v * 1e3 > limit_ms:
-            return False
-    return True
+def slo_met(records: Sequence[RequestRecord], slo: Slo) -> int:
+    """How many successful `records` meet every objective of `slo` (`Slo.met`): a time not
+    measured fails its objective; a one-token answer has no TPOT, and the other objectives
+    still apply."""
+    ok = [r for r in records if r.ok]
+    tpot = [0.0 if r.tpot_s is None and r.output_tokens < 2 else _or_nan(r.tpot_s) for r in ok]
+    return int(slo.met([_or_nan(r.ttft_s) for r in ok], tpot,
+                       [_or_nan(r.e2e_s) for r in ok]).sum())
 
 
 @dataclass(frozen=True)
@@ -108,7 +86,7 @@ def summarize(records: Iterable[RequestRecord], duration_s: float,
               slo: Slo | Mapping[str, float] | None = None) -> LevelStats:
     """Statistics of one level's measured phase lasting `duration_s` seconds; goodput
     counts the requests meeting every objective of `slo` (an Slo, or {"ttft": ms, ...})."""
-    slo = Slo.coerce(slo).by_metric()
+    objectives = Slo.coerce(slo)
     recs = [r for r in records if not r.warmup]
     ok = [r for r in recs if r.ok]
     kinds = Counter(r.error_kind or "unknown" for r in recs if not r.ok)
@@ -118,8 +96,8 @@ def summarize(records: Iterable[RequestRecord], duration_s: float,
     source = sources.pop() if len(sources) == 1 else ("mixed" if sources else "none")
     dur = duration_s if duration_s > 0 else math.nan
     goodput = None
-    if slo:
-        goodput = sum(1 for r in ok if meets_slo(r, slo)) / dur
+    if not objectives.empty:
+        goodput = slo_met(ok, objectives) / dur
     tpots = [t for r in ok if (t := r.tpot_s) is not None]
     return LevelStats(
         requests=len(recs),
@@ -133,11 +111,11 @@ def summarize(records: Iterable[RequestRecord], duration_s: float,
         total_tok_s=(in_tokens + out_tokens) / dur,
         request_rate_s=len(ok) / dur,
         goodput_req_s=goodput,
-        ttft_ms=dist_ms(r.ttft_s for r in ok if r.ttft_s is not None),
-        tpot_ms=dist_ms(tpots),
-        itl_ms=dist_ms(x for r in ok for x in r.itl_s),
-        e2e_ms=dist_ms(r.e2e_s for r in ok if r.e2e_s is not None),
+        ttft_ms=percentiles_ms(r.ttft_s for r in ok if r.ttft_s is not None),
+        tpot_ms=percentiles_ms(tpots),
+        itl_ms=percentiles_ms(x for r in ok for x in r.itl_s),
+        e2e_ms=percentiles_ms(r.e2e_s for r in ok if r.e2e_s is not None),
         token_source=source,
         mean_output_tokens=(out_tokens / len(ok)) if ok else None,
-        slo=dict(slo or {}),
+        slo=objectives.by_metric(),
     )

@@ -9,7 +9,8 @@ echoes the `Authorization` header, or a URL with `user:key@`, is stored masked.
 
 Read commands open the DB with `Store(path, readonly=True)`: SQLite's `mode=ro`, never
 creating the file or its folder, never adding tables; a missing, corrupt or foreign file is
-a one-line BstarError.
+a one-line BstarError. Opening, the checks and the errors are `bstar.db`'s (the search store
+opens through it too); the statements of the results DB's tables are all here.
 
 Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/runs.db`.
 """
@@ -22,21 +23,18 @@ import os
 import platform
 import secrets
 import socket
-import sqlite3
 import time
-import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bstar.errors import BstarError
+from bstar.db import data_dir, open_db
 from bstar.loadgen.client import RequestRecord, RequestSpec
 from bstar.redact import redact, redact_obj, redact_opt
 
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
@@ -105,22 +103,14 @@ CREATE TABLE IF NOT EXISTS prompts (  -- what was sent: each request's prompt, p
     prompt TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS prompts_level ON prompts(level_id);
+INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
 
 _SECRET_KEYS = ("api_key", "apikey", "authorization", "token", "password")
 
 
-def default_data_dir() -> Path:
-    env = os.environ.get("BSTAR_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
-    return base / "bstar"
-
-
 def default_db_path() -> Path:
-    return default_data_dir() / "runs.db"
+    return data_dir() / "runs.db"
 
 
 def utc_now() -> str:
@@ -154,32 +144,6 @@ def _json_redacted(obj: Any) -> str | None:
 _OWN_TABLES = {"meta", "runs", "levels", "requests", "prompts"}
 
 
-def _db_error(path: Path, e: BaseException) -> BstarError:
-    """One line for a DB that cannot be used: what the path is and what SQLite said."""
-    msg = str(e) or type(e).__name__
-    if isinstance(e, sqlite3.DatabaseError) and "not a database" in msg:
-        return BstarError(f"{path} is not a bstar results DB (not SQLite, or corrupt): {msg}")
-    if "readonly" in msg or "read-only" in msg or isinstance(e, PermissionError):
-        return BstarError(f"cannot write the results DB {path}: {msg} "
-                          "(a read-only file or folder? give --db elsewhere)")
-    return BstarError(f"cannot use the results DB {path}: {msg}")
-
-
-def check_tables(conn: sqlite3.Connection, path: Path, own: set[str], need: set[str],
-                 what: str) -> None:
-    """Refuse a SQLite file that holds other tables and not bstar's (`own`): bstar never
-    adds its tables to a foreign DB. With `need`, those tables must all be there (a read)."""
-    names = {r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
-    if names and not names & own:
-        raise BstarError(f"{path} is a SQLite file but not a bstar {what} (its tables: "
-                         f"{', '.join(sorted(names)[:5])}); give --db another path")
-    missing = need - names
-    if missing:
-        raise BstarError(f"{path} is not a bstar {what}: no {', '.join(sorted(missing))} "
-                         "table")
-
-
 @dataclass(frozen=True)
 class LevelRow:
     id: int
@@ -198,39 +162,6 @@ class LevelRow:
     server_log: str | None
 
 
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """SQLite's read-only open (`mode=ro`): never creates the file, never writes to it.
-    A missing path is a BstarError."""
-    if not path.is_file():
-        raise BstarError(f"no results DB at {path}: run bstar sweep first, or give --db")
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
-    if not Path(f"{path}-wal").exists():
-        # No writer has the DB open (a WAL DB's -wal lives while it does): read it as it
-        # is. Plain `mode=ro` on a WAL DB would leave -wal and -shm files behind.
-        uri += "&immutable=1"
-    try:
-        return sqlite3.connect(uri, uri=True, timeout=30.0)
-    except sqlite3.Error as e:
-        raise _db_error(path, e) from None
-
-
-def connect_writable(path: Path, what: str,
-                     error: Callable[[Path, sqlite3.Error], BstarError]) -> sqlite3.Connection:
-    """Open (creating it and its folder) a bstar DB for writing: the results DB here and the
-    search DB (`what` names it in the one-line errors; `error` words SQLite's)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BstarError(f"cannot create the folder of the {what} {path}: "
-                         f"{e.strerror or e}") from None
-    if path.is_dir():
-        raise BstarError(f"the {what} {path} is a folder; give --db a file")
-    try:
-        return sqlite3.connect(str(path), timeout=30.0)
-    except sqlite3.Error as e:
-        raise error(path, e) from None
-
-
 class Store:
     """A connection to the results DB. Writes commit immediately; `readonly=True` opens an
     existing DB for reading only (the read commands)."""
@@ -239,38 +170,12 @@ class Store:
                  readonly: bool = False) -> None:
         self.path = Path(path) if path else default_db_path()
         self.readonly = readonly
-        if readonly:
-            self.conn = connect_readonly(self.path)
-            try:
-                self.conn.row_factory = sqlite3.Row
-                check_tables(self.conn, self.path, _OWN_TABLES,
-                             {"runs", "levels", "requests"}, "results DB")
-            except sqlite3.Error as e:
-                self.conn.close()
-                raise _db_error(self.path, e) from None
-            except BaseException:
-                self.conn.close()
-                raise
-            return
-        self.conn = connect_writable(self.path, "results DB", _db_error)
-        try:
-            self.conn.row_factory = sqlite3.Row
-            check_tables(self.conn, self.path, _OWN_TABLES, set(), "results DB")
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode: a committed row survives a process crash (not power
-            # loss), which is the failure the store guards against, at a fraction of
-            # FULL's cost.
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.executescript(_SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                              (str(SCHEMA_VERSION),))
-            self.conn.commit()
-        except sqlite3.Error as e:
-            self.conn.close()
-            raise _db_error(self.path, e) from None
-        except BaseException:
-            self.conn.close()
-            raise
+        # NORMAL in WAL mode: a committed row survives a process crash (not power loss),
+        # which is the failure the store guards against, at a fraction of FULL's cost.
+        self.conn = open_db(self.path, "results DB", _OWN_TABLES, _SCHEMA, readonly=readonly,
+                            need={"runs", "levels", "requests"},
+                            missing="run bstar sweep first, or give --db",
+                            synchronous="NORMAL")
 
     def close(self) -> None:
         self.conn.close()

@@ -8,21 +8,22 @@ traffic, SLO, tolerance), so a row is never reused for a different question.
 
 Default location: `${BSTAR_DATA_DIR:-~/.local/share/bstar}/search.db`. A corrupt file, a
 SQLite file of someone else's (bstar never adds its tables to one) or a path it cannot write
-is a one-line BstarError; every text stored passes through `bstar.redact`.
+is a one-line BstarError; every text stored passes through `bstar.redact`. Opening, the
+checks and the errors are `bstar.db`'s; the statements of the search tables are all here.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from bstar.errors import BstarError
-from bstar.loadgen.store import check_tables, connect_writable
+from bstar.db import data_dir, errors, open_db
 from bstar.redact import redact_obj
+
+T = TypeVar("T")
 
 _OWN_TABLES = {"searches", "evaluations"}
 
@@ -47,44 +48,24 @@ CREATE TABLE IF NOT EXISTS evaluations (
 
 
 def default_db_path() -> Path:
-    root = os.environ.get("BSTAR_DATA_DIR") or str(Path.home() / ".local" / "share" / "bstar")
-    return Path(root) / "search.db"
+    return data_dir() / "search.db"
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _error(path: Path, e: BaseException) -> BstarError:
-    msg = str(e) or type(e).__name__
-    if "not a database" in msg or "malformed" in msg:
-        return BstarError(f"{path} is not a bstar search DB (not SQLite, or corrupt): {msg}")
-    if "readonly" in msg or "read-only" in msg:
-        return BstarError(f"cannot write the search DB {path}: {msg} "
-                          "(a read-only file or folder? give --db elsewhere)")
-    return BstarError(f"cannot use the search DB {path}: {msg}")
+_WHAT = "search DB"
 
 
 class SearchStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.db = connect_writable(self.path, "search DB", _error)
-        try:
-            check_tables(self.db, self.path, _OWN_TABLES, set(), "search DB")
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(_SCHEMA)
-        except sqlite3.Error as e:
-            self.db.close()
-            raise _error(self.path, e) from None
-        except BaseException:
-            self.db.close()
-            raise
+        self.db = open_db(self.path, _WHAT, _OWN_TABLES, _SCHEMA)
 
-    def _guard(self, fn: Any, *a: Any) -> Any:
-        try:
+    def _guard(self, fn: Callable[..., T], *a: Any) -> T:
+        with errors(self.path, _WHAT):
             return fn(*a)
-        except sqlite3.Error as e:
-            raise _error(self.path, e) from None
 
     def begin(self, search_id: str, spec: dict[str, Any], resume: bool) -> None:
         self._guard(self._begin, search_id, spec, resume)
@@ -116,7 +97,7 @@ class SearchStore:
                     out[k] = row
             return out
 
-        return self._guard(read)  # type: ignore[no-any-return]
+        return self._guard(read)
 
     def count(self, search_id: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM evaluations WHERE search_id = ?",

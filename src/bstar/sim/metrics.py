@@ -5,12 +5,12 @@
 - ITL = every gap between consecutive tokens of a request, pooled over requests;
 - output throughput = output tokens / duration (first arrival at t=0 to the last finish);
 - goodput = requests meeting every SLO, per second of the duration;
-- percentiles by numpy's default (linear) rule, as vLLM computes them.
+- percentiles by numpy's default (linear) rule, as vLLM computes them (`bstar.stats`);
+- an SLO met or not per request by `Slo.met`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,55 +19,11 @@ import numpy.typing as npt
 
 from bstar.sim.engine import SimRun
 from bstar.slo import SLO_KEYS, Slo, parse_slo
+from bstar.stats import percentiles_ms, weighted_percentiles
 
 __all__ = ["SLO_KEYS", "SimSummary", "Slo", "parse_slo", "summarize"]
 
-PERCENTILES = (50, 90, 99)
 TIMELINE_POINTS = 100
-
-
-Stats = dict[str, float | None]
-
-
-def _no_stats() -> Stats:
-    out: Stats = {f"p{p}": None for p in PERCENTILES}
-    out["mean"] = None
-    return out
-
-
-def percentiles(x: npt.ArrayLike) -> Stats:
-    a = np.asarray(x, dtype=np.float64)
-    if a.size == 0:
-        return _no_stats()
-    out: Stats = {f"p{p}": float(v)
-                  for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True)}
-    out["mean"] = float(a.mean())
-    return out
-
-
-def weighted_percentiles(values: npt.ArrayLike, weights: npt.ArrayLike
-                         ) -> dict[str, float | None]:
-    """np.percentile of the array in which each value is repeated `weight` times (exactly),
-    without building it: the ITL of a million tokens is a few thousand distinct gaps."""
-    v = np.asarray(values, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.int64)
-    keep = w > 0
-    v, w = v[keep], w[keep]
-    if v.size == 0:
-        return _no_stats()
-    order = np.argsort(v, kind="stable")
-    v, w = v[order], w[order]
-    cum = np.cumsum(w)
-    n = int(cum[-1])
-    out: dict[str, float | None] = {}
-    for p in PERCENTILES:
-        pos = p / 100 * (n - 1)
-        lo, hi = math.floor(pos), math.ceil(pos)
-        v_lo = v[np.searchsorted(cum, lo, side="right")]
-        v_hi = v[np.searchsorted(cum, hi, side="right")]
-        out[f"p{p}"] = float(v_lo + (pos - lo) * (v_hi - v_lo))
-    out["mean"] = float((v * w).sum() / n)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +76,6 @@ class SimSummary:
         }
 
 
-def _ms(x: npt.NDArray[np.float64]) -> dict[str, float | None]:
-    return percentiles(x * 1e3)
-
-
 def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
     slo = slo or Slo()
     r = run.requests
@@ -138,16 +90,9 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
     n_done = int(done.sum())
     good: float | None = None
     if not slo.empty:
-        ok = np.ones(n_done, dtype=bool)
-        if slo.ttft_ms is not None:
-            ok &= ttft * 1e3 <= slo.ttft_ms
-        if slo.e2e_ms is not None:
-            ok &= e2e * 1e3 <= slo.e2e_ms
-        if slo.tpot_ms is not None:
-            tp = np.zeros(n_done)
-            tp[multi] = tpot
-            ok &= tp * 1e3 <= slo.tpot_ms
-        good = float(ok.sum() / duration) if duration > 0 else 0.0
+        tp = np.zeros(n_done)  # a one-token request has no TPOT: it meets the objective
+        tp[multi] = tpot
+        good = float(slo.met(ttft, tp, e2e).sum() / duration) if duration > 0 else 0.0
     tl = run.timeline
     t = np.asarray(tl.time_s)
     used = np.asarray(tl.kv_used_blocks, dtype=np.float64) / run.num_blocks
@@ -165,8 +110,8 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
         requests_total=len(r), duration_s=duration,
         throughput_tok_s=float(out_tok.sum() / duration) if duration > 0 else 0.0,
         request_throughput_req_s=n_done / duration if duration > 0 else 0.0,
-        goodput_req_s=good, slo=slo, ttft_ms=_ms(ttft), tpot_ms=_ms(tpot), itl_ms=itl,
-        e2e_ms=_ms(e2e), preemptions=run.num_preemptions,
+        goodput_req_s=good, slo=slo, ttft_ms=percentiles_ms(ttft), tpot_ms=percentiles_ms(tpot),
+        itl_ms=itl, e2e_ms=percentiles_ms(e2e), preemptions=run.num_preemptions,
         preempted_requests=int((r.num_preemptions > 0).sum()), num_steps=run.num_steps,
         kv_blocks=run.num_blocks, block_size=run.block_size,
         kv_utilization_max=float(used.max()), kv_utilization_mean=mean_util,

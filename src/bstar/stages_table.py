@@ -1,0 +1,220 @@
+"""A stages table: one row per load stage of a real server. A load generator sent requests at
+a rate (or with a concurrency) for a duration, and measured each request's TTFT and E2E.
+`data/vllm-h100/stages.csv` is one (its README says what each column is). Required columns:
+stage, model, gpu, num_gpus, engine, max_num_seqs, max_num_batched_tokens, arrival,
+duration_s, prompt_len_p50, output_len, ttft_mean_ms, e2e_mean_ms, source; `rate_req_s` for
+the open-loop arrivals (constant, poisson), `concurrency` for a closed loop. `model` is a
+bundled preset or a config.json path, `gpu` a catalog id or a GPU file (paths relative to
+the table's folder). `bstar.validate_stages` simulates and scores each stage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+from bstar.errors import BstarError
+from bstar.fit.points import read_columns
+
+REQUIRED = ("stage", "model", "gpu", "num_gpus", "engine", "max_num_seqs",
+            "max_num_batched_tokens", "arrival", "duration_s", "prompt_len_p50",
+            "output_len", "ttft_mean_ms", "e2e_mean_ms", "source")
+# Every column, in the order bench/to_stages.py writes them.
+COLUMNS = ("stage", "model", "gpu", "num_gpus", "engine", "engine_version", "dtype",
+           "max_num_seqs", "max_num_batched_tokens", "max_model_len", "arrival", "rate_req_s",
+           "concurrency", "duration_s", "prompt_len_min", "prompt_len_p10", "prompt_len_p25",
+           "prompt_len_p50", "prompt_len_p75", "prompt_len_p90", "prompt_len_p99",
+           "prompt_len_max", "shared_prefix_len", "distinct_prompts", "output_len",
+           "ignore_eos", "requests_sent", "requests_ok", "requests_failed", "ttft_mean_ms",
+           "ttft_p50_ms", "ttft_p90_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "tpot_mean_ms",
+           "tpot_p90_ms", "output_tok_s", "source", "note")
+ARRIVALS = ("constant", "poisson", "concurrency")
+# The prompt-length percentiles a table may give, as quantiles (min and max: 0 and 1).
+PROMPT_QUANTILES = (("prompt_len_min", 0.0), ("prompt_len_p10", 0.10),
+                    ("prompt_len_p25", 0.25), ("prompt_len_p50", 0.50),
+                    ("prompt_len_p75", 0.75), ("prompt_len_p90", 0.90),
+                    ("prompt_len_p99", 0.99), ("prompt_len_max", 1.0))
+
+
+def is_stages_table(header: Sequence[str]) -> bool:
+    return "arrival" in header and "duration_s" in header
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One measured load stage (times in ms, as the table gives them)."""
+
+    stage: str
+    model: str
+    gpu: str
+    num_gpus: int
+    engine: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    arrival: str
+    duration_s: float
+    prompt_len: tuple[tuple[float, float], ...]  # (quantile, tokens), quantile ascending
+    output_len: int
+    ttft_mean_ms: float
+    e2e_mean_ms: float
+    source: str
+    rate_req_s: float | None = None
+    concurrency: int | None = None
+    engine_version: str = ""
+    dtype: str = ""
+    max_model_len: int = 0
+    shared_prefix_len: int = 0
+    # The workload repeats this many prompts in turn (0: every prompt is new): after the
+    # first round each request finds its whole prompt in the prefix cache.
+    distinct_prompts: int = 0
+    ignore_eos: bool = True
+    requests_sent: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p90_ms: float | None = None
+    tpot_mean_ms: float = 0.0  # (E2E mean - TTFT mean) / (output_len - 1) when not given
+    tpot_p90_ms: float | None = None
+    output_tok_s: float | None = None
+    where: str = ""
+    base_dir: str = ""
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return (self.gpu, self.engine)
+
+    @property
+    def label(self) -> str:
+        load = (f"{self.rate_req_s:g} req/s" if self.rate_req_s is not None
+                else f"{self.concurrency} users")
+        return f"{self.stage} ({load})"
+
+    @property
+    def failed_fraction(self) -> float:
+        sent = self.requests_sent or self.requests_ok + self.requests_failed
+        return self.requests_failed / sent if sent else 0.0
+
+    def measured(self) -> dict[str, float]:
+        return {"e2e_mean_ms": self.e2e_mean_ms, "ttft_mean_ms": self.ttft_mean_ms,
+                "tpot_mean_ms": self.tpot_mean_ms}
+
+
+def _cell(r: Mapping[str, str], k: str) -> str:
+    return (r.get(k) or "").strip()
+
+
+def _float(r: Mapping[str, str], k: str, at: str, required: bool = False,
+           positive: bool = True) -> float | None:
+    v = _cell(r, k).replace(",", "")
+    if not v:
+        if required:
+            raise BstarError(f"{at}: {k} is required")
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise BstarError(f"{at}: {k} {v!r} is not a number") from None
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise BstarError(f"{at}: {k} must be {'positive' if positive else '>= 0'}, got {v}")
+    return x
+
+
+def _int(r: Mapping[str, str], k: str, at: str, required: bool = False,
+         minimum: int = 1) -> int | None:
+    v = _cell(r, k)
+    if not v:
+        if required:
+            raise BstarError(f"{at}: {k} is required")
+        return None
+    try:
+        n = int(float(v)) if float(v).is_integer() else None
+    except ValueError:
+        n = None
+    if n is None:
+        raise BstarError(f"{at}: {k} {v!r} is not an integer")
+    if n < minimum:
+        raise BstarError(f"{at}: {k} must be >= {minimum}, got {n}")
+    return n
+
+
+def stages_from_csv(text: str, where: str = "table", base_dir: Path | None = None
+                    ) -> list[Stage]:
+    """Parse a stages table (header row; lines starting with # are comments)."""
+    table = read_columns(text, where, REQUIRED, COLUMNS)
+    out = []
+    for cells, at in table.rows():
+        r = {h: (c or "").strip() for h, c in cells.items()}
+        arrival = r["arrival"].lower()
+        if arrival not in ARRIVALS:
+            raise BstarError(f"{at}: arrival {r['arrival']!r} is not one of "
+                             f"{', '.join(ARRIVALS)}")
+        rate = _float(r, "rate_req_s", at)
+        users = _int(r, "concurrency", at)
+        if arrival == "concurrency" and users is None:
+            raise BstarError(f"{at}: a closed loop (arrival concurrency) needs concurrency")
+        if arrival != "concurrency" and rate is None:
+            raise BstarError(f"{at}: arrival {arrival} needs rate_req_s")
+        if not r["source"]:
+            raise BstarError(f"{at}: every row needs its source")
+        quant = []
+        for k, q in PROMPT_QUANTILES:
+            x = _float(r, k, at, required=k == "prompt_len_p50")
+            if x is not None:
+                quant.append((q, x))
+        tokens = [x for _, x in quant]
+        if any(b < a for a, b in pairwise(tokens)):
+            raise BstarError(f"{at}: the prompt-length percentiles must not decrease")
+        output_len = _int(r, "output_len", at, required=True)
+        assert output_len is not None
+        ttft = _float(r, "ttft_mean_ms", at, required=True)
+        e2e = _float(r, "e2e_mean_ms", at, required=True)
+        assert ttft is not None and e2e is not None
+        tpot = _float(r, "tpot_mean_ms", at)
+        if tpot is None and output_len > 1:
+            tpot = (e2e - ttft) / (output_len - 1)
+        eos = _cell(r, "ignore_eos").lower()
+        if eos not in ("", "true", "false", "1", "0", "yes", "no"):
+            raise BstarError(f"{at}: ignore_eos {eos!r} is not true or false")
+
+        def count(k: str, r: dict[str, str] = r, at: str = at) -> int:
+            return _int(r, k, at, minimum=0) or 0
+
+        duration = _float(r, "duration_s", at, required=True)
+        assert duration is not None
+        out.append(Stage(
+            stage=r["stage"] or at, model=r["model"], gpu=r["gpu"],
+            num_gpus=_int(r, "num_gpus", at, required=True) or 1, engine=r["engine"],
+            max_num_seqs=_int(r, "max_num_seqs", at, required=True) or 1,
+            max_num_batched_tokens=_int(r, "max_num_batched_tokens", at, required=True) or 1,
+            arrival=arrival, duration_s=duration, prompt_len=tuple(quant),
+            output_len=output_len, ttft_mean_ms=ttft, e2e_mean_ms=e2e, source=r["source"],
+            rate_req_s=rate, concurrency=users, engine_version=_cell(r, "engine_version"),
+            dtype=_cell(r, "dtype"), max_model_len=count("max_model_len"),
+            shared_prefix_len=count("shared_prefix_len"),
+            distinct_prompts=count("distinct_prompts"),
+            ignore_eos=eos not in ("false", "0", "no"),
+            requests_sent=count("requests_sent"), requests_ok=count("requests_ok"),
+            requests_failed=count("requests_failed"),
+            ttft_p50_ms=_float(r, "ttft_p50_ms", at), ttft_p90_ms=_float(r, "ttft_p90_ms", at),
+            e2e_p50_ms=_float(r, "e2e_p50_ms", at), e2e_p90_ms=_float(r, "e2e_p90_ms", at),
+            tpot_mean_ms=tpot or 0.0, tpot_p90_ms=_float(r, "tpot_p90_ms", at),
+            output_tok_s=_float(r, "output_tok_s", at), where=at,
+            base_dir=str(base_dir) if base_dir else ""))
+    if not out:
+        raise BstarError(f"{where}: no rows")
+    return out
+
+
+def load_stages(path: str | Path) -> list[Stage]:
+    """Read a stages table from a file (paths in it are relative to its folder)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BstarError(f"{p}: cannot read: {e}") from None
+    return stages_from_csv(text, str(p), p.resolve().parent)
+

@@ -1,0 +1,355 @@
+"""Scoring simulated stages against the measured ones: per stage (`score_stage`), per way of
+predicting (`summarize_scores`), per GPU x engine three ways (`score_stages`: generic,
+profile, leave one model out through `fit_stages`)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.errors import BstarError
+from bstar.stages_table import Stage
+from bstar.validate_stages.simulate import (
+    FAILED_LIMIT,
+    GROWTH_LIMIT,
+    MAX_REQUESTS,
+    MAX_WINDOW_S,
+    STEADY,
+    WARMUP_FRACTION,
+    StagePrediction,
+    capacity_req_s,
+    measured_growth,
+    measured_state,
+    simulate_stage,
+    stage_deployment,
+)
+
+METRICS = ("e2e_mean_ms", "ttft_mean_ms", "tpot_mean_ms")
+FIT_WINDOW_S = 40.0  # per stage and evaluation, inside a leave-one-model-out fit
+FIT_ITERATIONS = 3
+# What a stage's leave-one-model-out fit calibrates (and what bench/accuracy.py
+# --fit-profiles fits the vllm profile's terms to): the KV stream of the engine's attention,
+# its CPU time per step and its fixed work per request. The all-reduce latency and the time
+# per running sequence stay stated guesses: one TP-1 and one TP-2 model cannot tell a
+# per-step cost from a per-all-reduce one, nor the per-sequence cost from the KV stream
+# (fitted with them, `--fit` drives terms to their bounds: docs/cost-model.md).
+DEFAULT_FIT = ("kv_bandwidth", "overhead_s", "request_overhead_s")
+
+
+@dataclass(frozen=True, slots=True)
+class StageScore:
+    """One stage under one set of efficiencies: its prediction and errors."""
+
+    stage: Stage
+    prediction: StagePrediction
+    errors: dict[str, float]  # metric -> predicted / measured - 1
+    measured_state: str
+
+    @property
+    def state_right(self) -> bool:
+        return self.prediction.state == self.measured_state
+
+    @property
+    def latency_scored(self) -> bool:
+        """Whether its latency errors count in the aggregates: measured steady."""
+        return self.measured_state == STEADY
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.prediction
+        return {**p.to_dict(), "errors": self.errors, "state_right": self.state_right,
+                "capacity_req_s": capacity_req_s(self.stage.rate_req_s, p.ttft_growth,
+                                                 p.state)}
+
+
+def score_stage(stage: Stage, prediction: StagePrediction) -> StageScore:
+    meas = stage.measured()
+    pv = prediction.values()
+    errors = {k: pv[k] / v - 1.0 for k, v in meas.items()
+              if v > 0 and math.isfinite(pv[k])}
+    return StageScore(stage, prediction, errors, measured_state(stage))
+
+
+def _mean(x: Sequence[float]) -> float | None:
+    return float(np.mean(np.abs(x))) if len(x) else None
+
+
+def _median(x: Sequence[float]) -> float | None:
+    return float(np.median(np.abs(x))) if len(x) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Aggregates of one way of predicting over a set of stages: mean and median of
+    |predicted / measured - 1| per metric over the measured-steady stages, and how many
+    saturation states the prediction got right (of all stages)."""
+
+    stages: int
+    latency_stages: int
+    mean_abs: dict[str, float | None]
+    median_abs: dict[str, float | None]
+    states_right: int
+    wrong_states: tuple[str, ...]  # stage names
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stages": self.stages, "latency_stages": self.latency_stages,
+                **{k: {"mean": self.mean_abs[k], "median": self.median_abs[k]}
+                   for k in METRICS},
+                "states_right": self.states_right, "states_total": self.stages,
+                "wrong_states": list(self.wrong_states)}
+
+
+def summarize_scores(scores: Sequence[StageScore]) -> Summary:
+    errs: dict[str, list[float]] = {k: [] for k in METRICS}
+    lat = [s for s in scores if s.latency_scored]
+    for s in lat:
+        for k, v in s.errors.items():
+            errs[k].append(v)
+    return Summary(len(scores), len(lat), {k: _mean(v) for k, v in errs.items()},
+                   {k: _median(v) for k, v in errs.items()},
+                   sum(s.state_right for s in scores),
+                   tuple(s.stage.stage for s in scores if not s.state_right))
+
+
+def evaluate(stages: Sequence[Stage], eff: rl.Efficiency | None = None, *,
+             engine: str | None = None, max_window_s: float = MAX_WINDOW_S,
+             max_requests: int = MAX_REQUESTS, seed: int = 0
+             ) -> tuple[list[StageScore], Summary]:
+    """Every stage simulated at `eff` (None: the engine profile's, `engine` or the stage's)
+    and scored: the call for a loop over candidate efficiencies."""
+    scores = [score_stage(s, simulate_stage(s, eff, engine=engine, max_window_s=max_window_s,
+                                            max_requests=max_requests, seed=seed))
+              for s in stages]
+    return scores, summarize_scores(scores)
+
+
+def _with_values(prior: rl.Efficiency, values: Mapping[str, float]) -> rl.Efficiency:
+    """`prior` with `values`; a stream or rate not given follows its lead at the prior's
+    ratio, as in bstar.calibrate.fit_efficiency (kv_bandwidth follows bandwidth)."""
+    from bstar.calibrate import _FOLLOWS
+
+    out = dict(values)
+    for k, lead in _FOLLOWS.items():
+        if lead in values and k not in values:
+            out[k] = min(getattr(prior, k) * values[lead] / getattr(prior, lead), 1.0)
+    return replace(prior, **out)
+
+
+def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.ndarray:
+    """A parameter that makes a step cost more makes every latency of a stage longer: a
+    mean moving against its stage's per-token time (E2E when there is none) moves by the
+    phase of arrivals against step ends, not by the parameter, and its slope is set to 0
+    (a 0.2 ms wobble of a 15 ms TTFT outweighed E2E's true slope in a robust fit)."""
+    out = slope.copy()
+    ref: dict[int, float] = {}
+    for j, (i, k, _) in enumerate(pairs):
+        if k == "tpot_mean_ms" or (k == "e2e_mean_ms" and i not in ref):
+            ref[i] = float(slope[j])
+    for j, (i, _, _) in enumerate(pairs):
+        if out[j] * ref.get(i, 0.0) < 0:
+            out[j] = 0.0
+    return out
+
+
+def fit_stages(stages: Sequence[Stage], prior: rl.Efficiency, fit: Sequence[str],
+               max_window_s: float = FIT_WINDOW_S, seed: int = 0,
+               iterations: int = FIT_ITERATIONS) -> rl.Efficiency | None:
+    """The parameters `fit` fitted to the stages' measured E2E, TTFT and per-token means
+    (the measured-steady stages), each stage simulated for at most `max_window_s`. None when
+    they cannot determine them.
+
+    A simulation costs ~0.3 s a stage, too much for a least-squares fit that calls it a few
+    hundred times, so the fit runs on a surrogate refreshed by simulation (Gauss-Newton with
+    a line search): around the current values every predicted mean is log-linear in the
+    parameters, with slopes from one simulation per parameter (a 10% step; a slope against
+    the stage's per-token time is noise, set to 0: `_monotone`);
+    bstar.calibrate.fit_efficiency (log space, robust, bounded) fits the parameters to the
+    measurements through that surrogate; the simulation at the result is kept if its robust
+    cost is lower (else the step is halved, twice at most); `iterations` times. About
+    (len(fit) + 2) x iterations simulations of each stage."""
+    from bstar.calibrate import _SCALE, _UPPER, ROBUST_SCALE, fit_efficiency
+
+    steady = [s for s in stages if measured_state(s) == STEADY]
+    fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
+                or any(s.num_gpus > 1 for s in steady))
+    pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in s.measured().items()
+             if v > 0]
+    if not fit or len(pairs) < len(fit) + 1:
+        return None
+    base = {i: stage_deployment(s) for i, s in enumerate(steady)}
+    log_meas = np.log([v for _, _, v in pairs])
+
+    def simulate_at(values: Mapping[str, float]) -> np.ndarray:
+        """log of the predicted means, aligned with `pairs`."""
+        e = _with_values(prior, values)
+        preds = {i: simulate_stage(s, deployment=base[i].with_eff(e),
+                                   max_window_s=max_window_s, seed=seed).values()
+                 for i, s in enumerate(steady)}
+        y = np.array([preds[i][k] for i, k, _ in pairs])
+        return np.log(np.where(np.isfinite(y) & (y > 0), y, 1e9))
+
+    def cost(log_y: np.ndarray) -> float:  # least_squares' soft_l1 at fit_efficiency's scale
+        z = ((log_y - log_meas) / ROBUST_SCALE) ** 2
+        return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
+
+    x = {k: float(getattr(prior, k)) for k in fit}
+    y = simulate_at(x)
+    c = cost(y)
+    for _ in range(iterations):
+        slopes = {}
+        for k in fit:
+            h = 0.1 * x[k] if x[k] > 0 else 0.1 * _SCALE[k]
+            if x[k] + h > _UPPER.get(k, math.inf):
+                h = -h
+            slopes[k] = _monotone((simulate_at({**x, k: x[k] + h}) - y) / h, pairs)
+        x0, y0 = dict(x), y
+
+        def surrogate(v: Mapping[str, float], x0: dict[str, float] = x0,
+                      y0: np.ndarray = y0,
+                      slopes: dict[str, np.ndarray] = slopes) -> np.ndarray:
+            return np.exp(y0 + sum(slopes[k] * (v[k] - x0[k]) for k in fit))
+
+        new = fit_efficiency(surrogate, np.exp(log_meas), _with_values(prior, x0), fit).eff
+        step = {k: float(getattr(new, k)) - x0[k] for k in fit}
+        for shrink in (1.0, 0.5, 0.25):
+            trial = {k: x0[k] + shrink * step[k] for k in fit}
+            y_trial = simulate_at(trial)
+            if cost(y_trial) < c:
+                x, y, c = trial, y_trial, cost(y_trial)
+                break
+        else:
+            break  # no step lowers the simulated cost: done
+        if all(abs(step[k]) <= 0.01 * max(abs(x0[k]), 1e-12) for k in fit):
+            break
+    return _with_values(prior, x)
+
+
+@dataclass
+class StagesGroup:
+    """One GPU x engine: per-stage scores and summaries, generic / profile / LOMO."""
+
+    gpu: str
+    engine: str
+    profile: str | None
+    profile_basis: str | None
+    fit: tuple[str, ...]
+    models: list[str]
+    scores: dict[str, list[StageScore]]  # "generic", "profile", "lomo" -> one per stage
+    summaries: dict[str, Summary]
+    lomo_eff: dict[str, dict[str, float]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = []
+        by_way = {way: {id(sc.stage): sc for sc in ss} for way, ss in self.scores.items()}
+        for sc in self.scores["generic"]:
+            s = sc.stage
+            stages.append({
+                "stage": s.stage, "model": s.model, "num_gpus": s.num_gpus,
+                "arrival": s.arrival, "rate_req_s": s.rate_req_s,
+                "concurrency": s.concurrency, "duration_s": s.duration_s,
+                "output_len": s.output_len,
+                "measured": {**s.measured(), "ttft_p90_ms": s.ttft_p90_ms,
+                             "e2e_p90_ms": s.e2e_p90_ms, "requests_failed": s.requests_failed,
+                             "ttft_growth": measured_growth(s), "state": sc.measured_state,
+                             "capacity_req_s": capacity_req_s(
+                                 s.rate_req_s, measured_growth(s), sc.measured_state)},
+                "latency_scored": sc.latency_scored,
+                "predicted": {way: (m[id(s)].to_dict() if id(s) in m else None)
+                              for way, m in by_way.items()}})
+        return {"gpu": self.gpu, "engine": self.engine, "profile": self.profile,
+                "profile_basis": self.profile_basis, "fit": list(self.fit),
+                "models": self.models,
+                "summary": {k: v.to_dict() for k, v in self.summaries.items()},
+                "stages": stages, "lomo_eff": self.lomo_eff, "notes": self.notes}
+
+
+@dataclass
+class StagesValidation:
+    groups: list[StagesGroup]
+    skipped: list[dict[str, str]]
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "stages", "settings": self.settings,
+                "groups": [g.to_dict() for g in self.groups], "skipped": self.skipped}
+
+
+def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
+                 engine: str | None = None, lomo: bool = True,
+                 max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
+                 fit_window_s: float = FIT_WINDOW_S, seed: int = 0,
+                 progress: Callable[[str], None] | None = None) -> StagesValidation:
+    """Every stage scored per GPU x engine: generic, profile (`engine`, else each group's own)
+    and, with `lomo` and two models or more, leave one model out (fitting `fit`)."""
+    from bstar.engines import get_engine
+
+    generic = rl.Efficiency()
+    usable, skipped, seen = [], [], set()
+    for s in stages:
+        try:
+            stage_deployment(s, engine)
+        except BstarError as e:
+            if (s.model, s.gpu, str(e)) not in seen:
+                skipped.append({"stage": s.stage, "model": s.model, "gpu": s.gpu,
+                                "reason": str(e)})
+                seen.add((s.model, s.gpu, str(e)))
+            continue
+        usable.append(s)
+    by_group: dict[tuple[str, str], list[Stage]] = defaultdict(list)
+    for s in usable:
+        by_group[s.group].append(s)
+    kw = {"max_window_s": max_window_s, "max_requests": max_requests, "seed": seed}
+    groups = []
+    for (gpu, eng), ss in by_group.items():
+        notes: list[str] = []
+        prof = get_engine(engine or eng)
+        prof_eff = prof.efficiency()
+        if progress:
+            progress(f"{gpu} x {eng}: generic and {prof.name} profile, {len(ss)} stages")
+        preds: dict[rl.Efficiency, list[StageScore]] = {}
+        scores: dict[str, list[StageScore]] = {}
+        for way, e in (("generic", generic), ("profile", prof_eff)):
+            if e not in preds:  # the vllm profile is the generic defaults: simulated once
+                preds[e] = [score_stage(s, simulate_stage(s, e, engine=engine, **kw))
+                            for s in ss]
+            scores[way] = preds[e]
+        models = sorted({s.model for s in ss})
+        lomo_eff: dict[str, dict[str, float]] = {}
+        if lomo and len(models) > 1:
+            held: list[StageScore] = []
+            # The engine's structure (its scheduling lag, per-layer costs) is kept; the terms
+            # fitted start from the generic defaults, so the held-out model's data are in none.
+            start = replace(prof_eff, **{k: getattr(generic, k) for k in fit})
+            for m in models:
+                if progress:
+                    progress(f"{gpu} x {eng}: fitting {', '.join(fit)} without {m}")
+                train = [s for s in ss if s.model != m]
+                e = fit_stages(train, start, fit, fit_window_s, seed)
+                if e is None:
+                    notes.append(f"{m}: the other models' steady stages cannot determine "
+                                 f"{', '.join(fit)}")
+                    continue
+                lomo_eff[m] = {k: getattr(e, k) for k in fit}
+                held += [score_stage(s, simulate_stage(s, e, engine=engine, **kw))
+                         for s in ss if s.model == m]
+            order = {id(s): i for i, s in enumerate(ss)}
+            scores["lomo"] = sorted(held, key=lambda sc: order[id(sc.stage)])
+        elif lomo:
+            notes.append("one model: no leave-one-model-out figure")
+        if prof.basis == "fitted":
+            notes.append(f"the {prof.name} profile is fitted: where it was fitted to these "
+                         "stages, its figure is in-sample")
+        groups.append(StagesGroup(gpu, eng, prof.name, prof.basis, tuple(fit), models, scores,
+                                  {k: summarize_scores(v) for k, v in scores.items()},
+                                  lomo_eff, notes))
+    settings = {"max_window_s": max_window_s, "max_requests": max_requests,
+                "warmup_fraction": WARMUP_FRACTION, "fit_window_s": fit_window_s,
+                "fit_iterations": FIT_ITERATIONS,
+                "seed": seed, "growth_limit": GROWTH_LIMIT, "failed_limit": FAILED_LIMIT}
+    return StagesValidation(groups, skipped, settings)

@@ -1,0 +1,237 @@
+"""One load stage simulated like for like (`simulate_stage`; the package docstring says how),
+and its saturation state, measured or simulated (`saturation_state`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.sim.capacity import GROWTH_SLOPE
+from bstar.stages_table import Stage
+from bstar.stats import percentiles_ms
+
+if TYPE_CHECKING:
+    from bstar.sim.traffic import Workload
+
+# How much of a stage is simulated: the whole table (12 stages) in ~15 s on one core.
+MAX_WINDOW_S = 150.0  # seconds of arrivals (the measured stages ran 600-1200 s)
+MAX_REQUESTS = 4000
+WARMUP_FRACTION = 0.1  # the first requests meet an empty server: left out of the figures
+# Saturation (the package docstring).
+GROWTH_LIMIT = GROWTH_SLOPE  # 0.02 s of wait per s of arrivals: the capacity's definition
+FAILED_LIMIT = 0.01
+STEADY, GROWING = "steady", "queue growing"
+
+
+def draw_prompt_lengths(stage: Stage, rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` prompt lengths from the stage's percentiles: the piecewise-linear inverse CDF
+    through the given (quantile, tokens) points, held flat beyond the first and last (without
+    min and max, 10% of the draws sit at p10 and 1% at p99)."""
+    q = np.array([a for a, _ in stage.prompt_len])
+    x = np.array([b for _, b in stage.prompt_len])
+    u = rng.random(n)
+    return np.maximum(np.rint(np.interp(u, q, x)), 1).astype(np.int64)
+
+
+def stage_requests(stage: Stage, max_window_s: float = MAX_WINDOW_S,
+                   max_requests: int = MAX_REQUESTS) -> int:
+    """How many requests the simulation sends: the stage's, up to `max_window_s` seconds of
+    its arrivals and `max_requests`."""
+    if stage.rate_req_s is not None and stage.arrival != "concurrency":
+        n = stage.rate_req_s * min(stage.duration_s, max_window_s)
+    else:
+        n = stage.requests_sent or max_requests
+    return max(1, min(round(n), max_requests))
+
+
+def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
+                   prefix_cache: bool = True) -> Workload:
+    """The stage's requests: its arrival process and lengths (a closed loop for
+    `concurrency`, whose users send the next request as soon as one finishes). With
+    `prefix_cache`, every prompt's first `shared_prefix_len` tokens are prefix-cache hits
+    (`Workload.cached_tokens`; whole blocks, as vLLM's cache: the shared system prompts of a
+    stage stay cached once its first requests have run), and where the workload repeats
+    `distinct_prompts` prompts in turn, every repeat is a hit on its whole prompt."""
+    from bstar.sim.traffic import Workload
+
+    rng = np.random.default_rng(seed)
+    k = stage.distinct_prompts
+    if k:  # the same k prompts in turn: draw their lengths once
+        inp = np.resize(draw_prompt_lengths(stage, rng, k), num_requests)
+    else:
+        inp = draw_prompt_lengths(stage, rng, num_requests)
+    out = np.full(num_requests, stage.output_len, dtype=np.int64)
+    cached = None
+    if prefix_cache and (stage.shared_prefix_len or k):
+        cached = np.minimum(inp, stage.shared_prefix_len)
+        if k:  # a repeated prompt is a hit whole (the engine computes its last block)
+            cached[k:] = inp[k:]
+    if stage.arrival == "concurrency":
+        assert stage.concurrency is not None
+        return Workload(inp, out, None, stage.concurrency, np.zeros(num_requests),
+                        cached_tokens=cached)
+    assert stage.rate_req_s is not None
+    if stage.arrival == "constant":
+        arrival = np.arange(num_requests, dtype=np.float64) / stage.rate_req_s
+    else:
+        arrival = np.cumsum(rng.exponential(1.0 / stage.rate_req_s, size=num_requests))
+    return Workload(inp, out, arrival, cached_tokens=cached)
+
+
+_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
+           "int8": "int8", "float16": "fp16", "bfloat16": "bf16"}
+_DEPLOYMENTS: dict[tuple[Any, ...], rl.Deployment] = {}
+
+
+def _resolve(name: str, base_dir: str) -> str:
+    is_path = name.endswith((".json", ".toml")) or name.startswith((".", "/"))
+    if is_path and base_dir and not Path(name).is_absolute():
+        return str(Path(base_dir) / name)
+    return name
+
+
+def stage_deployment(stage: Stage, engine: str | None = None,
+                     eff: rl.Efficiency | None = None) -> rl.Deployment:
+    """The stage's deployment: its model, GPU, TP and dtype with the engine profile `engine`
+    (default: the stage's own engine), through `DeploymentOptions` (vLLM's memory defaults:
+    gpu_util 0.9); `eff` replaces the profile's efficiencies. Built once per setting."""
+    from bstar.deployment import DeploymentOptions
+
+    dtype = _DTYPES.get(stage.dtype.lower(), "")
+    opts = DeploymentOptions(model=_resolve(stage.model, stage.base_dir),
+                             gpu=_resolve(stage.gpu, stage.base_dir), num_gpus=stage.num_gpus,
+                             weight_dtype=dtype,
+                             kv_dtype=dtype if dtype in ("fp16", "bf16", "fp32") else "bf16",
+                             engine=stage.engine if engine is None else engine)
+    key = tuple(opts.to_dict().values())
+    d = _DEPLOYMENTS.get(key)
+    if d is None:
+        d = _DEPLOYMENTS[key] = opts.build()
+    return d if eff is None else d.with_eff(eff)
+
+
+@dataclass(frozen=True, slots=True)
+class StagePrediction:
+    """What the simulator predicts for a stage, from the requests after the warm-up."""
+
+    requests: int  # simulated
+    scored: int  # after the warm-up
+    window_s: float  # the scored requests' arrivals span this
+    ttft_mean_ms: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    e2e_mean_ms: float
+    e2e_p50_ms: float
+    e2e_p90_ms: float
+    tpot_mean_ms: float
+    tpot_p90_ms: float
+    output_tok_s: float  # scored requests' tokens / (their last finish - first arrival)
+    ttft_growth: float
+    state: str
+    preemptions: int
+    truncated: bool
+
+    def values(self) -> dict[str, float]:
+        return {"e2e_mean_ms": self.e2e_mean_ms, "ttft_mean_ms": self.ttft_mean_ms,
+                "tpot_mean_ms": self.tpot_mean_ms}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ttft_growth(ttft_p50_s: float, ttft_p90_s: float, window_s: float) -> float:
+    """TTFT's growth per second of the stage, g = (p90 - p50) / (0.4 x window): a queue
+    growing through the window makes TTFT about g x t for a request arriving at t (uniform
+    over the window, so p90 - p50 = 0.4 g window); g = rate / capacity - 1 there."""
+    return max(0.0, ttft_p90_s - ttft_p50_s) / (0.4 * window_s) if window_s > 0 else 0.0
+
+
+def capacity_req_s(rate_req_s: float | None, growth: float | None,
+                   state: str) -> float | None:
+    """Requests per second a growing stage's server completes, rate / (1 + g) (module
+    docstring); None for a steady stage (its capacity is only known to be above the rate)
+    or a closed loop."""
+    if state != GROWING or rate_req_s is None or growth is None or growth <= 0:
+        return None
+    return rate_req_s / (1.0 + growth)
+
+
+def saturation_state(growth: float, failed_fraction: float = 0.0,
+                     growth_limit: float = GROWTH_LIMIT,
+                     failed_limit: float = FAILED_LIMIT) -> str:
+    """"queue growing" when TTFT grows faster than `growth_limit` seconds per second of the
+    stage, or more than `failed_limit` of the requests failed; else "steady"."""
+    return GROWING if growth > growth_limit or failed_fraction > failed_limit else STEADY
+
+
+def measured_growth(stage: Stage) -> float | None:
+    if stage.ttft_p50_ms is None or stage.ttft_p90_ms is None:
+        return None
+    return ttft_growth(stage.ttft_p50_ms / 1e3, stage.ttft_p90_ms / 1e3, stage.duration_s)
+
+
+def measured_state(stage: Stage) -> str:
+    """The state the data show: `saturation_state` of the stage's TTFT growth (its p50 and
+    p90 over its duration; 0 when the table lacks them) and failed fraction."""
+    return saturation_state(measured_growth(stage) or 0.0, stage.failed_fraction)
+
+
+
+
+def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
+                   engine: str | None = None, deployment: rl.Deployment | None = None,
+                   max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
+                   seed: int = 0, prefix_cache: bool = True) -> StagePrediction:
+    """Simulate one stage like for like (the package docstring). The deployment is
+    `deployment` if given, else `stage_deployment(stage, engine, eff)`."""
+    from bstar.sim import SchedulerConfig, SimConfig, simulate
+
+    d = deployment if deployment is not None else stage_deployment(stage, engine, eff)
+    n = stage_requests(stage, max_window_s, max_requests)
+    w = stage_workload(stage, n, seed, prefix_cache)
+    cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
+    run = simulate(d, cfg, w)
+    r = run.requests
+    skip = int(n * WARMUP_FRACTION) if n >= 10 else 0
+    keep = np.zeros(n, dtype=bool)
+    keep[np.argsort(r.arrival_s, kind="stable")[skip:]] = True
+    keep &= r.done
+    arrival, first, finish = r.arrival_s[keep], r.first_token_s[keep], r.finish_s[keep]
+    out_tok = r.output_tokens[keep]
+    ttft, e2e = first - arrival, finish - arrival
+    multi = out_tok > 1
+    tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    t, e, p = percentiles_ms(ttft), percentiles_ms(e2e), percentiles_ms(tpot)
+    window = float(arrival.max() - arrival.min()) if arrival.size > 1 else 0.0
+    span = float(finish.max() - arrival.min()) if arrival.size else 0.0
+    growth = ttft_growth((t["p50"] or 0.0) / 1e3, (t["p90"] or 0.0) / 1e3, window)
+
+    def num(x: float | None) -> float:
+        return math.nan if x is None else float(x)
+
+    pred = StagePrediction(
+        requests=n, scored=int(keep.sum()), window_s=window,
+        ttft_mean_ms=num(t["mean"]), ttft_p50_ms=num(t["p50"]), ttft_p90_ms=num(t["p90"]),
+        e2e_mean_ms=num(e["mean"]), e2e_p50_ms=num(e["p50"]), e2e_p90_ms=num(e["p90"]),
+        tpot_mean_ms=num(p["mean"]), tpot_p90_ms=num(p["p90"]),
+        output_tok_s=float(out_tok.sum() / span) if span > 0 else 0.0,
+        ttft_growth=growth, state=predicted_state(run), preemptions=run.num_preemptions,
+        truncated=run.truncated)
+    return pred
+
+
+def predicted_state(run: Any) -> str:
+    """The simulated state: "queue growing" when `bstar.sim.capacity.queue_grows` (the
+    wait's slope against arrival time over the second half of the arrivals, above the same
+    0.02 s per s: the one definition `bstar simulate` and `bstar search` use) or when the
+    run was cut off at its time limit; else "steady"."""
+    from bstar.sim.capacity import queue_grows
+
+    if run.workload.closed_loop:
+        return GROWING if run.truncated else STEADY
+    return GROWING if run.truncated or queue_grows(run) else STEADY
