@@ -29,6 +29,7 @@ import pytest
 from bstar import kvcheck
 from bstar import roofline as rl
 from bstar.loadgen.scrape import parse_prometheus, snapshot
+from bstar.report.text import format_kv_check
 from bstar.servers import vllm_cpu_command, vllm_cpu_env
 from bstar.specs.gpu import load_gpu_file
 from bstar.specs.model import from_hf_config, load_config_file
@@ -147,7 +148,7 @@ def _check(tmp_path: Path, python: str, model_dir: Path, pool_blocks: int) -> di
                 if s.name == "vllm:cache_config_info")
     server_concurrency = float(info["kv_cache_max_concurrency"])
     ours = check.computed_blocks / layout.blocks_per_seq
-    print(kvcheck.format_check(check))
+    print(format_kv_check(check))
     print(f"{model_dir.name}: server concurrency {server_concurrency:.4f}, bstar {ours:.4f}; "
           f"block {check.block_size}, {layout.kinds}")
     assert check.computed_pool_source == "explicit"

@@ -1,5 +1,6 @@
 """Issue 12, item 12: `bstar plan` keeps rich, scipy, aiohttp and matplotlib off its path,
-and `bstar --help` imports no command module (bench/startup.py measures the time)."""
+and `bstar --help` imports no command module; issue 21: nor the other commands' renderers
+(bench/startup.py measures the time)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ def test_plan_imports_no_heavy_module() -> None:
     mods = loaded_after(["plan"])
     assert "bstar.plan" in mods and "numpy" in mods  # it did plan (numpy: the cost model)
     assert [m for m in mods if m.split(".")[0] in HEAVY] == []
+
+
+def test_plan_imports_only_its_own_renderer() -> None:
+    # bstar.report.text loads a renderer module when its name is first asked for: the plan
+    # needs its own and the shared helpers, no other command's, no chart or HTML builder.
+    mods = loaded_after(["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm"])
+    assert [m for m in mods if m.startswith("bstar.report")] == [
+        "bstar.report", "bstar.report.text", "bstar.report.text._common",
+        "bstar.report.text.plan"]
 
 
 def test_help_imports_no_command_module() -> None:

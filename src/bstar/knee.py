@@ -94,6 +94,7 @@ def _curve(batch: npt.ArrayLike, *columns: npt.ArrayLike | None,
 
 
 def _b(x: float) -> str:
+    """A batch size as a reason prints it: 8, not 8.0 (a count, not a unit to format)."""
     return f"{x:g}"
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from bstar import roofline as rl
 from bstar.errors import BstarError
 from bstar.loadgen.scrape import Snapshot, parse_prometheus, snapshot
+from bstar.units import GiB, fmt_bytes_binary
 
 DISAGREE = 0.10  # a relative B_mem difference above this is flagged
 
@@ -122,41 +123,28 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
     if explicit is not None:
         c_pool, source = int(explicit), "explicit"
         implied = None
-        notes.append(f"pool: {_b(c_pool)} set explicitly (VLLM_CPU_KVCACHE_SPACE or "
-                     f"--kv-cache-memory-bytes); no reserve or activations come out of it")
+        notes.append(f"pool: {fmt_bytes_binary(c_pool)} set explicitly "
+                     "(VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes); no reserve or "
+                     "activations come out of it")
     else:
         c_pool, source = rl.kv_pool_bytes(d), "gpu"
         weights = rl.weight_bytes_per_gpu(d)
         usable = math.floor(d.gpu.memory_bytes * d.gpu_util)
         implied = usable - weights - m_pool
-        notes.append(f"pool: {_b(d.gpu.memory_bytes)} x util {d.gpu_util:g} = {_b(usable)} - "
-                     f"weights {_b(weights)} - reserve {_b(d.reserve_bytes)} = {_b(c_pool)} "
-                     "per GPU (bstar)")
-        notes.append(f"reserve: the server kept {_b(implied)} for activations, CUDA graphs "
-                     f"and its context where bstar assumed {_b(d.reserve_bytes)} "
-                     f"({_b(implied - d.reserve_bytes, signed=True)}); --reserve-gib "
-                     f"{implied / 2**30:.2f} makes the pools agree")
+        notes.append(f"pool: {fmt_bytes_binary(d.gpu.memory_bytes)} x util {d.gpu_util:g} = "
+                     f"{fmt_bytes_binary(usable)} - weights {fmt_bytes_binary(weights)} - "
+                     f"reserve {fmt_bytes_binary(d.reserve_bytes)} = "
+                     f"{fmt_bytes_binary(c_pool)} per GPU (bstar)")
+        notes.append(f"reserve: the server kept {fmt_bytes_binary(implied)} for activations, "
+                     "CUDA graphs and its context where bstar assumed "
+                     f"{fmt_bytes_binary(d.reserve_bytes)} "
+                     f"({fmt_bytes_binary(implied - d.reserve_bytes, signed=True)}); --reserve-gib "
+                     f"{implied / GiB:.2f} makes the pools agree")
     c_blocks = c_pool // bb if bb else 0
     c_b_mem = c_blocks // seq_blocks
     lost = c_pool - c_blocks * bb
-    if len(layout.kinds) == 1 and layout.kinds[0].kind in ("full", "dsa"):
-        notes.append(f"block rounding: {per_token:,} B/token x {block} tokens = {_b(bb)} a "
-                     f"block; bstar's pool is {c_blocks:,} whole blocks ({_b(lost)} left "
-                     f"over), the server has {m_blocks:,}; a {tokens_per_seq:,}-token "
-                     f"sequence takes {math.ceil(tokens_per_seq / block)} blocks "
-                     f"({math.ceil(tokens_per_seq / block) * block - tokens_per_seq:,} "
-                     "tokens of the last one unused)")
-    else:
-        shares = ", ".join(
-            f"{k.kind} {k.num_layers} layers: {k.pool_groups} group(s) x {k.blocks_per_seq} "
-            f"block(s)" + (f" ({k.tokens_per_seq:,} tokens)" if k.tokens_per_seq else "")
-            for k in layout.kinds)
-        notes.append(f"layer kinds: a block is {layout.group_size} layers x "
-                     f"{_b(layout.page_bytes)} pages = {_b(bb)} ({block} tokens); a "
-                     f"{tokens_per_seq:,}-token sequence takes {seq_blocks:,} blocks ({shares}; "
-                     f"max_num_batched_tokens {layout.max_in_flight_tokens:,}); bstar's pool "
-                     f"is {c_blocks:,} whole blocks ({_b(lost)} left over), the server has "
-                     f"{m_blocks:,}")
+    notes.append(_blocks_note(layout, per_token, tokens_per_seq, c_blocks, lost,
+                              m_blocks))
     if source == "explicit" and c_blocks != m_blocks:
         notes.append(f"the explicit pool gives {c_blocks:,} blocks, the server reports "
                      f"{m_blocks:,}: check the KV precision (--kv-dtype, bstar uses "
@@ -179,27 +167,26 @@ def check_kv_text(d: rl.Deployment, metrics_text: str, tokens_per_seq: int, **kw
     return check_kv(d, snapshot(parse_prometheus(metrics_text)), tokens_per_seq, **kw)
 
 
-def _b(n: int, signed: bool = False) -> str:
-    sign = ("+" if n >= 0 else "-") if signed else ("-" if n < 0 else "")
-    a = abs(n)
-    if a >= 2**30:
-        return f"{sign}{a / 2**30:.2f} GiB"
-    if a >= 2**20:
-        return f"{sign}{a / 2**20:.2f} MiB"
-    return f"{sign}{a:,} B"
 
-
-def format_check(c: KvCheck) -> str:
-    lines = [f"KV pool check, {c.tokens_per_seq:,}-token sequences, block {c.block_size} "
-             "tokens",
-             f"  {'':<10}{'pool':>14}{'blocks':>10}{'tokens':>12}{'B_mem':>8}",
-             f"  {'server':<10}{_b(c.measured_pool_bytes or 0):>14}"
-             f"{c.measured_blocks or 0:>10,}{c.measured_tokens or 0:>12,}"
-             f"{c.measured_b_mem or 0:>8,}",
-             f"  {'bstar':<10}{_b(c.computed_pool_bytes):>14}{c.computed_blocks:>10,}"
-             f"{c.computed_blocks * c.block_size:>12,}{c.computed_b_mem:>8,}"]
-    if c.rel_diff is not None:
-        lines.append(f"  difference {c.rel_diff:+.1%} "
-                     + ("(over 10%: flagged)" if c.flagged else "(within 10%)"))
-    lines += [f"  - {n}" for n in c.explanation]
-    return "\n".join(lines)
+def _blocks_note(layout: rl.KvLayout, per_token: int, tokens_per_seq: int, c_blocks: int,
+                 lost: int, m_blocks: int) -> str:
+    """How whole blocks round the pool and a sequence: one kind of layer (bytes a token x
+    tokens a block), or a hybrid model's block of every layer kind's pages."""
+    block, bb = layout.block_tokens, layout.bytes_per_block
+    if len(layout.kinds) == 1 and layout.kinds[0].kind in ("full", "dsa"):
+        seq_blocks = math.ceil(tokens_per_seq / block)
+        return (f"block rounding: {per_token:,} B/token x {block} tokens = "
+                f"{fmt_bytes_binary(bb)} a block; bstar's pool is {c_blocks:,} whole "
+                f"blocks ({fmt_bytes_binary(lost)} left over), the server has "
+                f"{m_blocks:,}; a {tokens_per_seq:,}-token sequence takes {seq_blocks} blocks "
+                f"({seq_blocks * block - tokens_per_seq:,} tokens of the last one unused)")
+    shares = ", ".join(
+        f"{k.kind} {k.num_layers} layers: {k.pool_groups} group(s) x {k.blocks_per_seq} "
+        f"block(s)" + (f" ({k.tokens_per_seq:,} tokens)" if k.tokens_per_seq else "")
+        for k in layout.kinds)
+    return (f"layer kinds: a block is {layout.group_size} layers x "
+            f"{fmt_bytes_binary(layout.page_bytes)} pages = {fmt_bytes_binary(bb)} ({block} "
+            f"tokens); a {tokens_per_seq:,}-token sequence takes {layout.blocks_per_seq:,} "
+            f"blocks ({shares}; max_num_batched_tokens {layout.max_in_flight_tokens:,}); "
+            f"bstar's pool is {c_blocks:,} whole blocks ({fmt_bytes_binary(lost)} left over), "
+            f"the server has {m_blocks:,}")

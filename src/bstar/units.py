@@ -19,6 +19,18 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 10**3:.1f} kB ({n / KiB:.1f} KiB)"
 
 
+def fmt_bytes_binary(n: int, signed: bool = False) -> str:
+    """'1.50 GiB', '48.00 MiB' or '4,096 B': binary units only, for pools counted in blocks
+    (`signed`: '+' before a positive difference)."""
+    sign = ("+" if n >= 0 else "-") if signed else ("-" if n < 0 else "")
+    a = abs(n)
+    if a >= GiB:
+        return f"{sign}{a / GiB:.2f} GiB"
+    if a >= MiB:
+        return f"{sign}{a / MiB:.2f} MiB"
+    return f"{sign}{a:,} B"
+
+
 def fmt_count(n: float) -> str:
     for div, suf in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(n) >= div:
@@ -26,13 +38,20 @@ def fmt_count(n: float) -> str:
     return f"{n:g}"
 
 
-def fmt_ms(s: float) -> str:
-    ms = s * 1e3
+def fmt_ms(ms: float | None, decimals: int = 2, missing: str = "–") -> str:
+    """A time in milliseconds with the digits it needs: whole ms from 100 ms (thousands
+    separated), `decimals` places from 1 ms, one more below; `missing` for None (an en dash
+    on a page, '-' in a terminal)."""
+    if ms is None:
+        return missing
     if ms >= 100:
-        return f"{ms:.0f}"
-    if ms >= 1:
-        return f"{ms:.2f}"
-    return f"{ms:.3f}"
+        return f"{ms:,.0f}"
+    return f"{ms:.{decimals}f}" if ms >= 1 else f"{ms:.{decimals + 1}f}"
+
+
+def fmt_num(v: float | None, digits: int = 1, missing: str = "–") -> str:
+    """A number with thousands separated and `digits` places; `missing` for None."""
+    return missing if v is None else f"{v:,.{digits}f}"
 
 
 def sparkline(values: Sequence[float]) -> str:

@@ -82,24 +82,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
         from dataclasses import replace
         c = replace(c, notes=(*warnings, *c.notes))
     checks = [_check(args, spec, c) for spec in args.check]
-    spread = cal.repeat_spread(c.points)
-    if args.json:
-        from bstar.commands.emit import dumps
+    spread = cal.repeat_spread(list(c.points))
+    from bstar.commands.emit import emit
+    from bstar.report.text import print_calibration
 
-        print(dumps({**c.to_dict(), "profile": str(args.output or ""),
-                     "repeat_spread": spread,
-                     "checks": [{"run": run, "model": model,
-                                 "median_abs_error": cal.median_abs_error(pts),
-                                 "points": [_point_dict(p) for p in pts]}
-                                for run, model, pts in checks]}))
-        return 0
-    _print(c, args.output, spread)
-    for run, model, pts in checks:
-        print(f"check: run {run}, model {model}, predicted with the calibration")
-        _print_points(pts)
-        print(f"  median |error| {cal.median_abs_error(pts):.1%} calibrated, "
-              f"{cal.median_abs_error(pts, uncalibrated=True):.1%} uncalibrated")
-    return 0
+    checked = [(run, model, pts, cal.median_abs_error(pts),
+                cal.median_abs_error(pts, uncalibrated=True)) for run, model, pts in checks]
+    return emit(args, lambda: {**c.to_dict(), "profile": str(args.output or ""),
+                               "repeat_spread": spread,
+                               "checks": [{"run": run, "model": model,
+                                           "median_abs_error": median,
+                                           "points": [_point_dict(p) for p in pts]}
+                                          for run, model, pts, median, _ in checked]},
+                lambda: print_calibration(c, args.output, spread, checked))
 
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
@@ -141,48 +136,3 @@ def points_from_run(db: str | None, run_id: str, metric: str,
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = steps_from_sweep(result, metric, context)
     return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
-
-
-def _print_points(points: list[Any]) -> None:
-    mixed = any(getattr(p, "chunk_tokens", 0) for p in points)
-    chunk_head = f"{'chunk':>7}" if mixed else ""
-    print(f"  {'batch':>6}{'context':>9}{chunk_head}{'measured ms':>13}{'calibrated':>12}"
-          f"{'error':>8}{'uncalibrated':>14}{'error':>8}  bound")
-    for p in points:
-        chunk = f"{p.chunk_tokens or '':>7}" if mixed else ""
-        print(f"  {p.batch:>6}{p.context_tokens:>9}{chunk}{p.measured_ms:>13.3f}"
-              f"{p.predicted_ms:>12.3f}{p.rel_error:>+8.1%}{p.uncalibrated_ms:>14.3f}"
-              f"{p.uncalibrated_rel_error:>+8.1%}  {p.bound}")
-
-
-def _print(c: Any, out: Path | None, spread: list[dict[str, Any]] | None = None) -> None:
-    def unit(k: str) -> tuple[float, str]:
-        if k == "overhead_s":
-            return 1e3, " ms"
-        if k.endswith("_s"):
-            return 1e6, " us"
-        return (1.0, " B") if k == "score_bytes" else (1.0, "")
-
-    print(f"calibration of {c.model} on {c.gpu} (weights {c.weight_dtype}, KV {c.kv_dtype})"
-          f"{', ' + c.engine if c.engine else ''} {c.engine_version}".rstrip())
-    print(f"  {'parameter':<20}{'value':>12}  {'1 sigma':<18}prior")
-    for k, p in c.params.items():
-        scale, u = unit(k)
-        sd = f"{p.std * scale:.3g}" if p.std is not None else p.status
-        print(f"  {k:<20}{p.value * scale:>12.4g}  {sd:<18}{p.prior * scale:g}{u}")
-    _print_points(list(c.points))
-    print(f"  median |error| {c.median_abs_error:.1%} calibrated (max {c.max_abs_error:.1%}), "
-          f"{c.uncalibrated_median_abs_error:.1%} uncalibrated")
-    if spread:
-        print("  repeated batches (every repeat is fitted; spread = (max - min) / mean):")
-    for r in spread or []:
-        print(f"    batch {r['batch']} context {r['context_tokens']}: {r['n']} repeats, "
-              f"{r['min_ms']:.4g}..{r['max_ms']:.4g} ms, spread {r['rel_spread']:.1%}, "
-              f"sd {r['std_ms']:.3g} ms")
-    if c.reserve_bytes is not None:
-        print(f"  KV pool {c.kv_pool_bytes / 2**30:.2f} GiB from the log -> reserve "
-              f"{c.reserve_bytes / 2**30:.2f} GiB")
-    for n in c.notes:
-        print(f"  note: {n}")
-    if out is not None:
-        print(f"wrote {out}; use it with --profile {out}")

@@ -1,6 +1,6 @@
 """The tail every command shares: `--plot FILE` (a picture, its path on stderr), then
-`--json` (one JSON document on stdout, the contract in docs/contracts.md) or the terminal
-renderer (bstar.report.text). Standard library only at top level."""
+`--json` (one JSON document on stdout, the contract in docs/contracts.md) or the command's
+terminal renderer (one module of bstar.report.text). Standard library only at top level."""
 
 from __future__ import annotations
 

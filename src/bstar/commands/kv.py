@@ -6,11 +6,11 @@ Standard library only at top level; the library part is bstar.kvcheck.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from bstar.commands.common import add_deployment_arguments, positive_int
+from bstar.commands.emit import emit
 
 
 def add_kv_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +39,7 @@ def run_kv(args: argparse.Namespace) -> int:
     from bstar import kvcheck
     from bstar.commands.plan import deployment_from_args
     from bstar.errors import BstarError
+    from bstar.report.text import print_kv_check
 
     if args.url:
         text = kvcheck.fetch_metrics(args.url, api_key=args.api_key
@@ -59,12 +60,9 @@ def run_kv(args: argparse.Namespace) -> int:
     d = deployment_from_args(args)
     c = kvcheck.check_kv_text(d, text, args.input_len + args.output_len,
                               pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens)
-    if args.json:
-        out = {"model": d.model.name, "gpu": d.gpu.name, "kv_dtype": d.kv.name, **c.to_dict()}
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"{d.model.name} on {d.gpu.name} (KV {d.kv.name})")
-        print(kvcheck.format_check(c))
+    emit(args, lambda: {"model": d.model.name, "gpu": d.gpu.name, "kv_dtype": d.kv.name,
+                        **c.to_dict()},
+         lambda: print_kv_check(d, c))
     if c.flagged:
         print("bstar: warning: bstar's B_mem and the server's differ by more than 10%",
               file=sys.stderr)

@@ -27,13 +27,9 @@ from bstar.report.words import (
     prediction_columns,
     words,
 )
-from bstar.report.words import (
-    fmt_ms as _ms,
-)
-from bstar.report.words import (
-    fmt_num as _num,
-)
 from bstar.units import fmt_bytes
+from bstar.units import fmt_ms as _ms
+from bstar.units import fmt_num as _num
 
 
 # ---- plan ----------------------------------------------------------------------------------

@@ -8,17 +8,7 @@ import re
 from typing import Any
 
 from bstar.report.views import AGREE_TOL
-
-
-def fmt_ms(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
-
-
-def fmt_num(v: float | None, digits: int = 1) -> str:
-    return "–" if v is None else f"{v:,.{digits}f}"
-
+from bstar.units import fmt_ms, fmt_num
 
 UNITS_NOTE = ("Bytes are exact integers; GB = 10^9 bytes and GiB = 2^30 bytes, and sizes are "
               "printed in both. GPU memory is what the device reports (an '80GB' A100 holds "

@@ -25,8 +25,8 @@ from bstar.sim.scheduler import Scheduler, SchedulerConfig
 from bstar.sim.sequence import FloatArray, IntArray, Requests
 from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
+from bstar.units import GiB
 
-GiB = 1 << 30
 MAX_REQUESTS = 1_000_000
 # Every pass of the simulator's loop moves a token, a request or the clock: a run that
 # takes more passes than this many per token (prompt and output, plus one per request) is

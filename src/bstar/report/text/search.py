@@ -1,0 +1,84 @@
+"""`bstar search`: what was searched, the ranked feasible deployments, what was not
+feasible, and per model the winner with its engine flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bstar.report.text._common import console
+from bstar.units import fmt_num
+
+
+def num_or_dash(v: float | None, digits: int) -> str:
+    """A table cell: the number with `digits` places, '-' for a value not known."""
+    return fmt_num(v, digits, "-")
+
+
+def print_search(s: dict[str, Any], top: int = 15) -> None:
+    from rich.table import Table
+
+    c = console()
+    tr = s["traffic"]
+    slo = ", ".join(f"{k.removesuffix('_ms')} p99 <= {v:g} ms" for k, v in s["slo"].items())
+    n = s["counts"]
+    c.print(f"[bold]search[/] {', '.join(s['models'])} on {', '.join(s['gpus'])}: demand "
+            f"{s['demand_req_s']:g} req/s, input {tr['input_len']['describe']}, output "
+            f"{tr['output_len']['describe']} ({tr['num_requests']} requests per simulation, "
+            f"seed {tr['seed']}); SLO {slo}")
+    t = s["timing"]
+    c.print(f"  {n['candidates']} candidates, {n['pruned']} pruned before simulating, "
+            f"{n['evaluations']} replica configurations ({t['evaluations_reused']} reused "
+            f"from the store), {n['simulations']} simulations; {s['backend']}, "
+            f"{t['wall_s']:.1f} s")
+    p = s["prices"]
+    if p is not None:
+        c.print(f"  prices: {p['path']} (as of {p['as_of']}, {p['currency']}; the file's "
+                "figures, not current quotes)")
+    else:
+        c.print("  no --price: ranked by GPUs needed")
+    tab = Table(show_edge=False, pad_edge=False, box=None)
+    for col in ("#", "model", "GPU", "GPUs\n/inst", "TP", "DP", "max\nseqs", "batched\ntokens",
+                "req/s\n/replica", "GPUs\ntotal", "tok/s\n/GPU", "TTFT\np99 ms",
+                "TPOT\np99 ms", "cost\n/Mtok", "binding", "terms"):
+        tab.add_column(col, justify="left" if col in ("model", "GPU", "binding", "terms")
+                       else "right")
+    shown = [r for r in s["candidates"] if r["status"] == "ok" and r["rank"] <= top]
+    for r in shown:
+        mark = " *" if r["pareto_cost"] or r["pareto_throughput"] else ""
+        tab.add_row(f"{r['rank']}{mark}", r["model"], r["gpu"], str(r["num_gpus"]),
+                    str(r["tensor_parallel"]), str(r["data_parallel"]),
+                    str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
+                    num_or_dash(r["rate_per_replica_req_s"], 2), str(r["gpus_total"]),
+                    num_or_dash(r["tok_s_per_gpu"], 0), num_or_dash(r["ttft_p99_ms"], 0),
+                    num_or_dash(r["tpot_p99_ms"], 1), num_or_dash(r["cost_per_mtok"], 3),
+                    r["limit"], r["terms"])
+    c.print(tab)
+    rest = [r for r in s["candidates"] if r["status"] != "ok"]
+    if rest:
+        by: dict[str, int] = {}
+        for r in rest:
+            by[f"{r['status']} ({r['limit']})"] = by.get(f"{r['status']} ({r['limit']})", 0) + 1
+        c.print("  not feasible: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items())))
+    for model, w in s["winners"].items():
+        cost = (f", {num_or_dash(w['cost_per_mtok'], 3)} {s['prices']['currency']} per "
+                "million output tokens" if w["cost_per_mtok"] is not None else "")
+        c.print(f"[bold green]{model}[/]: {w['gpus_total']} x {w['gpu']} ({w['instances']} "
+                f"instance(s) of {w['num_gpus']} GPUs, TP {w['tensor_parallel']} x DP "
+                f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
+        c.print(f"  {w['flags']['vllm']}")
+        c.print(f"  sglang: {w['flags']['sglang']}")
+    if not s["winners"]:
+        c.print("[red]no candidate meets the SLO[/]: loosen it, or add GPUs or faster ones")
+    cal = sorted({r["gpu"] for r in s["candidates"] if r["calibrated"]})
+    c.print("[dim]terms: "
+            + (f"calibrated profiles apply on {', '.join(cal)}; " if cal else "")
+            + f"'defaults' rows rest on the stated efficiencies ({_search_eff(s)}). "
+              "* = on a Pareto front (cost or tok/s per GPU vs TPOT p99). binding: what "
+              "stopped a higher rate per replica (SLO, memory, compute).[/]")
+
+
+def _search_eff(s: dict[str, Any]) -> str:
+    """The efficiencies the search's 'defaults' rows used, from its own spec."""
+    e = s["spec"]["efficiency"]
+    return (f"bandwidth {e['bandwidth']:.2f}, compute {e['compute']:.2f}, "
+            f"{e['overhead_s'] * 1e3:g} ms + {e['overhead_per_seq_s'] * 1e6:g} us/seq per step")
