@@ -202,3 +202,104 @@ def test_sql_statements_live_in_the_stores() -> None:
     assert outside == {}
     # The check sees the statements where they are.
     assert all(_sql_strings(MODULES[name]) for name in STORES)
+
+
+# ---- sizes: "no file under src/ over 500 lines, no function over 80 without a reason" --------
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+REASON = "long on purpose"  # what a longer function's docstring says, then why
+
+
+def test_no_module_over_500_lines() -> None:
+    sizes = {name: len(path.read_text(encoding="utf-8").splitlines())
+             for name, path in MODULES.items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_FILE_LINES} == {}
+    assert max(sizes.values()) > MAX_FILE_LINES // 2  # the count sees real files
+
+
+def _long_functions() -> dict[str, str]:
+    out = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES:
+                out[f"{name}.{node.name}"] = (ast.get_docstring(node) or "").lower()
+    return out
+
+
+def test_every_function_over_80_lines_says_why() -> None:
+    long_ones = _long_functions()
+    assert {n: d[:60] for n, d in long_ones.items() if REASON not in d} == {}
+    assert long_ones  # the walk finds the ones that do say why (the client's state machine)
+
+
+# ---- decisions in their rooms ------------------------------------------------------------------
+# docs/architecture.md: knees, SLO batches and a level's batch are decided in the library's
+# decision rooms; everything else reads them.
+KNEE_ROOMS = ("bstar.knee", "bstar.recommend", "bstar.plan", "bstar.fit", "bstar.sim",
+              "bstar.loadgen.sweep", "bstar.validate_curves")
+
+
+def test_only_the_decision_rooms_compute_knees() -> None:
+    users = sorted(name for name, path in MODULES.items()
+                   if "bstar.knee" in imported(name, path, top_level_only=False)
+                   or any(d.startswith("bstar.knee.") for d in
+                          imported(name, path, top_level_only=False)))
+    assert users and all(in_layer(u, KNEE_ROOMS) for u in users), users
+
+
+def _defines(path: Path, fn: str) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == fn
+               for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def test_one_definition_of_a_level_batch_and_an_slo_batch() -> None:
+    assert [n for n, p in MODULES.items() if _defines(p, "level_batch")] == ["bstar.fit.points"]
+    # The SLO batch is a field of the plan and a property of the fit (over the fit's own
+    # knee); no view or command derives one.
+    defined = [n for n, p in MODULES.items() if _defines(p, "sla_batch")
+               or _defines(p, "slo_batch")]
+    assert defined and all(in_layer(n, KNEE_ROOMS) for n in defined), defined
+
+
+# ---- units: "unit formatting lives once, in units.py" -------------------------------------------
+def _binary_unit_literals(path: Path) -> list[int]:
+    """Lines holding 2**30 / 2**20 / 1 << 30 / 1 << 20 as code (not text)."""
+    out = []
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.BinOp) and isinstance(n.left, ast.Constant) and isinstance(
+                n.right, ast.Constant) and (
+                (isinstance(n.op, ast.Pow) and n.left.value == 2 and n.right.value in (20, 30))
+                or (isinstance(n.op, ast.LShift) and n.left.value == 1
+                    and n.right.value == 30)):
+            out.append(n.lineno)
+    return out
+
+
+def test_binary_units_come_from_units_py() -> None:
+    found = {name: _binary_unit_literals(p) for name, p in MODULES.items()
+             if name != "bstar.units" and _binary_unit_literals(p)}
+    assert found == {}
+    assert _binary_unit_literals(MODULES["bstar.units"])  # where they do live
+
+
+# ---- "every command's text goes through emit" ----------------------------------------------
+def _stdout_prints_outside_emit(path: Path) -> list[int]:
+    """Lines of print() calls to stdout (no file=) that are not part of an emit(...) call."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "emit":
+            inside |= {id(x) for a in n.args for x in ast.walk(a)}
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"
+            and not any(k.arg == "file" for k in n.keywords) and id(n) not in inside]
+
+
+def test_commands_print_through_emit() -> None:
+    cmds = {n: p for n, p in MODULES.items() if n.startswith("bstar.commands.")}
+    found = {n: _stdout_prints_outside_emit(p) for n, p in cmds.items()
+             if n not in ("bstar.commands.emit", "bstar.commands.host")
+             and _stdout_prints_outside_emit(p)}
+    assert found == {}
+    assert _stdout_prints_outside_emit(cmds["bstar.commands.emit"])  # the check sees prints

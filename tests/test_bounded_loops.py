@@ -42,7 +42,7 @@ def test_nan_or_inf_trace_is_one_line(command: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("nan", "inf", "-1"):
         trace = tmp_path / f"{bad}.csv"
-        trace.write_text(f"arrival_s,input_tokens,output_tokens\n0,10,10\n{bad},10,10\n")
+        trace.write_text(f"arrival_s,prompt_tokens,output_tokens\n0,10,10\n{bad},10,10\n")
         argv = [command, "--trace", str(trace)]
         if command == "search":
             argv += ["--slo", "ttft:1000", "--gpu", "h100-sxm", "--num-gpus", "1",

@@ -248,14 +248,14 @@ trace_cell = st.one_of(st.sampled_from(["0", "0.5", "1", "10", "-1", "nan", "inf
        command=st.sampled_from(["simulate", "search"]))
 def test_traces(work: Path, rows: list[tuple[str, str, str]], form: str, junk: bytes,
                 command: str) -> None:
-    head = "arrival_s,input_tokens,output_tokens\n"
+    head = "arrival_s,prompt_tokens,output_tokens\n"
     if form == "bytes":
         path = _file(work, ".csv", junk)
     elif form == "header-only":
         path = _file(work, ".csv", head)
     elif form == "jsonl":
         path = _file(work, ".jsonl", "".join(
-            json.dumps({"arrival_s": a, "input_tokens": i, "output_tokens": o}) + "\n"
+            json.dumps({"arrival_s": a, "prompt_tokens": i, "output_tokens": o}) + "\n"
             for a, i, o in rows))
     else:
         path = _file(work, ".csv", head + "".join(",".join(r) + "\n" for r in rows))

@@ -49,7 +49,7 @@ def test_trace_runs_whole_by_default(tmp_path: object, capsys: pytest.CaptureFix
 
     trace = Path(str(tmp_path)) / "t.csv"
     rows = "\n".join(f"{i * 0.05:.2f},{32 + i},{8 + i % 5}" for i in range(1200))
-    trace.write_text("arrival_s,input_tokens,output_tokens\n" + rows + "\n")
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
     assert main(["simulate", "--trace", str(trace), "--max-num-seqs", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] == 1200  # not cut to the 1000 of generated traffic

@@ -47,7 +47,7 @@ def test_flags_map_onto_the_deployment() -> None:
     assert (d.model.name, d.gpu.id, d.num_gpus) == (get_model("llama-2-7b").name,
                                                     "h100-sxm", 2)
     assert (d.weight.name, d.kv.name, d.gpu_util) == ("fp8", "fp8", 0.8)
-    assert d.reserve_bytes == round(1.5 * 2**30) and d.block_tokens == 32
+    assert d.reserve_bytes == round(1.5 * 2**30) and d.block_size == 32
     from bstar.engines import get_engine
 
     assert d.eff == replace(get_engine("vllm").efficiency(), bandwidth=0.6, overhead_s=2e-3)

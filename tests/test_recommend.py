@@ -7,7 +7,7 @@ import pytest
 
 from bstar.errors import BstarError
 from bstar.knee import Knee
-from bstar.recommend import Recommendation, SlaBound, recommend
+from bstar.recommend import Recommendation, SloBound, recommend
 from bstar.slo import Slo, parse_slo
 
 BATCHES = [1, 2, 4, 8, 16, 32]
@@ -36,17 +36,17 @@ def test_no_knee_gives_the_largest_batch_in_the_sources_words() -> None:
 
 
 def test_the_tightest_slo_caps_and_an_unmet_one_gives_the_smallest_batch() -> None:
-    loose, tight = SlaBound(Knee("sla", 16, "loose")), SlaBound(Knee("sla", 4, "tight"))
+    loose, tight = SloBound(Knee("sla", 16, "loose")), SloBound(Knee("sla", 4, "tight"))
     r = Recommendation.from_curve("measured", BATCHES, KNEES, [loose, tight])
     assert (r.max_num_seqs, r.bound, r.reason) == (4, "sla", "SLO: tight (unconstrained: 8)")
     assert Recommendation.from_curve("measured", BATCHES, KNEES, [loose]).bound == "knee"
-    unmet = SlaBound(Knee("sla", None, "even 1 misses"), "p99 TPOT <= 5 ms")
+    unmet = SloBound(Knee("sla", None, "even 1 misses"), "p99 TPOT <= 5 ms")
     u = Recommendation.from_curve("simulated", BATCHES, KNEES, [loose, unmet])
     assert (u.max_num_seqs, u.bound) == (1, "sla-unmet")
     assert u.reason == "no level meets p99 TPOT <= 5 ms: even 1 misses"
     # With no throughput knee, the fit's SLA knee is its pick even at the grid's end.
     none = {"doubling": Knee("doubling", None, "")}
-    f = Recommendation.from_curve("fitted", BATCHES, none, [SlaBound(Knee("sla", 32, "ok"))])
+    f = Recommendation.from_curve("fitted", BATCHES, none, [SloBound(Knee("sla", 32, "ok"))])
     assert (f.max_num_seqs, f.rule) == (32, "sla")
 
 
@@ -59,7 +59,7 @@ def test_the_marked_knee_is_the_throughput_rules_pick_whatever_bound_the_recomme
     r = Recommendation.from_curve("measured", BATCHES, KNEES)
     assert r.knee == KNEES["doubling"] and r.to_dict()["knee"] == KNEES["doubling"].to_dict()
     capped = Recommendation.from_curve("measured", BATCHES, KNEES,
-                                       [SlaBound(Knee("sla", 4, "tight"))])
+                                       [SloBound(Knee("sla", 4, "tight"))])
     assert capped.bound == "sla" and capped.knee == KNEES["doubling"]
     loaded = Recommendation.from_curve("simulated", BATCHES, KNEES, load=(4, "load"))
     assert loaded.knee == KNEES["doubling"] and "knee" in loaded.to_dict(knees=True)

@@ -294,7 +294,7 @@ def test_trace_gives_lengths_pattern_and_default_demand(tmp_path: Path,
     trace = tmp_path / "t.csv"
     rng = np.random.default_rng(0)
     t = np.cumsum(rng.exponential(0.25, 200))  # 4 req/s on average, Poisson
-    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(
         f"{a:.4f},{64 + i % 300},{16 + i % 50}" for i, a in enumerate(t)) + "\n")
     assert main(["search", "--trace", str(trace), "--gpu", "h100-sxm", "--num-gpus", "1",
                  "--slo", "ttft:800,tpot:30", "--max-num-seqs", "64",

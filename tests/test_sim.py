@@ -61,7 +61,7 @@ def test_every_request_finishes_with_exactly_its_tokens(preemption: str, gpu_uti
     assert r.done.all() and not run.truncated
     assert np.array_equal(r.num_generated, w.output_tokens)
     # The last token is sampled, never fed back: KV holds prompt + output - 1 when done.
-    assert np.array_equal(r.num_computed, w.input_tokens + w.output_tokens - 1)
+    assert np.array_equal(r.num_computed, w.prompt_tokens + w.output_tokens - 1)
     assert (r.num_blocks == 0).all()
     assert run.timeline.kv_used_blocks[-1] == 0  # every block came back
     assert (r.first_token_s >= r.arrival_s).all() and (r.finish_s >= r.first_token_s).all()
@@ -236,14 +236,14 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
 
 
 def test_trace_replay(tmp_path: object) -> None:
-    text = "arrival_s,input_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n0.1,50,5\n"
+    text = "arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n0.1,50,5\n"
     tr = parse_trace(text)
     w = make_workload(tr, Lengths.fixed(1), Lengths.fixed(1), 10, np.random.default_rng(0))
     assert list(w.arrival_s) == [0.0, 0.1, 0.5]  # type: ignore[arg-type]
     assert list(w.output_tokens) == [10, 5, 20]
     run = simulate(dep(), cfg(8), w)
     assert np.array_equal(run.requests.num_generated, w.output_tokens)
-    jl = "\n".join(json.dumps({"arrival_s": a, "input_tokens": 3, "output_tokens": 2})
+    jl = "\n".join(json.dumps({"arrival_s": a, "prompt_tokens": 3, "output_tokens": 2})
                    for a in (0.0, 1.0))
     assert len(parse_trace(jl).arrival_s) == 2
     with pytest.raises(BstarError):
@@ -308,3 +308,14 @@ def test_property_conservation_and_jump(seed: int, max_num_seqs: int, budget: in
         assert max(run.timeline.num_running) <= max_num_seqs
     np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
     assert a.num_preemptions == b.num_preemptions
+
+
+def test_a_trace_may_still_name_its_prompt_column_input_tokens() -> None:
+    from bstar.sim.traffic import parse_trace
+
+    new = parse_trace("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,6\n")
+    csv_old = parse_trace("arrival_s,input_tokens,output_tokens\n0,10,5\n0.5,20,6\n")
+    jl_old = parse_trace('{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5}\n'
+                         '{"arrival_s": 0.5, "input_tokens": 20, "output_tokens": 6}\n')
+    assert new == csv_old == jl_old
+    assert new.prompt_tokens == (10, 20)

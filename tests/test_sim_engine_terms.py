@@ -134,6 +134,6 @@ def test_search_traffic_carries_the_cached_prefix_to_every_rate() -> None:
                 num_requests=50, prefix_cached_tokens=100)
     unit = t.unit_workload()
     assert unit.cached_tokens is not None
-    assert np.array_equal(unit.cached_tokens, np.minimum(unit.input_tokens, 100))
+    assert np.array_equal(unit.cached_tokens, np.minimum(unit.prompt_tokens, 100))
     assert np.array_equal(at_rate(unit, 7.0).cached_tokens, unit.cached_tokens)
     assert t.to_dict()["prefix_cached_tokens"] == 100

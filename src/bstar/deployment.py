@@ -14,6 +14,7 @@ from typing import Any
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
+from bstar.units import GiB
 
 DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_GPU = "a100-80gb-sxm"
@@ -79,13 +80,13 @@ class DeploymentOptions:
             # The profile's reserve (from an engine log) applies unless the reserve is set
             # to something other than its default.
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
-                reserve_gib = prof.reserve_bytes / 2**30
+                reserve_gib = prof.reserve_bytes / GiB
         eff = self._override(eff)
         d = rl.Deployment(
             model=get_model(self.model or DEFAULT_MODEL),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
             weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * 2**30), block_tokens=self.block_size, eff=eff,
+            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size, eff=eff,
             engine="ideal" if self.ideal else engine.name)
         if prof is not None:
             d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure

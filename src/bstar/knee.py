@@ -14,7 +14,7 @@ words, so a caller can print it as is.
                    Configuration Advisor: the first batch past which throughput gains less than
                    epsilon per added sequence, while per-request latency stays within
                    L x the latency at a reference batch (their B = 32, L = 5).
-    sla_knee       the largest batch whose per-request TPOT (or E2E, or any latency) meets a limit.
+    slo_knee       the largest batch whose per-request TPOT (or E2E, or any latency) meets a limit.
 
 The rules depend on the grid they are given (a 5% step between 64 and 128 is not a 5% step
 between 64 and 65); the seeds use powers of two, and `pow2_grid` makes one.
@@ -221,7 +221,7 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
                 f"(B={_b(b[-1])}); the plateau lies past it")
 
 
-def sla_knee(batch: npt.ArrayLike, latency_ms: npt.ArrayLike, limit_ms: float,
+def slo_knee(batch: npt.ArrayLike, latency_ms: npt.ArrayLike, limit_ms: float,
              what: str = "per-request TPOT") -> Knee:
     """The largest batch whose latency (`what`: per-request TPOT, p99 TPOT, E2E ...) meets
     `limit_ms`, counting up from the smallest batch: a noisy point that meets the limit again
@@ -266,5 +266,5 @@ def all_knees(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                               latency_factor=bca_latency_factor,
                               reference_batch=bca_reference_batch)
         if max_tpot_ms is not None:
-            out["sla"] = sla_knee(batch, tpot_ms, max_tpot_ms)
+            out["sla"] = slo_knee(batch, tpot_ms, max_tpot_ms)
     return out

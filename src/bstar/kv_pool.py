@@ -48,7 +48,7 @@ class KvLayout:
     last padded), a block holding one page of each layer of a group; a sequence takes
     each group's blocks from one shared pool."""
 
-    block_tokens: int  # raised for a hybrid model until the attention page holds a state
+    block_size: int  # raised for a hybrid model until the attention page holds a state
     page_bytes: int  # one layer's block, per GPU (a state's page is padded to it)
     group_size: int
     kinds: tuple[KvKind, ...]
@@ -95,7 +95,7 @@ def kv_layout(d: Deployment, context_tokens: int,
                     default=0)
     state_page = max((g.state_bytes_per_seq_per_gpu(g.shard_divisor(n)) for g in states),
                      default=0)
-    block = d.block_tokens
+    block = d.block_size
     if per_token and state_page:
         block *= -(-state_page // (block * per_token))
     page = block * per_token if per_token else state_page

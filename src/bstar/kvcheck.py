@@ -50,16 +50,16 @@ def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None)
         raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
 
 
-def block_bytes(d: rl.Deployment, block_tokens: int) -> int:
-    """KV bytes of one block of `block_tokens` tokens on one GPU (KV heads sharded)."""
-    return d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus) * block_tokens
+def block_bytes(d: rl.Deployment, block_size: int) -> int:
+    """KV bytes of one block of `block_size` tokens on one GPU (KV heads sharded)."""
+    return d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus) * block_size
 
 
-def b_mem_blocks(num_blocks: int, block_tokens: int, tokens_per_seq: int) -> int:
+def b_mem_blocks(num_blocks: int, block_size: int, tokens_per_seq: int) -> int:
     """Sequences of `tokens_per_seq` tokens that `num_blocks` whole blocks hold."""
-    if tokens_per_seq < 1 or block_tokens < 1:
+    if tokens_per_seq < 1 or block_size < 1:
         raise BstarError("tokens per sequence and block size must be at least 1")
-    return num_blocks // math.ceil(tokens_per_seq / block_tokens)
+    return num_blocks // math.ceil(tokens_per_seq / block_size)
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,11 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
     for the GPU)."""
     if tokens_per_seq < 1:
         raise BstarError("--tokens-per-seq (input + output tokens) must be at least 1")
-    block = snap.block_size or d.block_tokens
-    d = replace(d, block_tokens=block)
+    block = snap.block_size or d.block_size
+    d = replace(d, block_size=block)
     layout = rl.kv_layout(d, tokens_per_seq, max_num_batched_tokens)
-    block = layout.block_tokens  # a hybrid model's attention block holds a state page
-    d = replace(d, block_tokens=block)
+    block = layout.block_size  # a hybrid model's attention block holds a state page
+    d = replace(d, block_size=block)
     per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
     bb = layout.bytes_per_block
     seq_blocks = layout.blocks_per_seq
@@ -172,7 +172,7 @@ def _blocks_note(layout: rl.KvLayout, per_token: int, tokens_per_seq: int, c_blo
                  lost: int, m_blocks: int) -> str:
     """How whole blocks round the pool and a sequence: one kind of layer (bytes a token x
     tokens a block), or a hybrid model's block of every layer kind's pages."""
-    block, bb = layout.block_tokens, layout.bytes_per_block
+    block, bb = layout.block_size, layout.bytes_per_block
     if len(layout.kinds) == 1 and layout.kinds[0].kind in ("full", "dsa"):
         seq_blocks = math.ceil(tokens_per_seq / block)
         return (f"block rounding: {per_token:,} B/token x {block} tokens = "

@@ -13,6 +13,7 @@ from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, DeploymentOptions
 from bstar.errors import BstarError
 from bstar.knee import Knee
 from bstar.recommend import Recommendation, engine_flags
+from bstar.units import GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
            "compare", "make_plan"]
@@ -30,7 +31,7 @@ class ContextPlan:
     b_star_read: float | None
     b_mem: int
     compute_crossover_batch: float | None
-    tpot_floor_s: float
+    amortized_floor_s: float
     curve: rl.Curve
     recommendation: Recommendation
     flags: dict[str, str]
@@ -68,7 +69,8 @@ class ContextPlan:
             "b_star_weights_read": self.b_star_read,
             "b_mem": self.b_mem,
             "compute_crossover_batch": self.compute_crossover_batch,
-            "tpot_floor_ms": self.tpot_floor_s * 1e3,
+            "amortized_floor_ms": self.amortized_floor_s * 1e3,
+            "tpot_floor_ms": self.amortized_floor_s * 1e3,  # the old name, kept for readers
             "prefill_ms": self.prefill_s * 1e3,
             "warnings": list(self.warnings),
             "curve": [
@@ -142,7 +144,7 @@ class Plan:
                            "int4_weight_stream": e.int4_weight_stream,
                            "grouped": e.grouped},
             "engine_profile": _engine_dict(d.engine),
-            "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": 2**30,
+            "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": GiB,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
                                                 "(seed 000's 'TPOT' curve)"},
@@ -182,7 +184,7 @@ def check_tensor_parallel(d: rl.Deployment) -> None:
 # the v0.11 line): 1024 on a device with at least 70 GiB whose name does not contain
 # "a100" (H100, H200, MI300X...), else 256 (A100s: vLLM PR #17885 saw larger batches lose
 # throughput there); CPUs and TPUs have their own. See docs/cost-model.md.
-VLLM_LARGE_GPU_BYTES = 70 * 2**30
+VLLM_LARGE_GPU_BYTES = 70 * GiB
 VLLM_DEFAULT_MAX_NUM_SEQS = (1024, 256)
 
 
@@ -208,7 +210,7 @@ def engine_defaults(d: rl.Deployment, ctx: int, b_mem: int,
         note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
     out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note})
     pool_tokens = rl.kv_pool_bytes(d) // max(1, rl.kv_bytes_per_seq_allocated(d, 1)
-                                             // max(1, d.block_tokens))
+                                             // max(1, d.block_size))
     sgl = max(1, pool_tokens // 2)
     out.append({"engine": "sglang", "max_num_seqs": sgl,
                 "rule": "--max-running-requests defaults to the KV pool's tokens // 2 "
@@ -231,11 +233,11 @@ def check_batches(batches: list[int] | tuple[int, ...]) -> None:
 
 def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
               batches: list[int] | None = None, max_tpot_ms: float | None = None,
-              input_tokens: int | None = None) -> Plan:
+              prompt_tokens: int | None = None) -> Plan:
     """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation.
 
     `context_tokens` is the KV each running sequence holds (prompt + generated so far; the
-    seeds' seq_len). `input_tokens` (default: the context) sizes the prefill estimate.
+    seeds' seq_len). `prompt_tokens` (default: the context) sizes the prefill estimate.
     """
     check_contexts(contexts)
     check_tensor_parallel(d)
@@ -252,8 +254,8 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             raise BstarError(
                 f"{d.model.name} does not fit on {d.num_gpus} x {d.gpu.id} at {ctx} tokens: "
                 f"weights {rl.weight_bytes_per_gpu(d) / 1e9:.2f} GB per GPU, KV pool "
-                f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / 2**30:.2f} GiB x "
-                f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / 2**30:.2f} GiB), one "
+                f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
+                f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / GiB:.2f} GiB), one "
                 f"sequence needs {rl.kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
                 + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
                    if need else "no tensor-parallel size up to 64 fits"))
@@ -282,10 +284,11 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
             context_tokens=ctx, kv_bytes_per_seq=rl.kv_bytes_per_seq(d, ctx),
             kv_bytes_per_seq_allocated=rl.kv_bytes_per_seq_allocated(d, ctx),
             b_star=bstar, b_star_read=rl.b_star_read(d, ctx), b_mem=bm,
-            compute_crossover_batch=cross, tpot_floor_s=rl.tpot_floor_s(d, ctx), curve=c,
+            compute_crossover_batch=cross, amortized_floor_s=rl.amortized_floor_s(d, ctx),
+            curve=c,
             recommendation=rec,
             flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
-            prefill_s=rl.prefill_s(d, input_tokens or ctx), warnings=tuple(warnings),
+            prefill_s=rl.prefill_s(d, prompt_tokens or ctx), warnings=tuple(warnings),
             at_recommendation={"batch": rec.max_num_seqs,
                                "tpot_ms": float(at.tpot_s[0] * 1e3),
                                "step_ms": float(at.step_s[0] * 1e3),
@@ -342,7 +345,8 @@ def compare_row(plan: Plan, c: ContextPlan) -> dict[str, Any]:
             "context_tokens": c.context_tokens, "kv_bytes_per_seq": c.kv_bytes_per_seq,
             "b_star": c.b_star, "b_mem": c.b_mem,
             "compute_crossover_batch": c.compute_crossover_batch,
-            "tpot_floor_ms": c.tpot_floor_s * 1e3,
+            "amortized_floor_ms": c.amortized_floor_s * 1e3,
+            "tpot_floor_ms": c.amortized_floor_s * 1e3,  # the old name, kept for readers
             "tpot_batch1_ms": float(c.curve.tpot_s[0] * 1e3),
             "warnings": list(c.warnings),
             "recommendation": {"max_num_seqs": c.recommendation.max_num_seqs,
@@ -357,6 +361,7 @@ def no_fit_row(d: rl.Deployment, ctx: int, min_gpus: int | None,
             "attention": d.model.attention_kind, "weight_bytes": rl.weight_bytes(d),
             "kv_bytes_per_token": rl.kv_bytes_per_token(d), "context_tokens": ctx,
             "kv_bytes_per_seq": rl.kv_bytes_per_seq(d, ctx), "b_star": rl.b_star(d, ctx),
-            "b_mem": 0, "compute_crossover_batch": None, "tpot_floor_ms": None,
+            "b_mem": 0, "compute_crossover_batch": None, "amortized_floor_ms": None,
+            "tpot_floor_ms": None,
             "tpot_batch1_ms": None, "recommendation": None, "fits": False,
             "min_num_gpus": min_gpus, "error": message}

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bstar.units import MiB
+
 # The variables BLAS libraries read for their thread count, once, when numpy loads them.
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -358,4 +360,4 @@ def probe(device: str = "auto", **sizes: int) -> ProbeResult:
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:.0f} MiB"
+    return f"{n / MiB:.0f} MiB"

@@ -126,7 +126,7 @@ class Recommendation:
 
     @classmethod
     def from_curve(cls, source: CurveSource, batches: Sequence[int],
-                   knees: Mapping[str, Knee], sla: Sequence[SlaBound] = (),
+                   knees: Mapping[str, Knee], sla: Sequence[SloBound] = (),
                    load: tuple[int, str] | None = None) -> Recommendation:
         """The pick on a measured, fitted or simulated throughput curve (`batches`, sorted,
         the levels or the grid the `knees` were found on):
@@ -209,7 +209,7 @@ _WORDS: dict[str, dict[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class SlaBound:
+class SloBound:
     """An SLO's knee (the largest batch meeting it) and its words, e.g. "p99 TPOT <= 50 ms"."""
 
     knee: Knee

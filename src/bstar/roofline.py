@@ -163,7 +163,7 @@ class Deployment:
     # Activations, CUDA graphs, CUDA context and NCCL buffers, per GPU; vLLM profiles these
     # at start-up. 2 GiB is a rough figure for 7-70B models at default settings.
     reserve_bytes: int = 2 * GiB
-    block_tokens: int = 16  # vLLM's default KV block size
+    block_size: int = 16  # vLLM's default KV block size
     eff: Efficiency = field(default_factory=Efficiency)
     engine: str = ""  # the engine profile the efficiencies started from (a label)
 
@@ -174,7 +174,7 @@ class Deployment:
             raise BstarError(f"--gpu-util must be in (0, 1], got {self.gpu_util}")
         if self.reserve_bytes < 0:
             raise BstarError("reserve must not be negative")
-        if self.block_tokens < 1:
+        if self.block_size < 1:
             raise BstarError("block size must be at least 1 token")
         get_precision(self.weight_dtype or self.model.default_dtype,
                       allowed=(*WEIGHT_DTYPES, "fp8-block", "fp32"))
@@ -313,27 +313,27 @@ def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
                       dtype=np.float64)
 
 
-def batch_output_tok_s(d: Deployment, batch: int, input_tokens: int, output_tokens: int,
+def batch_output_tok_s(d: Deployment, batch: int, prompt_tokens: int, output_tokens: int,
                        context_tokens: int | None = None) -> float:
-    """Output tokens per second of `batch` requests of `input_tokens` in and `output_tokens`
+    """Output tokens per second of `batch` requests of `prompt_tokens` in and `output_tokens`
     out, prefill included: min(B, B_mem) x O / (prefill(B x I) + O x step), the step at
     `context_tokens` (default I + O/2, the mean a request holds while it decodes). What a
     static batch measures, and about what a closed loop of B streams does; `bstar validate`
     and a sweep level's prediction compare it with their measured throughput."""
-    ctx = input_tokens + output_tokens // 2 if context_tokens is None else context_tokens
+    ctx = prompt_tokens + output_tokens // 2 if context_tokens is None else context_tokens
     c = curve(d, [batch], ctx)
     running = int(c.running_batch[0])
-    total_s = prefill_s(d, input_tokens, running) + output_tokens * float(c.step_s[0])
+    total_s = prefill_s(d, prompt_tokens, running) + output_tokens * float(c.step_s[0])
     return running * output_tokens / total_s
 
 
-def prefill_s(d: Deployment, input_tokens: int, batch: int = 1) -> float:
-    """Time to prefill `batch` prompts of `input_tokens` (TTFT without queueing), priced as
+def prefill_s(d: Deployment, prompt_tokens: int, batch: int = 1) -> float:
+    """Time to prefill `batch` prompts of `prompt_tokens` (TTFT without queueing), priced as
     the step that runs them (bstar.step): the weight GEMMs over every token (weights read
     once), the causal attention (2*s^2*heads*dim per layer: QK^T and AV over the lower
     triangle) reading each query tile's keys, the fixed per-layer costs, communication,
     overhead."""
-    work = _step.shape(d).prefill(input_tokens, batch)
+    work = _step.shape(d).prefill(prompt_tokens, batch)
     return float(_step.price(work, d.eff)[0])
 
 
@@ -377,7 +377,7 @@ def compute_crossover(d: Deployment, context_tokens: int) -> float | None:
     return _first_root(diff)
 
 
-def tpot_floor_s(d: Deployment, context_tokens: int) -> float:
+def amortized_floor_s(d: Deployment, context_tokens: int) -> float:
     """Floor of the amortized time per token as B grows: reading one sequence's KV
     (seed 000's kv_per_seq / BW, with the bandwidth efficiency)."""
     kv = kv_bytes_per_seq(d, context_tokens) / (1 if d.model.is_mla else d.num_gpus)

@@ -372,9 +372,9 @@ class StepShape:
                           one * float(n.sum()), one * kv, one * score, one * attn,
                           one * ckv, one * ctiles, one * cattn, one * cattn_g)
 
-    def prefill(self, input_tokens: int, batch: int = 1) -> StepWork:
-        """The step that prefills `batch` prompts of `input_tokens` from scratch."""
-        return self.scheduled(np.zeros(batch), np.full(batch, float(input_tokens)))
+    def prefill(self, prompt_tokens: int, batch: int = 1) -> StepWork:
+        """The step that prefills `batch` prompts of `prompt_tokens` from scratch."""
+        return self.scheduled(np.zeros(batch), np.full(batch, float(prompt_tokens)))
 
 
 def shape(d: Deployment) -> StepShape:

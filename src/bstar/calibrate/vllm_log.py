@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
+from bstar.units import GiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ def parse_vllm_log(text: str) -> VllmKvLog:
     if gib is None and tokens is None and blocks is None:
         raise BstarError("no KV cache size in this log (looked for 'Available KV cache "
                          "memory', 'KV cache size: N tokens', '# GPU blocks')")
-    return VllmKvLog(round(float(gib) * 2**30) if gib else None,
+    return VllmKvLog(round(float(gib) * GiB) if gib else None,
                      int(tokens.replace(",", "")) if tokens else None,
                      int(blocks) if blocks else None)
 
@@ -48,7 +49,7 @@ def kv_pool_from_log(d: rl.Deployment, log: VllmKvLog) -> int:
         return log.kv_cache_bytes
     per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
     tokens = log.kv_cache_tokens if log.kv_cache_tokens is not None \
-        else (log.gpu_blocks or 0) * d.block_tokens
+        else (log.gpu_blocks or 0) * d.block_size
     return tokens * per_token
 
 
@@ -59,7 +60,7 @@ def reserve_from_kv_pool(d: rl.Deployment, kv_pool_bytes: int) -> int:
         - kv_pool_bytes
     if reserve < 0:
         raise BstarError(
-            f"the measured KV pool ({kv_pool_bytes / 2**30:.2f} GiB) exceeds memory x util "
-            f"- weights ({(kv_pool_bytes + reserve) / 2**30:.2f} GiB): check --gpu-util, "
+            f"the measured KV pool ({kv_pool_bytes / GiB:.2f} GiB) exceeds memory x util "
+            f"- weights ({(kv_pool_bytes + reserve) / GiB:.2f} GiB): check --gpu-util, "
             "--gpu and --dtype against the server's settings")
     return reserve

@@ -94,26 +94,21 @@ def run_demo(args: argparse.Namespace) -> int:
     report = write_html(demo_report(views, "bstar demo"), out / "report.html")
     say("report written")
     rec = sweep.get("recommendation") or {}
-    if args.json:
-        print(json.dumps({"run_id": sweep["run_id"], "db": sweep["db"],
-                          "report": str(report.resolve()), "levels": sweep["levels"],
-                          "recommendation": rec, "fit": {"knee_batch": fit.knee_batch,
-                          "throughput_kind": fit.throughput_kind,
-                          "predictions": [p.to_dict() for p in fit.predictions]},
-                          "calibration": {
-                              "profile": str((out / "calibration.toml").resolve()),
-                              "metric": CALIBRATION_METRIC,
-                              "median_abs_error": calibration.median_abs_error,
-                              "uncalibrated_median_abs_error": uncalibrated,
-                              "roof_sharpness": calibration.eff.roof_sharpness}},
-                         indent=2))
-        return 0
-    _print_summary(sweep, fit, report)
-    print(f"cost model calibrated on these levels (median ITL): median |error| "
-          f"{calibration.median_abs_error:.1%}, uncalibrated "
-          f"{uncalibrated:.1%}; profile "
-          f"{(out / 'calibration.toml').resolve()}")
-    return 0
+    from bstar.commands.emit import emit
+    from bstar.report.text import print_demo
+
+    profile = (out / "calibration.toml").resolve()
+    return emit(args, lambda: {
+        "run_id": sweep["run_id"], "db": sweep["db"], "report": str(report.resolve()),
+        "levels": sweep["levels"], "recommendation": rec,
+        "fit": {"knee_batch": fit.knee_batch, "throughput_kind": fit.throughput_kind,
+                "predictions": [p.to_dict() for p in fit.predictions]},
+        "calibration": {"profile": str(profile), "metric": CALIBRATION_METRIC,
+                        "median_abs_error": calibration.median_abs_error,
+                        "uncalibrated_median_abs_error": uncalibrated,
+                        "roof_sharpness": calibration.eff.roof_sharpness}},
+        lambda: print_demo(sweep, fit, report, calibration.median_abs_error, uncalibrated,
+                           profile))
 
 
 def analyse(result: Any, out: Path, say: Callable[[str], None]
@@ -227,21 +222,3 @@ def _sweep(url: str, levels: list[int], args: argparse.Namespace, db: Path, say:
                                   "gpu": str(gpu_file)})
     return run_sweep(cfg, db=db, on_event=on_event,
                      deployment=sweep_deployment(cfg.to_options()))
-
-
-def _print_summary(sweep: dict[str, Any], fit: Any, report: Path) -> None:
-    from bstar.units import sparkline
-
-    lv = [x for x in sweep["levels"] if x.get("throughput_tok_s")]
-    xs = ",".join(str(x.get("concurrency")) for x in lv)
-    print(f"run {sweep['run_id']} in {sweep['db']}")
-    print(f"throughput over concurrency {xs}: "
-          f"{sparkline([float(x['throughput_tok_s']) for x in lv])} "
-          + " ".join(f"{x['throughput_tok_s']:,.0f}" for x in lv) + " tok/s")
-    rec = sweep.get("recommendation") or {}
-    if rec:
-        print(f"measured: max_num_seqs = {rec['max_num_seqs']} ({rec.get('reason', '')})")
-    for p in fit.predictions:
-        print(f"fit predicts batch {p.batch}: {p.throughput_tok_s:,.0f} tok/s output "
-              f"(prefill included, as measured), TPOT {p.tpot_ms:.1f} ms ({p.regime})")
-    print(f"report: {report.resolve()}")

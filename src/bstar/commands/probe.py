@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from bstar.commands.common import positive_int
@@ -58,24 +57,13 @@ def run_probe(args: argparse.Namespace) -> int:
     except OSError as e:
         raise BstarError(f"{args.output}: cannot write ({e.strerror})") from None
     gpu = load_gpu_file(args.output)  # what every command will read back
-    if args.json:
-        print(json.dumps({"file": str(args.output), **result.gpu_mapping(),
-                          "bandwidth_runs_bytes_s": list(result.bandwidth.runs),
-                          "read_bandwidth_runs_bytes_s":
-                              list(result.read_bandwidth.runs) if result.read_bandwidth
-                              else None,
-                          "matmul_runs_flops": {k: list(m.runs)
-                                                for k, m in result.matmul.items()},
-                          "elapsed_s": result.elapsed_s}, indent=2))
-        return 0
-    print(f"{gpu.name} ({result.device}, {result.threads} threads), {result.elapsed_s:.1f} s")
-    print(f"  memory     {gpu.memory_bytes / 2**30:.1f} GiB ({result.memory_how})")
-    print(f"  bandwidth  {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s  (filed: the larger of)")
-    for m in (result.bandwidth, result.read_bandwidth):
-        if m is not None:
-            print(f"    {m.median / 1e9:8.1f} GB/s  {m.how} (runs spread {m.spread:.0%})")
-    for k, m in result.matmul.items():
-        print(f"  {k} GEMM  {m.median / 1e9:.1f} GFLOP/s  (runs spread {m.spread:.0%})")
-    print(f"  ridge      {gpu.ridge_flops_per_byte:.1f} FLOP/byte")
-    print(f"wrote {args.output} (id {gpu.id}); use it with --gpu {args.output}")
-    return 0
+    from bstar.commands.emit import emit
+    from bstar.report.text import print_probe
+
+    return emit(args, lambda: {
+        "file": str(args.output), **result.gpu_mapping(),
+        "bandwidth_runs_bytes_s": list(result.bandwidth.runs),
+        "read_bandwidth_runs_bytes_s":
+            list(result.read_bandwidth.runs) if result.read_bandwidth else None,
+        "matmul_runs_flops": {k: list(m.runs) for k, m in result.matmul.items()},
+        "elapsed_s": result.elapsed_s}, lambda: print_probe(result, gpu, args.output))

@@ -67,13 +67,10 @@ def _command_line() -> str:
 
 
 def _done(args: argparse.Namespace, path: Any, extra: dict[str, Any] | None = None) -> int:
-    if getattr(args, "json", False):
-        from bstar.commands.emit import dumps
+    from bstar.commands.emit import emit
 
-        print(dumps({"report": str(path), **(extra or {})}))
-    else:
-        print(f"report written to {path}")
-    return 0
+    return emit(args, lambda: {"report": str(path), **(extra or {})},
+                lambda: print(f"report written to {path}"))
 
 
 def run_report(args: argparse.Namespace) -> int:

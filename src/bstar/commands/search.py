@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from bstar.commands.common import (
@@ -15,6 +16,7 @@ from bstar.commands.common import (
     seed_int,
     str_list,
 )
+from bstar.units import GiB
 
 DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
 
@@ -74,7 +76,7 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
                         "trace's mean rate)")
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="lengths and arrival pattern from a trace (CSV arrival_s,"
-                        "input_tokens,output_tokens or JSON lines), rescaled per rate")
+                        "prompt_tokens,output_tokens or JSON lines), rescaled per rate")
     t.add_argument("--input-len", default="512",
                    help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
                         "or empirical:N1,... (default 512)")
@@ -170,7 +172,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=tuple(sorted(set(args.max_num_seqs or ()))),
         max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
-                      round(args.reserve_gib * 2**30), args.block_size),
+                      round(args.reserve_gib * GiB), args.block_size),
         eff=eff, profiles=tuple(profiles), rel_tol=args.rel_tol,
         max_utilization=args.max_utilization)
 
@@ -232,20 +234,21 @@ def _run(spec: Any, backend: Any, store: Any, prices: Any, resume: bool, tick: A
 
 
 def run_search(args: argparse.Namespace) -> int:
+    from bstar.commands.emit import emit
+
     result = search_from_args(args, quiet=args.json or not sys.stderr.isatty())
     obj = result.to_dict()
-    if args.plot:
-        from bstar.report import save_search_plot
-
-        print(f"plot written to {save_search_plot(obj, args.plot)}", file=sys.stderr)
     for w in result.warnings:
         print(f"bstar: warning: {w}", file=sys.stderr)
-    if args.json:
-        from bstar.commands.emit import dumps
 
-        print(dumps(obj))
-        return 0
-    from bstar.report.text import print_search
+    def plot(path: str) -> Path:
+        from bstar.report import save_search_plot
 
-    print_search(obj, args.top)
-    return 0
+        return save_search_plot(obj, path)
+
+    def text() -> None:
+        from bstar.report.text import print_search
+
+        print_search(obj, args.top)
+
+    return emit(args, lambda: obj, text, plot)

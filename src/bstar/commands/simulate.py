@@ -39,7 +39,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--concurrency", type=positive_int, default=None,
                       help="closed loop: this many users, each with one request in flight")
     load.add_argument("--trace", default=None, metavar="FILE",
-                      help="replay arrivals and lengths: CSV (arrival_s,input_tokens,"
+                      help="replay arrivals and lengths: CSV (arrival_s,prompt_tokens,"
                            "output_tokens) or JSON lines")
     t.add_argument("--think-time-s", type=non_negative_float, default=0.0,
                    help="closed loop: mean pause between a response and the user's next "

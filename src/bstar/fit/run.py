@@ -26,7 +26,7 @@ from bstar.fit.model import (
 )
 from bstar.fit.points import MIN_POINTS, Points
 from bstar.fit.result import INTERVAL_PCT, FitResult, Prediction
-from bstar.recommend import Recommendation, SlaBound
+from bstar.recommend import Recommendation, SloBound
 
 DEFAULT_BOOTSTRAP = 200
 MAX_SLA_GRID = 1 << 20
@@ -263,12 +263,12 @@ def _knees(points: Points, params: Params, top: float, rules: KneeRules
     step_grid = params.step_ms(grid)
     kw = rules.knee_kwargs()
     knees_fitted = kn.all_knees(grid, 1e3 * grid / step_grid, step_grid, **kw)
-    sla: list[SlaBound] = []
+    sla: list[SloBound] = []
     if rules.max_tpot_ms is not None:
         dense = np.arange(1, min(int(top), MAX_SLA_GRID) + 1, dtype=np.float64)
-        knees_fitted["sla"] = kn.sla_knee(dense, params.step_ms(dense), rules.max_tpot_ms,
+        knees_fitted["sla"] = kn.slo_knee(dense, params.step_ms(dense), rules.max_tpot_ms,
                                           "fitted per-request TPOT")
-        sla.append(SlaBound(knees_fitted["sla"], f"TPOT <= {rules.max_tpot_ms:g} ms"))
+        sla.append(SloBound(knees_fitted["sla"], f"TPOT <= {rules.max_tpot_ms:g} ms"))
     knees_measured = kn.all_knees(np.array(points.batch, dtype=np.float64),
                                   np.array(points.throughput_tok_s),
                                   np.array(points.tpot_ms), max_tpot_ms=rules.max_tpot_ms,

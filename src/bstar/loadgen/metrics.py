@@ -49,7 +49,7 @@ class LevelStats:
     output_tokens: int
     throughput_tok_s: float  # output tokens / s
     total_tok_s: float  # (input + output) tokens / s
-    request_rate_s: float
+    request_rate_req_s: float
     goodput_req_s: float | None  # None when no SLO was given
     ttft_ms: dict[str, float | None]
     tpot_ms: dict[str, float | None]
@@ -70,7 +70,7 @@ class LevelStats:
             "output_tokens": self.output_tokens,
             "throughput_tok_s": self.throughput_tok_s,
             "total_tok_s": self.total_tok_s,
-            "request_rate_s": self.request_rate_s,
+            "request_rate_req_s": self.request_rate_req_s,
             "goodput_req_s": self.goodput_req_s,
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
@@ -109,7 +109,7 @@ def summarize(records: Iterable[RequestRecord], duration_s: float,
         output_tokens=out_tokens,
         throughput_tok_s=out_tokens / dur,
         total_tok_s=(in_tokens + out_tokens) / dur,
-        request_rate_s=len(ok) / dur,
+        request_rate_req_s=len(ok) / dur,
         goodput_req_s=goodput,
         ttft_ms=percentiles_ms(r.ttft_s for r in ok if r.ttft_s is not None),
         tpot_ms=percentiles_ms(tpots),

@@ -414,7 +414,8 @@ class _Runner:
             batch = lv.batch
             if batch is None and stats["e2e_ms"]["mean"]:
                 # Open loop: Little's law gives the mean number in the system.
-                batch = max(1, round(stats["request_rate_s"] * stats["e2e_ms"]["mean"] / 1e3))
+                batch = max(1, round(stats["request_rate_req_s"] * stats["e2e_ms"]["mean"]
+                                     / 1e3))
             ctx = cfg.input_len + cfg.output_len // 2
             predicted = predict_level(self.deployment, batch, ctx, cfg.input_len,
                                       cfg.output_len) or None

@@ -30,7 +30,7 @@ from bstar.fit.points import level_batch
 from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.runner import DONE_STATUSES, EventFn, _Runner, predict_level
 from bstar.loadgen.store import LevelRow, Store, utc_now
-from bstar.recommend import Recommendation, SlaBound
+from bstar.recommend import Recommendation, SloBound
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
            "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
@@ -191,14 +191,14 @@ def verdict(levels: list[LevelResult], slo: dict[str, float]) -> tuple[dict[str,
     knees = knee_mod.all_knees(batches, tput, tpot)
     out["rules"] = {k: v.to_dict() for k, v in knees.items()}
     # SLA: every SLO must hold at p99 (TPOT, TTFT, E2E); the bound is the tightest.
-    sla: list[SlaBound] = []
+    sla: list[SloBound] = []
     for key in ("tpot", "ttft", "e2e"):
         if key not in slo:
             continue
         vals = [(by_batch[b].stats[f"{key}_ms"] or {}).get("p99") for b in batches]
         if any(v is None or not v > 0 for v in vals):
             continue
-        sla.append(SlaBound(knee_mod.sla_knee(batches, vals, slo[key],
+        sla.append(SloBound(knee_mod.slo_knee(batches, vals, slo[key],
                                               what=f"p99 {key.upper()}")))
     if sla:
         bound = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch).knee

@@ -27,7 +27,7 @@ from bstar.report.words import (
     prediction_columns,
     words,
 )
-from bstar.units import fmt_bytes
+from bstar.units import MiB, fmt_bytes
 from bstar.units import fmt_ms as _ms
 from bstar.units import fmt_num as _num
 
@@ -80,7 +80,7 @@ def plan_report(p: dict[str, Any], command: str = "") -> Report:
                  ("B_mem (KV fits)", f"{c['b_mem']:,}"),
                  ("compute crossover", _num(c["compute_crossover_batch"], 0)
                   if c["compute_crossover_batch"] is not None else "none: memory-bound"),
-                 ("amortized floor", f"{_ms(c['tpot_floor_ms'])} ms/token"),
+                 ("amortized floor", f"{_ms(c['amortized_floor_ms'])} ms/token"),
                  ("TPOT at batch 1", f"{_ms(c['curve'][0]['tpot_ms'])} ms"),
                  ("prefill of the context", f"{_ms(c['prefill_ms'])} ms"),
                  ("throughput ceiling", f"{c['throughput_ceiling_kv_tok_s']:,.0f} tok/s (KV read)"),
@@ -139,7 +139,7 @@ def compare_report(rows: list[dict[str, Any]], command: str = "") -> Report:
         table_rows.append([
             row["model"], gpu, row["attention"], f"{row['weight_bytes'] / 1e9:.2f}",
             f"{row['kv_bytes_per_token'] / 1024:.0f}", f"{row['context_tokens']:,}",
-            f"{row['kv_bytes_per_seq'] / 2**20:,.0f}", f"{row['b_star']:.1f}",
+            f"{row['kv_bytes_per_seq'] / MiB:,.0f}", f"{row['b_star']:.1f}",
             f"{row['b_mem']:,}" if fits else "0",
             _num(row.get("compute_crossover_batch"), 0),
             _ms(row.get("tpot_batch1_ms")),

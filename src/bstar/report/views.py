@@ -60,7 +60,7 @@ def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
         flops_per_token_per_gpu = float(one.flops[0])
         # Limits of the memory-bound model as B grows without bound: the KV of one sequence
         # is read per token (seed 000's floor), and the compute roof of the GPUs.
-        cd["throughput_ceiling_kv_tok_s"] = 1.0 / cp.tpot_floor_s
+        cd["throughput_ceiling_kv_tok_s"] = 1.0 / cp.amortized_floor_s
         cd["compute_roof_tok_s"] = peak_flops * d.eff.compute / flops_per_token_per_gpu
         cd["ai_limit_flops_per_byte"] = float(
             flops_per_token_per_gpu / (float(one.kv_bytes_read[0]) or 1.0))

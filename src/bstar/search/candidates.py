@@ -31,7 +31,6 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
-from bstar.knee import doubling_knee, pow2_grid
 from bstar.recommend import MEMORY_HEADROOM
 from bstar.sim import SchedulerConfig, SimConfig, Slo, Workload, check_feasible
 from bstar.sim.scheduler import vllm_server_defaults
@@ -99,7 +98,7 @@ def tp_sizes(m: ModelSpec, num_gpus: int) -> list[int]:
 
 
 def mean_tokens(w: Workload) -> tuple[float, float]:
-    return float(w.input_tokens.mean()), float(w.output_tokens.mean())
+    return float(w.prompt_tokens.mean()), float(w.output_tokens.mean())
 
 
 def typical_context(w: Workload) -> int:
@@ -109,17 +108,16 @@ def typical_context(w: Workload) -> int:
 
 
 def default_max_num_seqs(d: rl.Deployment, w: Workload) -> list[int]:
-    """Around the cost model's predicted knee and B_mem at the workload's typical context:
-    half the knee, the knee, twice the knee, and 85% of B_mem (each at most B_mem)."""
+    """Around the cost model's predicted knee (the plan's: `plan.predicted_knees`) and B_mem
+    at the workload's typical context: half the knee, the knee, twice the knee, and 85% of
+    B_mem (each at most B_mem)."""
+    from bstar.plan import predicted_knees
+
     ctx = typical_context(w)
     bm = rl.b_mem(d, ctx)
     if bm < 1:
         return []
-    grid = pow2_grid(max(bm, 2))
-    knee = None
-    if len(grid) >= 2:
-        c = rl.curve(d, grid, ctx)
-        knee = doubling_knee(grid, c.throughput_tok_s).batch
+    knee = predicted_knees(d, ctx, bm)["doubling"].batch
     top = max(1, math.floor(MEMORY_HEADROOM * bm))
     picks = {top}
     if knee is not None:
@@ -138,7 +136,7 @@ def slo_lower_bounds_ms(d: rl.Deployment, w: Workload) -> dict[str, float]:
     # A decode step of one sequence holding no KV, and a prompt prefilled in one step from
     # nothing: no real step is cheaper (chunking a prompt only adds steps).
     tpot_lb_s = float(k.decode_step_s(1.0)[0])
-    prompt = w.input_tokens.astype(np.float64)
+    prompt = w.prompt_tokens.astype(np.float64)
     ttft_lb = np.array([k.batch_step_s([0], [int(n)]) for n in np.unique(prompt)])
     ttft_each = ttft_lb[np.searchsorted(np.unique(prompt), prompt)]
     e2e_each = ttft_each + (w.output_tokens - 1) * tpot_lb_s

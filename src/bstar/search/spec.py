@@ -19,6 +19,7 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
+from bstar.units import GiB
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 DEFAULT_NUM_REQUESTS = 400
@@ -75,14 +76,14 @@ class Traffic:
             raise BstarError("a trace for search needs at least 2 requests at distinct times "
                              "(its arrival pattern is rescaled to each rate tried)")
         # n - 1 gaps over the span: a mean rate of 1 request/s.
-        return self._cached(Workload(w.input_tokens, w.output_tokens,
+        return self._cached(Workload(w.prompt_tokens, w.output_tokens,
                                      a * ((w.num_requests - 1) / span)))
 
     def _cached(self, w: Workload) -> Workload:
         if not self.prefix_cached_tokens:
             return w
-        return Workload(w.input_tokens, w.output_tokens, w.arrival_s,
-                        cached_tokens=np.minimum(w.input_tokens, self.prefix_cached_tokens))
+        return Workload(w.prompt_tokens, w.output_tokens, w.arrival_s,
+                        cached_tokens=np.minimum(w.prompt_tokens, self.prefix_cached_tokens))
 
     def describe(self) -> str:
         if self.trace is not None:
@@ -99,7 +100,7 @@ class Traffic:
                 "trace": None if self.trace is None else {
                     "num_requests": len(self.trace.arrival_s),
                     "sha256": hashlib.sha256(json.dumps(
-                        [self.trace.arrival_s, self.trace.input_tokens,
+                        [self.trace.arrival_s, self.trace.prompt_tokens,
                          self.trace.output_tokens]).encode()).hexdigest()}}
 
 
@@ -111,7 +112,7 @@ def _lengths_dict(x: Lengths) -> dict[str, Any]:
 def at_rate(unit: Workload, rate_req_s: float) -> Workload:
     """`unit` (1 request/s) with its arrival times compressed to `rate_req_s`."""
     assert unit.arrival_s is not None
-    return Workload(unit.input_tokens, unit.output_tokens, unit.arrival_s / rate_req_s,
+    return Workload(unit.prompt_tokens, unit.output_tokens, unit.arrival_s / rate_req_s,
                     cached_tokens=unit.cached_tokens)
 
 
@@ -122,13 +123,15 @@ class Memory:
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
     gpu_util: float = 0.90
-    reserve_bytes: int = 2 * 2**30
-    block_tokens: int = 16
+    reserve_bytes: int = 2 * GiB
+    block_size: int = 16
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
                 "gpu_util": self.gpu_util, "reserve_bytes": self.reserve_bytes,
-                "block_tokens": self.block_tokens}
+                # The key keeps its old name: this dict is hashed into the name of every
+                # stored search, so a rename would orphan them.
+                "block_tokens": self.block_size}
 
 
 @dataclass(frozen=True, slots=True)

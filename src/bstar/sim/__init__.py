@@ -62,7 +62,7 @@ def simulate_levels(d: rl.Deployment, max_num_seqs: list[int], arrivals: Arrival
     w = make_workload(arrivals, input_len, output_len, num_requests,
                       np.random.default_rng(seed))
     if cached_prefix_tokens:  # a shared prefix the prefix cache holds (whole blocks)
-        w = replace(w, cached_tokens=np.minimum(w.input_tokens, cached_prefix_tokens))
+        w = replace(w, cached_tokens=np.minimum(w.prompt_tokens, cached_prefix_tokens))
     cfgs = [replace(base, scheduler=replace(base.scheduler, max_num_seqs=m))
             for m in max_num_seqs]
     for c in cfgs:

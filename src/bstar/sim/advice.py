@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bstar import knee
-from bstar.recommend import Recommendation, SlaBound
+from bstar.recommend import Recommendation, SloBound
 from bstar.sim.metrics import SimSummary
 from bstar.slo import Slo
 
@@ -37,7 +37,7 @@ def advise(levels: list[SimSummary], slo: Slo | None = None) -> Recommendation:
     thr = [max(s.throughput_tok_s, 1e-12) for s in rows]
     knees["step"] = knee.step_knee(batch, thr)
     knees["doubling"] = knee.doubling_knee(batch, thr)
-    sla: list[SlaBound] = []
+    sla: list[SloBound] = []
     for key, what, limit in (("tpot_ms", "p99 TPOT", slo.tpot_ms),
                              ("e2e_ms", "p99 E2E", slo.e2e_ms)):
         if limit is None:
@@ -45,8 +45,8 @@ def advise(levels: list[SimSummary], slo: Slo | None = None) -> Recommendation:
         lat = [getattr(s, key)["p99"] for s in rows]
         if any(v is None for v in lat):
             continue
-        knees[f"sla_{key}"] = k = knee.sla_knee(batch, lat, limit, what)
-        sla.append(SlaBound(k, f"{what} <= {limit:g} ms"))
+        knees[f"sla_{key}"] = k = knee.slo_knee(batch, lat, limit, what)
+        sla.append(SloBound(k, f"{what} <= {limit:g} ms"))
     rec = Recommendation.from_curve("simulated", batch, knees, sla, _load_bound(rows, thr))
     if rec.bound == "sla-unmet":
         return rec

@@ -25,7 +25,7 @@ def block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
     """Bytes of one KV block on each GPU: block_size tokens over all layers (a block of
     every layer, as a model whose layers are all one kind lays out its pool)."""
     return d.model.kv_bytes_per_seq(block_size, d.kv, num_gpus=d.num_gpus,
-                                    block_tokens=block_size)
+                                    block_size=block_size)
 
 
 def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
@@ -35,7 +35,7 @@ def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
 def engine_block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
     """Bytes of one block of vLLM V1's pool (`roofline.kv_layout`): a page for each layer of
     a KV cache group. With `seq_blocks` it sizes a hybrid model's pool as the engine does."""
-    return rl.kv_layout(replace(d, block_tokens=block_size), block_size).bytes_per_block
+    return rl.kv_layout(replace(d, block_size=block_size), block_size).bytes_per_block
 
 
 def num_engine_blocks(d: rl.Deployment, block_size: int) -> int:
@@ -46,7 +46,7 @@ def num_engine_blocks(d: rl.Deployment, block_size: int) -> int:
 def seq_blocks(d: rl.Deployment, block_size: int) -> Callable[[int], int]:
     """Blocks a sequence of t computed tokens holds, summed over the model's layer kinds as
     `roofline.kv_layout` counts them (non-decreasing in t)."""
-    d = replace(d, block_tokens=block_size)
+    d = replace(d, block_size=block_size)
     kinds = rl.kv_layout(d, block_size).kinds
     if len(kinds) == 1 and kinds[0].kind in ("full", "dsa"):
         return lambda t: -(-t // block_size)

@@ -32,17 +32,17 @@ from bstar.sim.traffic import Workload
 
 
 def saturated_workload(unit: Workload, max_num_seqs: int, kv_blocks: int | None = None,
-                       block_tokens: int = 16) -> Workload:
+                       block_size: int = 16) -> Workload:
     """The unit workload's requests (repeated to at least 4 x the batch that can run: at most
     max_num_seqs, and at most what the KV pool holds of the shortest request), all at t=0."""
     batch = max_num_seqs
     if kv_blocks is not None:
-        shortest = int(unit.input_tokens.min()) + 1
-        batch = min(batch, max(1, kv_blocks // -(-shortest // block_tokens)))
+        shortest = int(unit.prompt_tokens.min()) + 1
+        batch = min(batch, max(1, kv_blocks // -(-shortest // block_size)))
     n = max(unit.num_requests, 4 * batch)
     idx = np.arange(n) % unit.num_requests
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[idx]
-    return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.zeros(n),
+    return Workload(unit.prompt_tokens[idx], unit.output_tokens[idx], np.zeros(n),
                     cached_tokens=cached)
 
 
@@ -112,7 +112,7 @@ def open_loop(unit: Workload, rate_req_s: float, num_requests: int, seed: int = 
     idx = np.arange(num_requests) % unit.num_requests
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_req_s, size=num_requests)
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[idx]
-    return Workload(unit.input_tokens[idx], unit.output_tokens[idx], np.cumsum(gaps),
+    return Workload(unit.prompt_tokens[idx], unit.output_tokens[idx], np.cumsum(gaps),
                     cached_tokens=cached)
 
 
@@ -124,8 +124,8 @@ def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
     from bstar.sim.metrics import summarize
 
     seqs = cfg.scheduler.max_num_seqs
-    sat = simulate(d, cfg, saturated_workload(unit, seqs, num_gpu_blocks(d, d.block_tokens),
-                                              d.block_tokens))
+    sat = simulate(d, cfg, saturated_workload(unit, seqs, num_gpu_blocks(d, d.block_size),
+                                              d.block_size))
     floor = capacity_req_s(sat)
     mean_out = float(np.mean(unit.output_tokens))
     # Enough requests for the batch to fill (by Little's law near capacity, about two

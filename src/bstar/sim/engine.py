@@ -94,7 +94,7 @@ class SimRun:
 
 def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
     """Refuse impossible settings before simulating; returns the number of KV blocks."""
-    bs = d.block_tokens
+    bs = d.block_size
     sc = cfg.scheduler
     if w.num_requests > MAX_REQUESTS:
         raise BstarError(f"--num-requests is capped at {MAX_REQUESTS:,} per run")
@@ -107,7 +107,7 @@ def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
             f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
             f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
             f"KV, under one block of {block_bytes_per_gpu(d, bs):,} bytes")
-    longest = int((w.input_tokens + w.output_tokens).max()) if w.num_requests else 0
+    longest = int((w.prompt_tokens + w.output_tokens).max()) if w.num_requests else 0
     # The last generated token is never fed back, so a request holds at most in+out-1.
     need = -(-(longest - 1) // bs)
     if need > blocks:
@@ -119,15 +119,15 @@ def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
 
 def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
     blocks_total = check_feasible(d, cfg, w)
-    bs = d.block_tokens
+    bs = d.block_size
     host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
-    reqs = Requests.new(w.input_tokens, w.output_tokens)
+    reqs = Requests.new(w.prompt_tokens, w.output_tokens)
     if w.cached_tokens is not None:
         # A hit covers whole blocks and never the last prompt token (it must be computed to
         # sample the first output token), as vLLM's prefix cache.
-        bs_ = d.block_tokens
+        bs_ = d.block_size
         hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
                          reqs.prompt_tokens - 1) // bs_ * bs_
         reqs.num_computed[:] = np.maximum(hit, 0)
@@ -188,7 +188,7 @@ class _Loop:
         truncated = False
         stop = "done"
         stalled = 0
-        tokens = int(np.sum(self.w.input_tokens, dtype=np.int64)
+        tokens = int(np.sum(self.w.prompt_tokens, dtype=np.int64)
                      + np.sum(self.w.output_tokens, dtype=np.int64))
         max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
         passes = 0

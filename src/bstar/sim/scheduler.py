@@ -28,6 +28,7 @@ import numpy as np
 from bstar.errors import BstarError
 from bstar.sim.block_manager import BlockManager
 from bstar.sim.sequence import FloatArray, IntArray, Requests
+from bstar.units import GiB
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -37,7 +38,7 @@ def vllm_server_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int
     (vllm/engine/arg_utils.py, get_batch_defaults, V1): 1024 and 8192 on GPUs of at least
     70 GiB other than A100s (a larger token budget measured slower there, vLLM PR #17885),
     else 256 and 2048."""
-    if gpu_memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower():
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
         return 1024, 8192
     return 256, 2048
 

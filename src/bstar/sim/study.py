@@ -11,6 +11,7 @@ from typing import Any
 
 from bstar import roofline as rl
 from bstar.errors import BstarError
+from bstar.units import GiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
     if o.swap_space_gib < 0:
         raise BstarError("--swap-space-gib must not be negative")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
-                    swap_space_bytes=round(o.swap_space_gib * 2**30),
+                    swap_space_bytes=round(o.swap_space_gib * GiB),
                     max_sim_time_s=o.max_sim_time_s)
     slo = parse_slo(o.slo) if o.slo else None
     num_requests = o.num_requests
@@ -135,24 +136,24 @@ def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_
     rng = np.random.default_rng(seed)
     unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
     if prefix_cached_tokens:
-        unit = replace(unit, cached_tokens=np.minimum(unit.input_tokens, prefix_cached_tokens))
+        unit = replace(unit, cached_tokens=np.minimum(unit.prompt_tokens, prefix_cached_tokens))
     cap, _ = capacity(d, cfg, unit)
     out: dict[str, Any] = cap.to_dict()
     if cap.capacity_req_s <= 0:
         return out | {"at_rate_req_s": None}
     rate = SUSTAINED_FRACTION * cap.capacity_req_s
-    w = Workload(unit.input_tokens, unit.output_tokens,
+    w = Workload(unit.prompt_tokens, unit.output_tokens,
                  Poisson(rate).arrivals(rng, unit.num_requests), cached_tokens=unit.cached_tokens)
     s = summarize(simulate(d, cfg, w), slo)
     return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
 
 
-def replay_closed_loops(d: rl.Deployment, levels: list[tuple[int, int]], input_tokens: int,
+def replay_closed_loops(d: rl.Deployment, levels: list[tuple[int, int]], prompt_tokens: int,
                         output_tokens: int, num_requests: int, seed: int = 0
                         ) -> list[dict[str, Any]]:
     """The simulator at each level given as (closed-loop users, server batch cap), every
-    request `input_tokens` in and `output_tokens` out: what a sweep of those levels would
+    request `prompt_tokens` in and `output_tokens` out: what a sweep of those levels would
     measure if the cost model were right, scheduling and queueing included. One simulate
     JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
     from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, simulate_levels
@@ -160,7 +161,7 @@ def replay_closed_loops(d: rl.Deployment, levels: list[tuple[int, int]], input_t
 
     rows = []
     for users, cap in levels:
-        r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(input_tokens)),
+        r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(prompt_tokens)),
                             parse_lengths(str(output_tokens)), num_requests, seed,
                             SimConfig(SchedulerConfig(cap)))[0].to_dict()
         rows.append({"batch": min(users, cap), **r})

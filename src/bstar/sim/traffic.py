@@ -135,7 +135,7 @@ class Workload:
     a closed loop of `num_users` that each send the next request `think_s` after the last one
     finished."""
 
-    input_tokens: IntArray
+    prompt_tokens: IntArray
     output_tokens: IntArray
     arrival_s: FloatArray | None = None  # open loop; None for closed loop
     num_users: int = 0
@@ -146,7 +146,7 @@ class Workload:
 
     @property
     def num_requests(self) -> int:
-        return int(self.input_tokens.size)
+        return int(self.prompt_tokens.size)
 
     @property
     def closed_loop(self) -> bool:
@@ -201,7 +201,7 @@ class Trace:
     """Arrival times and lengths replayed as given (open loop)."""
 
     arrival_s: tuple[float, ...]
-    input_tokens: tuple[int, ...]
+    prompt_tokens: tuple[int, ...]
     output_tokens: tuple[int, ...]
 
     def describe(self) -> str:
@@ -218,7 +218,7 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     if isinstance(arrivals, Trace):
         # The earliest `num_requests` arrivals, in time order.
         order = np.argsort(np.asarray(arrivals.arrival_s), kind="stable")[:num_requests]
-        return Workload(np.asarray(arrivals.input_tokens, dtype=np.int64)[order],
+        return Workload(np.asarray(arrivals.prompt_tokens, dtype=np.int64)[order],
                         np.asarray(arrivals.output_tokens, dtype=np.int64)[order],
                         np.asarray(arrivals.arrival_s, dtype=np.float64)[order])
     inp = input_len.sample(rng, num_requests)
@@ -228,9 +228,13 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
 
 
+OLD_PROMPT_KEY = "input_tokens"
+
+
 def parse_trace(text: str | bytes) -> Trace:
-    """A trace as JSON lines or CSV with columns arrival_s, input_tokens, output_tokens
-    (a header line names them; extra columns are ignored). Bytes are read as UTF-8 (a
+    """A trace as JSON lines or CSV with columns arrival_s, prompt_tokens, output_tokens
+    (a header line names them; extra columns are ignored; `input_tokens`, the name before
+    docs/architecture.md's vocabulary, is read as prompt_tokens). Bytes are read as UTF-8 (a
     byte-order mark is allowed); every arrival must be finite, every length in range."""
     if isinstance(text, bytes):
         try:
@@ -242,14 +246,17 @@ def parse_trace(text: str | bytes) -> Trace:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if not lines:
         raise BstarError("the trace is empty")
-    keys = ("arrival_s", "input_tokens", "output_tokens")
+    keys = ("arrival_s", "prompt_tokens", "output_tokens")
     try:
         if lines[0].startswith("{"):
             for ln in lines:
                 obj = json.loads(ln)
-                rows.append((float(obj[keys[0]]), int(obj[keys[1]]), int(obj[keys[2]])))
+                prompt = obj[keys[1]] if keys[1] in obj else obj[OLD_PROMPT_KEY]
+                rows.append((float(obj[keys[0]]), int(prompt), int(obj[keys[2]])))
         else:
             header = [h.strip() for h in lines[0].split(",")]
+            header = [keys[1] if h == OLD_PROMPT_KEY and keys[1] not in header else h
+                      for h in header]
             if any(k not in header for k in keys):
                 raise BstarError(f"a CSV trace needs a header with {', '.join(keys)}")
             idx = [header.index(k) for k in keys]
@@ -266,7 +273,7 @@ def parse_trace(text: str | bytes) -> Trace:
             raise BstarError(f"the trace's request {n}: arrival_s must be a finite number "
                              f"of seconds in 0..{MAX_ARRIVAL_S:g}, got {t!r}")
         if not (1 <= i_ <= MAX_TOKENS and 1 <= o_ <= MAX_TOKENS):
-            raise BstarError(f"the trace's request {n}: input_tokens and output_tokens must "
+            raise BstarError(f"the trace's request {n}: prompt_tokens and output_tokens must "
                              f"be in 1..{MAX_TOKENS}, got {i_}, {o_}")
     a, i, o = zip(*rows, strict=True)
     return Trace(tuple(a), tuple(i), tuple(o))

@@ -46,8 +46,8 @@ def draw_latency(ax: Axes, p: dict[str, Any], c: dict[str, Any], tips: _Tips) ->
             label="per-request TPOT (= step time)", zorder=4)
     ax.plot(dn["batch"], dn["amortized_ms_per_token"], color=AMORT_COLOR,
             label="amortized ms/token (= step / batch)", zorder=4)
-    ax.axhline(c["tpot_floor_ms"], color=AMORT_COLOR, linestyle=(0, (2, 2)), linewidth=1.2,
-               label=f"floor kv_per_seq / BW = {_fmt(c['tpot_floor_ms'], 'ms')}")
+    ax.axhline(c["amortized_floor_ms"], color=AMORT_COLOR, linestyle=(0, (2, 2)), linewidth=1.2,
+               label=f"floor kv_per_seq / BW = {_fmt(c['amortized_floor_ms'], 'ms')}")
     for pt in c["curve"]:
         b = pt["batch"]
         head = f"batch {b} · {pt['regime']}" + (

@@ -1,7 +1,7 @@
 """The terminal renderers over bstar's results, one module per command or family: `plan`,
 `compare`, `catalog` (models, gpus), `fit`, `simulate`, `search`, `sweep` (sweep, runs and
-its live progress), `validate`, `calibrate` and `kv`; `_common` holds the consoles and
-tables they share. No computation here; the commands call these through
+its live progress), `validate`, `calibrate`, `kv`, `probe` and `demo`; `_common` holds the
+consoles and tables they share. No computation here; the commands call these through
 `commands/emit.py`.
 
 The names below are importable from this package, and each loads only its own module when
@@ -27,15 +27,34 @@ _RENDERERS = {
     "format_stages_validation": "validate", "print_rows_validation": "validate",
     "print_calibration": "calibrate",
     "print_kv_check": "kv", "format_kv_check": "kv",
+    "print_probe": "probe", "print_demo": "demo",
     "console": "_common", "wide_console": "_common",
 }
 
 __all__ = [
-    "Progress", "console", "format_kv_check", "format_stages_validation", "levels_table",
-    "print_calibration", "print_compare", "print_curves_validation", "print_fit",
-    "print_gpus", "print_kv_check", "print_models", "print_plan", "print_result",
-    "print_rows_validation", "print_runs", "print_runs_compare", "print_search",
-    "print_simulation", "print_stages_validation", "wide_console",
+    "Progress",
+    "console",
+    "format_kv_check",
+    "format_stages_validation",
+    "levels_table",
+    "print_calibration",
+    "print_compare",
+    "print_curves_validation",
+    "print_demo",
+    "print_fit",
+    "print_gpus",
+    "print_kv_check",
+    "print_models",
+    "print_plan",
+    "print_probe",
+    "print_result",
+    "print_rows_validation",
+    "print_runs",
+    "print_runs_compare",
+    "print_search",
+    "print_simulation",
+    "print_stages_validation",
+    "wide_console",
 ]
 
 if TYPE_CHECKING:

@@ -94,7 +94,7 @@ def context_lines(plan: Plan, cp: ContextPlan, st: Styler) -> tuple[bool, list[s
                    + ("; an untied embedding table is not read" if not m.tie_word_embeddings
                       else "") + ")")
     out.append(f"  amortized time/token floor (kv_per_seq / BW) = "
-               f"{cp.tpot_floor_s * 1e3:.4f} ms; prefill of {cp.context_tokens} tokens ~ "
+               f"{cp.amortized_floor_s * 1e3:.4f} ms; prefill of {cp.context_tokens} tokens ~ "
                f"{cp.prefill_s * 1e3:.1f} ms")
     queued, table = curve_lines(cp, st)
     return queued, out + table + recommendation_lines(cp, st)

@@ -313,15 +313,15 @@ class ModelSpec:
                      for t in (g.held(context_tokens),) * g.num_layers)
 
     def kv_bytes_per_seq(self, context_tokens: int, kv: Precision, *, num_gpus: int = 1,
-                         block_tokens: int = 1) -> int:
+                         block_size: int = 1) -> int:
         """Exact KV bytes one sequence of `context_tokens` holds (per GPU), in blocks of
-        `block_tokens` (vLLM allocates 16-token blocks: a partial block costs a full one),
+        `block_size` (vLLM allocates 16-token blocks: a partial block costs a full one),
         plus any fixed per-sequence state."""
         total = 0
         for g in self.layer_groups():
             held = g.held(context_tokens)
             per_layer = g.kv_values_per_token_per_gpu(num_gpus) * kv.bits // 8
-            blocks = math.ceil(held / block_tokens) * block_tokens
+            blocks = math.ceil(held / block_size) * block_size
             total += g.num_layers * (blocks * per_layer + g.state_bytes_per_seq_per_gpu(
                 num_gpus if g.kv_heads else 1))
         return total
