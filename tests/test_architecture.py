@@ -4,6 +4,7 @@ the command line, and the modules import each other without a cycle."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """Each module parsed once for the whole file (the walks below read the same trees)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def in_layer(name: str, layer: tuple[str, ...]) -> bool:
     return any(name == x or name.startswith(x + ".") for x in layer)
 
@@ -43,7 +50,7 @@ def imported(module: str, path: Path, top_level_only: bool,
     too), or only those run when it is imported (module level). `if TYPE_CHECKING:` blocks
     are left out unless `type_checking` (they never run, but a signature naming
     argparse.Namespace still ties the library to the command line)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     is_pkg = path.name == "__init__.py"
     nodes: list[ast.stmt] = []
     if top_level_only:
@@ -192,7 +199,7 @@ def test_only_the_store_helper_imports_sqlite3() -> None:
 
 
 def _sql_strings(path: Path) -> list[str]:
-    return [n.value for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    return [n.value for n in ast.walk(_tree(path))
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and _SQL.match(n.value)]
 
 
@@ -220,7 +227,7 @@ def test_no_module_over_500_lines() -> None:
 def _long_functions() -> dict[str, str]:
     out = {}
     for name, path in MODULES.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
                     node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES:
                 out[f"{name}.{node.name}"] = (ast.get_docstring(node) or "").lower()
@@ -250,9 +257,10 @@ def test_only_the_decision_rooms_compute_knees() -> None:
 
 def _defines(path: Path, fn: str) -> bool:
     return any(isinstance(n, ast.FunctionDef) and n.name == fn
-               for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+               for n in ast.walk(_tree(path)))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_one_definition_of_a_level_batch_and_an_slo_batch() -> None:
     assert [n for n, p in MODULES.items() if _defines(p, "level_batch")] == ["bstar.fit.points"]
     # The SLO batch is a field of the plan and a property of the fit (over the fit's own
@@ -266,7 +274,7 @@ def test_one_definition_of_a_level_batch_and_an_slo_batch() -> None:
 def _binary_unit_literals(path: Path) -> list[int]:
     """Lines holding 2**30 / 2**20 / 1 << 30 / 1 << 20 as code (not text)."""
     out = []
-    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for n in ast.walk(_tree(path)):
         if isinstance(n, ast.BinOp) and isinstance(n.left, ast.Constant) and isinstance(
                 n.right, ast.Constant) and (
                 (isinstance(n.op, ast.Pow) and n.left.value == 2 and n.right.value in (20, 30))
@@ -286,7 +294,7 @@ def test_binary_units_come_from_units_py() -> None:
 # ---- "every command's text goes through emit" ----------------------------------------------
 def _stdout_prints_outside_emit(path: Path) -> list[int]:
     """Lines of print() calls to stdout (no file=) that are not part of an emit(...) call."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     inside: set[int] = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "emit":

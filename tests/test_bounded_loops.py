@@ -93,6 +93,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigkill_of_search_ends_its_workers(tmp_path: Path) -> None:
     argv = ["search", "--model", "llama-3-8b,llama-3-70b", "--gpu", "a100-80gb-sxm,h100-sxm",

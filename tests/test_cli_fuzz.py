@@ -140,6 +140,7 @@ gpu_values = st.one_of(json_values, st.sampled_from(
     [0, -1, 1e30, 2**64, float("inf"), float("nan"), "5", True, 1.5]))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("gpu")
 @given(fields=st.dictionaries(st.sampled_from(GPU_FIELDS), gpu_values, max_size=4),
        form=st.sampled_from(["toml", "json", "bytes"]), junk=junk_bytes,
@@ -174,6 +175,7 @@ model_values = st.one_of(
     st.sampled_from(["llama", "mistral", "qwen2", "mixtral", "gemma2", "bfloat16"]))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("model")
 @given(fields=st.dictionaries(st.sampled_from(MODEL_KEYS), model_values, max_size=3),
        raw=st.sampled_from(["object", "list", "bytes", "text"]), junk=junk_bytes,
@@ -204,6 +206,7 @@ cell = st.one_of(st.sampled_from(["1", "2", "4", "8", "16", "10", "12.5", "0", "
                  st.integers(1, 4096).map(str))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("points")
 @given(columns=st.lists(st.sampled_from([*POINT_COLUMNS, "context_tokens", "bogus", ""]),
                         min_size=1, max_size=3),
@@ -242,6 +245,7 @@ trace_cell = st.one_of(st.sampled_from(["0", "0.5", "1", "10", "-1", "nan", "inf
                        st.integers(1, 300).map(str))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("trace")
 @given(rows=st.lists(st.tuples(trace_cell, trace_cell, trace_cell), max_size=6),
        form=st.sampled_from(["csv", "jsonl", "bytes", "header-only"]), junk=junk_bytes,
@@ -301,6 +305,7 @@ def _flags(table: dict[str, st.SearchStrategy[str]]) -> st.SearchStrategy[list[s
         with_values)
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("flags")
 @given(data=st.data(), command=st.sampled_from(["plan"] * 4 + ["fit"] * 3 + ["search"] * 3
                                                + ["simulate"]))

@@ -25,6 +25,7 @@ def test_cli_bad_input_is_one_line_exit_2(argv: list[str], msg: str,
 
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--max-num-seqs", "64,16,32", "--rate", "10", "--num-requests",
                  "100", "--output-len", "64", "--json"]) == 0
@@ -43,6 +44,7 @@ def test_cli_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(one, dict) and one["max_num_seqs"] == 16
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_trace_runs_whole_by_default(tmp_path: object, capsys: pytest.CaptureFixture[str]
                                      ) -> None:
     from pathlib import Path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def _check(cfg: object) -> None:
         assert kv[128] == 128 * kv[1]
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(st.sampled_from(KEYS), values, max_size=len(KEYS)))
 def test_random_configs_never_crash(cfg: dict) -> None:

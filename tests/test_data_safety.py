@@ -173,6 +173,7 @@ def test_corrupt_db_is_one_line(db_with_run: tuple[Path, str], tmp_path: Path,
         _one_line_error(capsys)
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (read-only)")
 def test_unwritable_paths_are_one_line(db_with_run: tuple[Path, str],
                                        capsys: pytest.CaptureFixture[str]) -> None:

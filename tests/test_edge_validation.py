@@ -79,6 +79,7 @@ def test_gpu_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out)["ridge_flops_per_byte"] == pytest.approx(500)
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_price_and_trace_files_not_utf8(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     price = tmp_path / "p.toml"

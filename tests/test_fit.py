@@ -55,6 +55,7 @@ def test_seed001_with_known_roof_reproduces_the_seed() -> None:
     assert r.knee_batch == 128 and r.knee_rule == "doubling"
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_seed001_without_roof_says_the_plateau_is_unknown() -> None:
     r = fit_points(load_points(SEED001), predict=[256, 512])
     assert r.roof_source == "unknown" and r.params.c_ms is None

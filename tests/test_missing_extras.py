@@ -56,6 +56,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
      "--plot", "{tmp}/s.svg"],
     ["report", "plan", "-o", "{tmp}/r.html"],
 ])
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_missing_plot_extra_is_one_line(block: Callable[..., None], tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str],
                                         argv: list[str]) -> None:

@@ -89,6 +89,7 @@ def test_points_csv_round_trip(tmp_path: Path) -> None:
     assert sum(p.mixed for p in pts) == 12
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_calibrate_cli_fits_mixed_points(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Points made by the model at known parameters: `bstar calibrate POINTS` reads the chunk

@@ -53,6 +53,7 @@ def _tip_xy(g: ET.Element) -> tuple[float, float]:
     return float(u.get("x")), float(u.get("y"))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
     """`--plot x.png` writes the plan's picture, judged by what it shows: the file is that
     chart's figure, and the chart (read from its SVG) has every point of the curve with its
@@ -86,6 +87,7 @@ def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
         if t.startswith("recommended max_num_seqs = ")][::2]
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.svg"
@@ -98,6 +100,7 @@ def test_plot_svg_and_json_stdout_stays_clean(tmp_path: Path,
     assert len(list(root.iter(f"{SVG}title"))) > 10
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_compare_plot_bars_stand_as_tall_as_their_numbers(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
@@ -143,6 +146,7 @@ def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp
     assert "pip install 'bstar[plot]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_every_plan_point_has_a_tooltip_with_its_values(view: dict[str, Any]) -> None:
     charts = plots.plan_charts(view)
     assert [c.name for c in charts] == ["latency-512", "throughput-512", "latency-8192",
@@ -160,6 +164,7 @@ def test_every_plan_point_has_a_tooltip_with_its_values(view: dict[str, Any]) ->
         assert any(f"recommended max_num_seqs = {rec}" in t for t in titles)
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_svg_output_is_deterministic(view: dict[str, Any]) -> None:
     a = plots.roofline_chart(view).svg()
     b = plots.roofline_chart(view).svg()
@@ -188,6 +193,7 @@ def test_regime_bands_agree_with_the_cost_model(model: str, gpu: str, ctx: int) 
         assert reg in {s[2] for s in near}, (b, reg, spans)
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_plan_report_html_is_self_contained(tmp_path: Path) -> None:
     out = tmp_path / "plan.html"
     assert main(["report", "plan", "--context", "512,2048", "--max-tpot-ms", "15",
@@ -247,6 +253,7 @@ def test_bad_suffix_is_a_user_error(view: dict[str, Any], tmp_path: Path) -> Non
 SEED001 = Path(__file__).resolve().parents[1] / "examples" / "seed001.csv"
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_fit_plot_and_report(tmp_path: Path) -> None:
     from bstar.fit import fit_points, load_points
 
@@ -271,6 +278,7 @@ def test_fit_plot_and_report(tmp_path: Path) -> None:
     assert html.count('<figure class="plot"') == 1  # no cost model named: the fit alone
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
     from bstar.report.views import fit_signature
 
@@ -295,6 +303,7 @@ def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
         float(rl.curve(d, [1], 1024).tpot_s[0]) * 1e3)
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_simulate_plot_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--max-num-seqs", "16,64,256", "--concurrency", "200", "--input-len", "512",
             "--output-len", "64", "--num-requests", "200"]
@@ -449,6 +458,7 @@ def test_plan_report_knee_is_the_plans_recommendation_knee(max_tpot_ms: float | 
             assert any(x.startswith(f"knee = {k.batch} ") for x in labels), labels
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @pytest.mark.parametrize("max_tpot_ms", [None, "12", "1"])
 def test_sla_batch_means_the_same_in_plan_json_and_the_report(
         max_tpot_ms: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -518,6 +528,7 @@ def build_demo_run(work: Path) -> dict[str, Any]:
             "uncalibrated": uncal, "report": report, "html": html}
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_demo_report_predictions_agree_or_say_they_are_uncalibrated(
         demo_run: dict[str, Any]) -> None:
     """Every predicted throughput point beside a measured level is within 15% of it, or is
@@ -561,6 +572,7 @@ def _tips(root: ET.Element) -> list[tuple[str, ET.Element]]:
             if g.get("id", "").startswith("tip-") and g.find(f"{SVG}title") is not None]
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_demo_report_marks_say_what_they_are(demo_run: dict[str, Any]) -> None:
     """The page's predicted marks: every hover text of a predicted point names its basis
     and calibration and, for a calibrated miss, the miss; the legends name both lines."""

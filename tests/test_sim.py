@@ -89,6 +89,7 @@ def test_fast_forward_matches_step_by_step() -> None:
             assert sa.itl_ms[k] == pytest.approx(sb.itl_ms[k], rel=1e-9)
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_determinism_for_a_seed() -> None:
     d = dep()
     args = (d, [32, 128], Poisson(25.0), parse_lengths("lognormal:400:300"),
@@ -154,6 +155,7 @@ def test_regime_3_preemptions_and_tails_past_the_kv_pool() -> None:
     assert past.itl_ms["p99"] > roomy.itl_ms["p99"]  # type: ignore[operator]
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_swap_preemption_keeps_kv_and_costs_transfer() -> None:
     d = dep(gpu_util=0.25)
     w = workload(ClosedLoop(128), n=300, inp="256", out="uniform:128:512")

@@ -82,6 +82,7 @@ def test_prefix_cache_hit_computes_only_the_rest_in_whole_blocks() -> None:
     assert hit.ttft_ms["p50"] < 0.5 * miss.ttft_ms["p50"]
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_capacity_separates_steady_from_growing_queues() -> None:
     d = dep()
     rng = np.random.default_rng(7)
@@ -102,6 +103,7 @@ def test_capacity_separates_steady_from_growing_queues() -> None:
         assert bool(late > 5 * early) is grows
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -164,6 +164,7 @@ def test_server_dying_mid_level(token_server: TokenServerFactory, tmp_path: Path
     assert len(res.levels) == 1  # the sweep stopped: no point loading a dead server
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_level_time_limit(tmp_path: Path) -> None:
     srv = FakeServer(fault="hang", fault_every=4, **FAST)
     db = tmp_path / "r.db"
@@ -262,6 +263,7 @@ def test_chat_endpoint_counts_template_tokens(tmp_path: Path) -> None:
     assert (res.levels[0].stats or {})["client_cpu_pct"] is not None
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_open_loop_rate_levels(tmp_path: Path) -> None:
     srv = FakeServer(**FAST)
     res = run_sweep(cfg(srv.url, concurrency=None, rate=[20.0, 80.0], num_requests=40),
@@ -362,6 +364,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
 def test_sigint_with_workers_keeps_every_record(token_server: TokenServerFactory,
                                                 tmp_path: Path) -> None:
@@ -422,6 +425,7 @@ def test_sigint_with_workers_keeps_every_record(token_server: TokenServerFactory
     assert [(lv.stats or {}).get("requests") for lv in res.levels] == [40, 40]
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_silent_server_honours_request_timeout(tmp_path: Path) -> None:
     """A server that accepts connections and never answers (issue 19, item 5): the sweep
     gives up after --request-timeout, not 10 s, and says why."""

@@ -100,6 +100,7 @@ def test_split_level_is_an_exact_partition() -> None:
     assert sorted(s.index for j in jobs for s in j.specs) == list(range(50))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_workers_give_the_one_process_results(token_server: TokenServerFactory,
                                                tmp_path: Path) -> None:
     srv = token_server(interval_ms=INTERVAL_MS)
@@ -117,6 +118,7 @@ def test_workers_give_the_one_process_results(token_server: TokenServerFactory,
                                                             rel=0.5)
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_workers_open_loop_sends_every_request_once(token_server: TokenServerFactory,
                                                     tmp_path: Path) -> None:
     srv = token_server(interval_ms=2)
@@ -132,6 +134,7 @@ def test_workers_open_loop_sends_every_request_once(token_server: TokenServerFac
     assert Counter(idx) == Counter(range(NUM))
 
 
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @pytest.mark.ray
 def test_ray_actors_give_the_one_process_results(token_server: TokenServerFactory,
                                                  tmp_path: Path) -> None:

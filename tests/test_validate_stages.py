@@ -177,6 +177,7 @@ def test_evaluate_takes_efficiencies_to_try() -> None:
     assert summary.stages == 1
 
 
+@pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_fit_recovers_an_engine_overhead() -> None:
     # Measurements the simulator makes at 2 ms of CPU per step: the fit from 0.3 ms finds it.
     truth = replace(rl.Efficiency(), overhead_s=2e-3)
@@ -193,6 +194,7 @@ def test_fit_recovers_an_engine_overhead() -> None:
 
 
 # ---- the command ---------------------------------------------------------------------------
+@pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 def test_cli_prints_and_json_parses(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                     ) -> None:
     f = tmp_path / "stages.csv"

@@ -20,7 +20,7 @@ from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.metrics import summarize
 from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import Store
-from bstar.loadgen.worker import drive, run_loop
+from bstar.loadgen.worker import drive, run_loop, steady_gc
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
 
@@ -264,36 +264,39 @@ class _Runner:
                           prompts_sha256=_digest(reqs),
                           url_tried=f"{client.base_url}{client.path}")
             self._live = (level_id, m)
-            stop = asyncio.Event()
-            t0 = time.monotonic()
-            m.t0 = t0
-            cpu0 = time.process_time()
-            batches: AsyncIterator[list[RequestRecord]]
-            if self.pool is not None:
-                batches = self.pool.measure()  # as the workers return them
-            else:
-                batches = _one_by_one(drive(client, reqs, concurrency=lv.concurrency,
-                                            rate=lv.rate, deadline=t0 + cfg.level_time_limit_s,
-                                            stop=stop, seed=seed))
-            errors = 0
-            async for batch in batches:
-                for rec in batch:  # stored as they come, one transaction per batch
-                    self.store.add_request(level_id, rec, commit=False)
-                    m.recs.append(rec)
-                    errors += not rec.ok
-                self.store.commit()
-                for rec in batch:
-                    self.emit("request", level=lv.idx, ok=rec.ok, done=len(m.recs),
-                              errors=errors, output_tokens=rec.output_tokens,
-                              elapsed_s=time.monotonic() - t0, error_kind=rec.error_kind)
-                if (not stop.is_set() and len(m.recs) >= cfg.min_requests_for_error_rule
-                        and errors / len(m.recs) > cfg.max_error_rate):
-                    stop.set()
-                    if self.pool is not None:
-                        self.pool.request_stop()
-                    m.stopped = (f"error rate {errors}/{len(m.recs)} over --max-error-rate "
-                                 f"{cfg.max_error_rate:g}: {_kinds(m.recs)}")
-            m.client_cpu_s = time.process_time() - cpu0
+            # Collect and freeze before the clock starts (worker.steady_gc): the level's
+            # collections then scan only what it allocates.
+            with steady_gc():
+                stop = asyncio.Event()
+                t0 = time.monotonic()
+                m.t0 = t0
+                cpu0 = time.process_time()
+                batches: AsyncIterator[list[RequestRecord]]
+                if self.pool is not None:
+                    batches = self.pool.measure()  # as the workers return them
+                else:
+                    batches = _one_by_one(drive(client, reqs, concurrency=lv.concurrency,
+                                                rate=lv.rate, deadline=t0 + cfg.level_time_limit_s,
+                                                stop=stop, seed=seed))
+                errors = 0
+                async for batch in batches:
+                    for rec in batch:  # stored as they come, one transaction per batch
+                        self.store.add_request(level_id, rec, commit=False)
+                        m.recs.append(rec)
+                        errors += not rec.ok
+                    self.store.commit()
+                    for rec in batch:
+                        self.emit("request", level=lv.idx, ok=rec.ok, done=len(m.recs),
+                                  errors=errors, output_tokens=rec.output_tokens,
+                                  elapsed_s=time.monotonic() - t0, error_kind=rec.error_kind)
+                    if (not stop.is_set() and len(m.recs) >= cfg.min_requests_for_error_rule
+                            and errors / len(m.recs) > cfg.max_error_rate):
+                        stop.set()
+                        if self.pool is not None:
+                            self.pool.request_stop()
+                        m.stopped = (f"error rate {errors}/{len(m.recs)} over --max-error-rate "
+                                     f"{cfg.max_error_rate:g}: {_kinds(m.recs)}")
+                m.client_cpu_s = time.process_time() - cpu0
             if self.pool is not None:
                 # The level ran from the workers' common start to the last one's end, each
                 # timed on the same monotonic clock; their CPU adds to this process's.

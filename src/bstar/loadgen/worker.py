@@ -56,7 +56,8 @@ def steady_gc() -> Iterator[None]:
     full collection over a 256-stream level's objects stalls every stream at once
     (27-31 ms measured by a gc callback in a 256-stream bench level, against 10-13 ms
     frozen). vLLM's engine freezes its start-up objects for the same reason. The
-    collector stays on: a long level still frees its cycles."""
+    collector stays on: a long level still frees its cycles. Enter it before the level's
+    clock starts: the one collection it runs takes long in a big process."""
     global _frozen
     if _frozen == 0:
         gc.collect()
@@ -156,15 +157,14 @@ async def drive(
         assert concurrency is not None
         tasks = [asyncio.create_task(closed_stream()) for _ in range(concurrency)]
     remaining = len(tasks)
-    with steady_gc():
-        try:
-            while remaining:
-                rec = await queue.get()
-                if rec is None:
-                    remaining -= 1
-                    continue
-                yield rec
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        while remaining:
+            rec = await queue.get()
+            if rec is None:
+                remaining -= 1
+                continue
+            yield rec
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
