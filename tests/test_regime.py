@@ -207,3 +207,15 @@ def test_kv_command_metrics_file(tiny_config: Path, tmp_path: Path,
     assert rc == 0
     assert "server         48.00 MiB        48       6,144       6" in out
     assert "block rounding" in out
+
+
+def test_kv_command_takes_the_servers_token_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sliding-window layer holds window - 1 + max_num_batched_tokens tokens in flight
+    (vLLM V1's pool): a smaller budget leaves more sequences room."""
+    b_mem = {}
+    for budget in ("256", "8192"):
+        main(["kv", "--metrics-file", str(VLLM_CPU), "--model", "gemma-3-27b", "--gpu",
+              "h100-sxm", "--input-len", "8000", "--output-len", "192", "--kv-pool-bytes",
+              str(20 * 2**30), "--max-num-batched-tokens", budget, "--json"])
+        b_mem[budget] = json.loads(capsys.readouterr().out)["computed_b_mem"]
+    assert b_mem["256"] > b_mem["8192"] > 0

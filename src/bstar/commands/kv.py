@@ -29,6 +29,9 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("sequences")
     w.add_argument("--input-len", type=positive_int, default=512, help="prompt tokens")
     w.add_argument("--output-len", type=positive_int, default=256, help="output tokens")
+    s.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
+                   help="the server's token budget per step (vLLM's flag; default its "
+                        "default): sizes what a sliding-window layer holds in flight")
     add_deployment_arguments(p)
     p.add_argument("--json", action="store_true", help="print the check as one JSON object")
 
@@ -59,7 +62,8 @@ def run_kv(args: argparse.Namespace) -> int:
             raise BstarError(f"cannot read {args.vllm_log}: {e}") from None
     d = deployment_from_args(args)
     c = kvcheck.check_kv_text(d, text, args.input_len + args.output_len,
-                              pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens)
+                              pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens,
+                              max_num_batched_tokens=args.max_num_batched_tokens)
     emit(args, lambda: {"model": d.model.name, "gpu": d.gpu.name, "kv_dtype": d.kv.name,
                         **c.to_dict()},
          lambda: print_kv_check(d, c))
