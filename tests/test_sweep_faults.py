@@ -179,6 +179,14 @@ def test_level_time_limit(tmp_path: Path) -> None:
     assert lv.stats is not None and lv.stats["completed"] >= 3
 
 
+def _as_from_a_shell() -> None:
+    """The child starts with Ctrl-C's default disposition and unblocked, as from a shell:
+    both are inherited across exec, and what earlier tests in this pytest process left
+    there (a full CI run once left SIGINT without effect) is not the sweep's to inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.slow  # starts the token server
 def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) -> None:
     srv = token_server(interval_ms=20)
@@ -187,7 +195,8 @@ def test_sigint_then_resume(token_server: TokenServerFactory, tmp_path: Path) ->
     cmd = [sys.executable, "-m", "bstar", "sweep", "--url", srv.url, "--served-model", "tiny",
            "--concurrency", "1,2,4", "--input-len", "8", "--output-len", "10",
            "--num-requests", "16", "--db", str(db), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=_as_from_a_shell)
     deadline = time.monotonic() + 60
     n = 0
     while time.monotonic() < deadline:  # interrupt once level 2 has stored some requests
@@ -378,7 +387,7 @@ def test_sigint_with_workers_keeps_every_record(token_server: TokenServerFactory
            "--concurrency", "2,4", "--input-len", "8", "--output-len", "10",
            "--num-requests", "40", "--db", str(db), "--quiet", "--workers", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_shell)
     deadline = time.monotonic() + 90
     n = 0
     workers: set[int] = set()
