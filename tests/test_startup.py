@@ -47,3 +47,15 @@ def test_a_command_registers_only_its_own_flags() -> None:
     assert [m for m in mods if m.startswith("bstar.commands.")] == ["bstar.commands.common",
                                                                     "bstar.commands.emit",
                                                                     "bstar.commands.plan"]
+
+
+def test_the_text_package_exports_each_renderer_it_can_load() -> None:
+    """`__all__` is written out for static tools; it names the lazy table's entries, no more
+    and no fewer, and each resolves to its module's object."""
+    import importlib
+
+    text = importlib.import_module("bstar.report.text")
+    assert sorted(text.__all__) == sorted(text._RENDERERS)
+    for name, module in text._RENDERERS.items():
+        mod = importlib.import_module(f"bstar.report.text.{module}")
+        assert getattr(text, name) is getattr(mod, name)

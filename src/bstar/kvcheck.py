@@ -50,11 +50,6 @@ def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None)
         raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
 
 
-def block_bytes(d: rl.Deployment, block_size: int) -> int:
-    """KV bytes of one block of `block_size` tokens on one GPU (KV heads sharded)."""
-    return d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus) * block_size
-
-
 def b_mem_blocks(num_blocks: int, block_size: int, tokens_per_seq: int) -> int:
     """Sequences of `tokens_per_seq` tokens that `num_blocks` whole blocks hold."""
     if tokens_per_seq < 1 or block_size < 1:

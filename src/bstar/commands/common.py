@@ -53,13 +53,19 @@ float_list = _list_of(_finite, "a finite number")
 str_list = _list_of(str, "a name")
 
 
-def _number(s: str, *, positive: bool) -> float:
+def finite_float(s: str) -> float:
+    """Any finite number (no nan, inf)."""
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
     if not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
+
+
+def _number(s: str, *, positive: bool) -> float:
+    v = finite_float(s)
     if positive and not v > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {s}")
     if not positive and not v >= 0:
@@ -73,17 +79,6 @@ def positive_float(s: str) -> float:
 
 def non_negative_float(s: str) -> float:
     return _number(s, positive=False)
-
-
-def finite_float(s: str) -> float:
-    """Any finite number (no nan, inf)."""
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
-    return v
 
 
 def positive_int(s: str) -> int:

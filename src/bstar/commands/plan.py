@@ -64,7 +64,7 @@ def run_plan(args: argparse.Namespace) -> int:
     d = deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
     rc = emit(args, plan.to_dict, lambda: print_plan(plan),
-              lambda path: save_plan_plot(plan, path, args.max_tpot_ms))
+              lambda path: save_plan_plot(plan, path))
     return rc or sla_unmet_status(
         [(cp.context_tokens, cp.tpot_batch1_s) for cp in plan.contexts if cp.sla_unmet],
         args.max_tpot_ms)

@@ -107,9 +107,9 @@ def _report_plan(args: argparse.Namespace) -> int:
 
     d = plan_cmd.deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
-    path = write_plan_report(plan, args.output, args.max_tpot_ms, _command_line())
+    path = write_plan_report(plan, args.output, _command_line())
     if getattr(args, "plot", None):
-        save_plan_plot(plan, args.plot, args.max_tpot_ms)
+        save_plan_plot(plan, args.plot)
     return _done(args, path)
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 
-def save_plan_plot(plan: Any, path: str | Path, max_tpot_ms: float | None = None) -> Path:
+def save_plan_plot(plan: Any, path: str | Path) -> Path:
     """All of a plan on one PNG/SVG: latency and throughput per context, and the roofline."""
     from bstar.report import charts
     from bstar.report.views import plan_view
 
-    return charts.plan_overview(plan_view(plan, max_tpot_ms)).save(path)
+    return charts.plan_overview(plan_view(plan)).save(path)
 
 
 def save_compare_plot(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -25,13 +25,12 @@ def save_compare_plot(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return charts.compare_chart(rows).save(path)
 
 
-def write_plan_report(plan: Any, path: str | Path, max_tpot_ms: float | None = None,
-                      command: str = "") -> Path:
+def write_plan_report(plan: Any, path: str | Path, command: str = "") -> Path:
     from bstar.report.build import plan_report
     from bstar.report.html import write_html
     from bstar.report.views import plan_view
 
-    return write_html(plan_report(plan_view(plan, max_tpot_ms), command), path)
+    return write_html(plan_report(plan_view(plan), command), path)
 
 
 def write_compare_report(rows: list[dict[str, Any]], path: str | Path,

@@ -28,13 +28,10 @@ if TYPE_CHECKING:
 DENSE_SAMPLES = 240
 
 
-def plan_view(plan: Any, max_tpot_ms: float | None = None) -> dict[str, Any]:
+def plan_view(plan: Any) -> dict[str, Any]:
     """`plan.to_dict()` plus, per context, a dense curve and roofs, and the batches the plan
-    marks: its SLA batch (`ContextPlan.sla_batch`) and its knee (`ContextPlan.knee`).
-    `max_tpot_ms`, when given, must be the bound the plan was made for."""
-    if max_tpot_ms is not None and max_tpot_ms != plan.max_tpot_ms:
-        raise ValueError(f"the plan was made for max_tpot_ms={plan.max_tpot_ms}, not "
-                         f"{max_tpot_ms}: make_plan(..., max_tpot_ms=) decides its SLA batch")
+    marks: its SLA batch (`ContextPlan.sla_batch`, for the bound it was made with) and its
+    knee (`ContextPlan.knee`)."""
     d = plan.deployment
     out = plan.to_dict()
     peak_flops = d.gpu.peak_flops(d.weight.compute)

@@ -62,9 +62,11 @@ if TYPE_CHECKING:
     from bstar.report.text.calibrate import print_calibration
     from bstar.report.text.catalog import print_gpus, print_models
     from bstar.report.text.compare import print_compare
+    from bstar.report.text.demo import print_demo
     from bstar.report.text.fit import print_fit
     from bstar.report.text.kv import format_kv_check, print_kv_check
     from bstar.report.text.plan import print_plan
+    from bstar.report.text.probe import print_probe
     from bstar.report.text.search import print_search
     from bstar.report.text.simulate import print_simulation
     from bstar.report.text.sweep import (
