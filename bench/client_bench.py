@@ -1,6 +1,7 @@
 """How much load can bstar's client drive before it distorts what it measures?
 
 One command:  python bench/client_bench.py [--aiperf PATH] [--levels 16,32,64,...]
+                                          [--repeats R]
 
 A local fixed-rate token server (bench/token_server.py) streams every request's tokens
 exactly `--interval-ms` apart, so any ITL beyond the interval is added by the client (or
@@ -13,7 +14,8 @@ sustains a level when it keeps up and adds under 1 ms to ITL p99 there and at ev
 below (over the interval; and, second test, over the minimal client). Clients, all
 against the same server in the same run:
 
-  minimal raw asyncio sockets, no JSON parsing: the floor (host and server jitter)
+  minimal a bare asyncio Protocol: arrivals stamped where they arrive, events counted,
+          nothing parsed: the floor (host and server jitter)
   bstar   bstar.loadgen (OpenAIClient + drive): what `bstar sweep` runs
   workers the same over `--workers` local processes (bstar.loadgen.workers, `bstar sweep
           --workers N`): the level's streams split, one event loop each, one start instant
@@ -23,6 +25,9 @@ against the same server in the same run:
   aiperf  NVIDIA AIPerf (`pip install aiperf`, in its own venv: --aiperf .../bin/aiperf),
           its ITL taken from its per-request export (inter_chunk_latency), pooled the same way
 
+With `--repeats R` every level and client runs R times, interleaved, and the table shows
+medians; each comparison with the minimal client is made within its run, then the median
+is taken (on a shared host two runs of one client differ by more than the 1 ms under test).
 It prints one table, per client the highest concurrency sustained within 1 ms of the
 minimal client's ITL p99 and within 5% of its tokens/s, and the ratios bstar/aiperf of the
 highest sustained concurrency and of tokens/s there. A client that collapses (under half
@@ -112,6 +117,41 @@ def paired(per: Gaps, sent: dict[int, list[float]]) -> dict[str, float]:
             "client_added_p99_ms": percentile(sorted(client), 99) - sp99}
 
 
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per client and level: the median of each number over the runs (each
+    comparison with the minimal client was made within its run first)."""
+    import statistics
+
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["client"], r["concurrency"]), []).append(r)
+    out = []
+    for (client, n), rs in groups.items():
+        row: dict[str, Any] = {"client": client, "concurrency": n, "runs": len(rs)}
+        for k, v in rs[0].items():
+            if isinstance(v, float) and k not in row:
+                row[k] = statistics.median(r[k] for r in rs)
+        out.append(row)
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its children (the token
+    server's processes), from /proc; 0 where /proc is not there."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def prompt(i: int, n: int) -> str:
     return (f"{i} " + "x" * n)[:n]
 
@@ -198,41 +238,66 @@ async def run_httpx(url: str, n: int, requests: int, in_len: int, out_len: int,
                      interval_ms)
 
 
+class _FloorStream(asyncio.Protocol):
+    """The floor's connection: each arrival stamped where the loop hands it over, its
+    events counted (`data: {`), nothing parsed; the request ends at the chunked body's end."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.gaps: list[float] = []
+        self.last: float | None = None
+        self.tokens = 0
+        self.done: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter()
+        n = data.count(b"data: {")
+        if n:
+            if self.last is not None:
+                self.gaps.append(t - self.last)
+            self.gaps += [0.0] * (n - 1)  # events that arrived together: a gap of 0
+            self.last = t
+            self.tokens += n
+        if data.endswith(b"0\r\n\r\n") and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
 async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int,
                       interval_ms: float) -> dict[str, float]:
-    """The floor: raw asyncio sockets, one keep-alive connection per stream, no JSON
-    parsing. What it sees beyond the interval is the host's and the server's jitter."""
+    """The floor: one keep-alive connection per stream on a bare asyncio Protocol that
+    stamps each arrival of bytes where it arrives and only counts the events in it (no
+    HTTP or JSON parsing). What it sees beyond the interval is the host's and the server's
+    jitter, and the least any Python client on this loop can add."""
     host, port = url.split("//", 1)[1].split(":")
+    loop = asyncio.get_running_loop()
     gaps: Gaps = {}
     tokens = 0
 
     async def stream(ids: list[int], record: bool) -> None:
         nonlocal tokens
-        reader, writer = await asyncio.open_connection(host, int(port))
+        _, proto = await loop.create_connection(_FloorStream, host, int(port))
         try:
             for i in ids:
                 body = json.dumps({"model": "tiny", "prompt": prompt(i, in_len),
                                    "max_tokens": out_len, "stream": True}).encode()
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(body), body))
-                last = None
-                mine = gaps.setdefault(i, []) if record else []
-                while True:
-                    line = await reader.readline()
-                    if line.startswith(b"data: [DONE]"):
-                        await reader.readline()  # the chunk's CRLF
-                        await reader.readline()  # the terminating 0-size chunk
-                        await reader.readline()
-                        break
-                    if line.startswith(b"data: {"):
-                        t = time.perf_counter()
-                        if last is not None:
-                            mine.append(t - last)
-                        last = t
-                        tokens += record
+                proto.gaps, proto.last, proto.tokens = [], None, 0
+                proto.done = loop.create_future()
+                proto.transport.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await proto.done
+                if record:
+                    gaps[i] = proto.gaps
+                    tokens += proto.tokens
         finally:
-            writer.close()
+            proto.transport.close()
 
     await asyncio.gather(*(stream([i], False) for i in range(n)))
     per = [list(range(n + k, n + requests, n)) for k in range(n)]
@@ -285,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="requests per stream per level")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every level and client this many times, interleaved; the "
+                         "table shows medians, and each comparison with the minimal client "
+                         "is the median of the per-run comparisons")
     ap.add_argument("--clients", default="minimal,bstar,workers,ray,httpx,aiperf")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                     help="processes (or Ray actors) of the workers and ray clients "
@@ -331,57 +400,68 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         url = server.url
-        for n in levels:
+        server_pid = server.process.pid if server.process else 0
+        for rep, n, client in ((r, n, c) for r in range(args.repeats) for n in levels
+                               for c in clients):
             requests = n * args.rounds
-            for client in clients:
-                if client in behind:
-                    continue
-                if client in ("workers", "ray") and client not in pools:
-                    pools[client] = LoadPool(args.workers,
-                                             "local" if client == "ray" else None)
-                    pools[client].start()
-                if client in pools:
-                    s = run_loop(run_pool(pools[client], url, n, requests, args.input_len,
+            if client in behind:
+                continue
+            if client in ("workers", "ray") and client not in pools:
+                pools[client] = LoadPool(args.workers,
+                                         "local" if client == "ray" else None)
+                pools[client].start()
+            srv0, wall0 = tree_cpu_s(server_pid), time.perf_counter()
+            if client in pools:
+                s = run_loop(run_pool(pools[client], url, n, requests, args.input_len,
+                                      args.output_len, args.interval_ms))
+            elif client == "bstar":
+                s = run_loop(run_bstar(url, n, requests, args.input_len,
+                                       args.output_len, args.interval_ms))
+            elif client == "minimal":
+                s = asyncio.run(run_minimal(url, n, requests, args.input_len,
+                                            args.output_len, args.interval_ms))
+            elif client == "httpx":
+                s = asyncio.run(run_httpx(url, n, requests, args.input_len,
                                           args.output_len, args.interval_ms))
-                elif client == "bstar":
-                    s = run_loop(run_bstar(url, n, requests, args.input_len,
-                                           args.output_len, args.interval_ms))
-                elif client == "minimal":
-                    s = asyncio.run(run_minimal(url, n, requests, args.input_len,
-                                                args.output_len, args.interval_ms))
-                elif client == "httpx":
-                    s = asyncio.run(run_httpx(url, n, requests, args.input_len,
-                                              args.output_len, args.interval_ms))
-                else:
-                    s = run_aiperf(args.aiperf, url, n, requests, args.input_len,
-                                   args.output_len, args.interval_ms, tokenizer or "")
-                s.update(paired(s.pop("gaps"), read_stamps(stamp_dir)))
-                rows.append({"client": client, "concurrency": n, **s})
-                floor_s = next((r for r in rows if r["client"] == "minimal"
-                                and r["concurrency"] == n), None)
-                if floor_s and client != "minimal" and s["tok_s"] < COLLAPSED * floor_s[
-                        "tok_s"]:
-                    behind.add(client)
-                print(f"{client:7s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
-                      f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
-                      f"{s['added_p99_ms']:5.2f}; server {s['server_p99_ms']:6.2f}, client "
-                      f"+{s['client_added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}%  load "
-                      f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+            else:
+                s = run_aiperf(args.aiperf, url, n, requests, args.input_len,
+                               args.output_len, args.interval_ms, tokenizer or "")
+            # The server's CPU over the client's run (its warm-up included): what the
+            # fixture had, next to the client, on the same cores.
+            s["server_cpu_pct"] = 100 * (tree_cpu_s(server_pid) - srv0) / (
+                time.perf_counter() - wall0)
+            s.update(paired(s.pop("gaps"), read_stamps(stamp_dir)))
+            rows.append({"client": client, "concurrency": n, "repeat": rep, **s})
+            floor_s = next((r for r in rows if r["client"] == "minimal"
+                            and r["concurrency"] == n and r["repeat"] == rep), None)
+            if floor_s and client != "minimal" and s["tok_s"] < COLLAPSED * floor_s[
+                    "tok_s"]:
+                behind.add(client)
+            print(f"{client:7s} c={n:4d}  {s['tok_s']:8.1f} tok/s  ITL p50 "
+                  f"{s['itl_p50_ms']:6.2f}  p99 {s['itl_p99_ms']:6.2f} ms  (+"
+                  f"{s['added_p99_ms']:5.2f}; server {s['server_p99_ms']:6.2f}, client "
+                  f"+{s['client_added_p99_ms']:5.2f})  cpu {s['cpu_pct']:5.1f}% (server "
+                  f"{s['server_cpu_pct']:5.1f}%)  load "
+                  f"{os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     finally:
         for pool in pools.values():
             pool.close()
         server.stop()
         shutil.rmtree(stamp_dir, ignore_errors=True)
-    # Against the floor at the same level: what the client adds beyond host/server jitter.
-    floor = {r["concurrency"]: r for r in rows if r["client"] == "minimal"}
+    # Against the floor at the same level in the same run: what the client adds beyond the
+    # host's and the server's jitter; then per client and level the medians over the runs.
+    floor = {(r["concurrency"], r["repeat"]): r for r in rows if r["client"] == "minimal"}
     for r in rows:
-        f = floor.get(r["concurrency"])
+        f = floor.get((r["concurrency"], r["repeat"]))
+        r["of_minimal_tok_s"] = r["tok_s"] / f["tok_s"] if f else float("nan")
         r["vs_minimal_p99_ms"] = r["itl_p99_ms"] - f["itl_p99_ms"] if f else float("nan")
         r["vs_minimal_paired_ms"] = (r["client_added_p99_ms"] - f["client_added_p99_ms"]
                                      if f else float("nan"))
+    runs, rows = rows, medians(rows)
+    for r in rows:
         # A client that cannot keep up streams fewer tokens than the server sends (and then
         # sees a quieter server): it must keep >= 95% of the floor's tokens/s to count.
-        r["keeps_up"] = bool(f) and r["tok_s"] >= TPUT_FRACTION * f["tok_s"]
+        r["keeps_up"] = r["of_minimal_tok_s"] >= TPUT_FRACTION
     tests = {
         "added": ("adding < 1 ms to ITL p99 over the interval",
                   lambda r: r["keeps_up"] and r["added_p99_ms"] < ADDED_LIMIT_MS),
@@ -399,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                               "cpus": os.cpu_count(), "workers": args.workers,
                               "server_procs": args.server_procs,
                               "event_loop": event_loop_name(),
-                              "loadavg": os.getloadavg(), "rows": rows, "sustained": {}}
+                              "repeats": args.repeats, "loadavg": os.getloadavg(),
+                              "rows": rows, "runs": runs, "sustained": {}}
     for name, (_, passes) in tests.items():
         best: dict[str, dict[str, Any] | None] = {}
         for client in clients:
@@ -421,21 +502,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"\nfixed-rate token server, {args.interval_ms:g} ms per token, "
           f"{args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs, "
-          f"{args.workers} workers, {args.server_procs} server process(es), bstar on "
+          f"{args.workers} workers, {args.server_procs} server process(es), "
+          f"{'medians of ' + str(args.repeats) + ' runs, ' if args.repeats > 1 else ''}bstar on "
           f"{event_loop_name()}, load average "
           f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
+    print(f"{'client':7s} {'conc':>5s} {'tok/s':>9s} {'of min':>7s} {'ITL p50':>8s} "
+          f"{'ITL p99':>8s} "
           f"{'added':>7s} {'vs min':>7s} {'srv p99':>8s} {'client':>7s} {'vs min':>7s} "
-          f"{'CPU%':>6s}")
+          f"{'CPU%':>6s} {'srv CPU%':>8s}")
     for r in rows:
-        print(f"{r['client']:7s} {r['concurrency']:5d} {r['tok_s']:9.1f} {r['itl_p50_ms']:8.2f} "
+        print(f"{r['client']:7s} {r['concurrency']:5d} {r['tok_s']:9.1f} "
+              f"{100 * r['of_minimal_tok_s']:6.1f}% {r['itl_p50_ms']:8.2f} "
               f"{r['itl_p99_ms']:8.2f} {r['added_p99_ms']:+7.2f} "
               f"{r['vs_minimal_p99_ms']:+7.2f} {r['server_p99_ms']:8.2f} "
               f"{r['client_added_p99_ms']:+7.2f} {r['vs_minimal_paired_ms']:+7.2f} "
-              f"{r['cpu_pct']:6.1f}")
+              f"{r['cpu_pct']:6.1f} {r['server_cpu_pct']:8.1f}")
     print("(srv p99: the server's own gaps between sends of the same chunks; client: ITL p99 "
           "over srv p99, the server's jitter cancelled; its vs min: over the minimal "
-          "client's)")
+          "client's; srv CPU%: the token server's processes over the client's run)")
     for name, (title, _) in tests.items():
         print(f"\nhighest concurrency sustained {title}:")
         for client, r in result["sustained"][name].items():

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from bstar.loadgen.client import OpenAIClient, RequestSpec, _loads
+from bstar.loadgen.client import OpenAIClient, RequestSpec
+from bstar.loadgen.stream import loads as _loads
 
 pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 

@@ -1,9 +1,12 @@
 """Async streaming client for OpenAI-compatible `/v1/completions` and `/v1/chat/completions`.
 
-Built on aiohttp, chosen by measurement (bench/client_bench.py): against the same local
-fixed-rate token server on 2 cores, aiohttp streamed the same tokens for about a third
-of httpx's CPU and kept ITL p99 flat to higher concurrency. The client shares hosts with
-the engine's CPU-side work, so CPU per token is what matters.
+The measured path, the streamed completion, runs on bstar's own asyncio Protocol
+(loadgen/stream.py): each arrival of bytes is stamped where the event loop hands it over
+and parsed there (httptools for HTTP, json's C scanner for events), and the request's task
+wakes once per stream instead of once per token. aiohttp, which stamped a chunk only when
+the reading task resumed, added 10-20 ms to ITL p99 at 256 streams (docs/sweep.md). The
+small JSON calls (tokenize, /metrics, /health) and injected test sessions use aiohttp,
+chosen over httpx by measurement (bench/client_bench.py: a third of httpx's CPU per token).
 
 One call, one `RequestRecord`: every failure (refused connection, HTTP status, reset
 mid-stream, malformed SSE, timeout, the level's time limit) comes back as a record with
@@ -19,9 +22,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bstar.errors import BstarError
+from bstar.loadgen.stream import ConnectionPool, SseEvents, Target
+from bstar.loadgen.stream import short as _short
+
+if TYPE_CHECKING:
+    from bstar.loadgen.stream import Connection
 
 Endpoint = Literal["completions", "chat"]
 
@@ -102,14 +110,10 @@ def server_root(url: str) -> str:
     return root
 
 
-def _short(text: str, n: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
 class OpenAIClient:
-    """One aiohttp session to `base_url` (or the `session` given); `send()` streams one
-    request into a record.
+    """A client of `base_url`: `send()` streams one request into a record over bstar's
+    own keep-alive connections (or through the `session` given: a test's fake); the small
+    JSON calls go through one aiohttp session.
 
     `extra_body` is merged into every request body (e.g. {"ignore_eos": True,
     "min_tokens": 64} to force output lengths). Use as `async with OpenAIClient(...)`.
@@ -147,6 +151,23 @@ class OpenAIClient:
         self._own_session = session is None
         self._session: Any = session
         self._url_cache: tuple[str, Any] | None = None
+        self._pool: ConnectionPool | None = None
+        self._head = self._request_head(api_key)
+
+    def _request_head(self, api_key: str | None) -> bytes:
+        """The streamed request's head up to its Content-Length (`% len(body)`), built once.
+        It holds the credentials (the key, or the URL's as Basic auth) and is never shown."""
+        try:
+            target = Target(self.base_url)
+        except ValueError:
+            return b""  # not http(s): the first request fails to connect and says so
+        lines = [f"POST {target.prefix}{self.path} HTTP/1.1", f"Host: {target.host_header}",
+                 "Content-Type: application/json", "Accept: text/event-stream",
+                 "User-Agent: bstar"]
+        auth = f"Bearer {api_key}" if api_key else target.auth
+        if auth:
+            lines.append(f"Authorization: {auth}")
+        return ("\r\n".join(lines) + "\r\nContent-Length: %d\r\n\r\n").encode()
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
@@ -181,9 +202,16 @@ class OpenAIClient:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
             trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
         )
+        try:
+            self._pool = ConnectionPool(Target(self.base_url), self.connect_timeout_s)
+        except ValueError:
+            self._pool = None  # not http(s): aiohttp's request fails and is recorded
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -262,11 +290,6 @@ class OpenAIClient:
 
     async def _send_once(self, spec: RequestSpec, *,
                          deadline: float | None = None) -> RequestRecord:
-        """Long on purpose: one streaming state machine (timeouts, status, SSE events, usage,
-        the error taxonomy) whose timing variables must stay in one frame; split, the
-        per-token timestamps would cross function calls on the measured path."""
-        import aiohttp
-
         rec = RequestRecord(
             index=spec.index, ok=False, start_s=time.time(), warmup=spec.warmup,
             expected_prompt_tokens=spec.expected_prompt_tokens,
@@ -276,135 +299,122 @@ class OpenAIClient:
         own_deadline = now + self.request_timeout_s
         limit = own_deadline if deadline is None else min(deadline, own_deadline)
         by_level = deadline is not None and deadline < own_deadline
-        body = json.dumps(self.body_for(spec))
-        t0 = time.perf_counter()
-        last: float | None = None
-        usage_tokens: int | None = None
-        done = False
+        body = json.dumps(self.body_for(spec)).encode()
+        t0 = perf_counter()
+        events = SseEvents(rec, t0)
+        end: float | None = None
         try:
             async with asyncio.timeout_at(
                 asyncio.get_running_loop().time() + (limit - now)
             ):
-                async with self._session.post(
-                    self._post_url(), data=body, headers=self._headers
-                ) as resp:
-                    rec.http_status = resp.status
-                    if resp.status != 200:
-                        text = await resp.text()
-                        rec.error_kind = _status_kind(resp.status)
-                        rec.error = f"HTTP {resp.status}: {_short(text)}"
-                        rec.e2e_s = time.perf_counter() - t0
-                        return rec
-                    # The hot path (bench/client_bench.py; docs/sweep.md "Client overhead"):
-                    # one await per arrival of bytes, whatever they hold (aiohttp's readline
-                    # costs an await, a buffer scan and a flow-control resume per line, two
-                    # lines per SSE event); the arrival is timestamped before any other work,
-                    # so every token in it carries the time it reached this process.
-                    read = _reader(resp.content)
-                    tail = b""
-                    itl = rec.itl_s
-                    while not done:
-                        data_in = await read()
-                        t = perf_counter()
-                        if not data_in:
-                            if not tail:
-                                break
-                            lines, tail = [tail], b""  # a last line without its newline
-                        else:
-                            if tail:
-                                data_in = tail + data_in
-                            lines = data_in.split(b"\n")
-                            tail = lines.pop()
-                        for raw in lines:
-                            if raw[:5] != b"data:":
-                                continue  # blank separators, comments, `event:` lines
-                            data = raw[5:].strip()
-                            if data == b"[DONE]":
-                                done = True
-                                break
-                            try:
-                                event = _loads(data)
-                            except ValueError:
-                                rec.error_kind = "malformed_sse"
-                                rec.error = ("not JSON: "
-                                             + _short(data.decode("utf-8", "replace"), 120))
-                                break
-                            if type(event) is not dict:
-                                rec.error_kind = "malformed_sse"
-                                rec.error = "SSE data is not a JSON object"
-                                break
-                            if event.get("error"):
-                                rec.error_kind = "server_error"
-                                rec.error = _short(json.dumps(event["error"]))
-                                break
-                            choices = event.get("choices")
-                            if choices and _has_content(choices):
-                                if last is None:
-                                    rec.ttft_s = t - t0
-                                else:
-                                    itl.append(t - last)
-                                last = t
-                                rec.chunks += 1
-                            usage = event.get("usage")
-                            if usage:
-                                usage_tokens = usage.get("completion_tokens")
-                                rec.prompt_tokens = usage.get("prompt_tokens")
-                                details = usage.get("prompt_tokens_details")
-                                if isinstance(details, dict) and isinstance(
-                                        details.get("cached_tokens"), int):
-                                    rec.cached_prompt_tokens = details["cached_tokens"]
-                        if rec.error_kind is not None:
-                            break
+                if self._pool is not None:
+                    end = await self._stream(events, body)
+                else:
+                    await self._stream_session(events, body)
         except TimeoutError:
             rec.error_kind = "time_limit" if by_level else "timeout"
             rec.error = ("level time limit reached mid-request" if by_level
                          else f"no complete response within {self.request_timeout_s:g} s")
-        except aiohttp.ClientConnectorError as e:
-            rec.error_kind = "connect"
-            rec.error = _short(f"cannot connect to {self.base_url}: {e.os_error}")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                aiohttp.ClientOSError, ConnectionError) as e:
-            rec.error_kind = "reset"
-            rec.error = _short(f"{type(e).__name__}: {e}")
-        except aiohttp.ClientError as e:
-            rec.error_kind = "client"
-            rec.error = _short(f"{type(e).__name__}: {e}")
-        except (ValueError, TypeError, AttributeError, KeyError, UnicodeError) as e:
-            # An odd server (events of the wrong shape) must cost one record, not a stream.
-            rec.error_kind = "malformed_sse"
-            rec.error = _short(f"unexpected event shape: {type(e).__name__}: {e}")
-        rec.e2e_s = time.perf_counter() - t0
-        if usage_tokens is not None:
-            rec.output_tokens = int(usage_tokens)
-            rec.token_source = "usage"
-        else:
-            rec.output_tokens = rec.chunks
-        if rec.error_kind is None:
-            if done or usage_tokens is not None or rec.chunks >= spec.max_tokens:
-                rec.ok = rec.chunks > 0
-                if not rec.ok:
-                    rec.error_kind, rec.error = "incomplete", "stream carried no tokens"
-            else:
-                rec.error_kind = "incomplete"
-                rec.error = f"stream ended after {rec.chunks} chunks without [DONE]"
+        except Exception as e:  # one record per failure (an unknown one is raised again)
+            rec.error_kind, rec.error = _failure(e, self.base_url)
+        rec.e2e_s = (perf_counter() if end is None else end) - t0
+        events.close(spec.max_tokens)
         return rec
 
+    async def _stream(self, events: SseEvents, body: bytes) -> float | None:
+        """The measured path on bstar's own connection (loadgen/stream.py): the bytes are
+        stamped and parsed where they arrive; this task wakes once, when the stream is
+        over. Returns the arrival of the stream's last bytes when it ended cleanly."""
+        rec = events.rec
+        pool = self._pool
+        assert pool is not None
+        try:
+            conn = await pool.acquire()
+        except TimeoutError:
+            rec.error_kind = "connect"
+            rec.error = (f"cannot connect to {self.base_url}: no connection within "
+                         f"{self.connect_timeout_s:g} s")
+            return None
+        except OSError as e:
+            rec.error_kind = "connect"
+            rec.error = _short(f"cannot connect to {self.base_url}: {e}")
+            return None
+        reusable = False
+        try:
+            await conn.begin(events, self._head % len(body) + body)
+            reusable, end = _outcome(conn, events)
+            return end
+        finally:
+            pool.release(conn, reusable=reusable)
 
-_scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, no wrapper
+    async def _stream_session(self, events: SseEvents, body: bytes) -> None:
+        """An injected session's response (a test's fake): the same SSE state machine,
+        each arrival stamped when this task resumes."""
+        rec = events.rec
+        async with self._session.post(self._post_url(), data=body,
+                                      headers=self._headers) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                text = await resp.text()
+                rec.error_kind = _status_kind(resp.status)
+                rec.error = f"HTTP {resp.status}: {_short(text)}"
+                return
+            read = _reader(resp.content)
+            while True:
+                data = await read()
+                t = perf_counter()
+                if not data:
+                    events.end(t)
+                    return
+                if events.feed(data, t):
+                    return
 
 
-def _loads(data: bytes) -> Any:
-    """One SSE event's JSON (`data` stripped): json.loads' own C scanner called directly,
-    without the encoding sniffing and wrapper json.loads adds on bytes (about half its
-    time on a 200-byte event). ValueError when `data` is not one JSON value."""
-    text = data.decode()  # UnicodeDecodeError is a ValueError
-    try:
-        obj, end = _scan_json(text, 0)
-    except StopIteration:
-        raise ValueError("expecting a JSON value") from None
-    if end != len(text):
-        raise ValueError("extra data after the JSON value")
-    return obj
+def _outcome(conn: Connection, events: SseEvents) -> tuple[bool, float | None]:
+    """What the connection's end says about the request: into the record, and whether the
+    connection can serve another (`reusable`) and when the stream's last bytes arrived."""
+    rec = events.rec
+    if conn.bad_http is not None:
+        rec.error_kind, rec.error = "client", f"invalid HTTP from the server: {conn.bad_http}"
+        return False, None
+    if conn.status and conn.status != 200:
+        text = bytes(conn.error_body or b"").decode("utf-8", "replace")
+        rec.error_kind = _status_kind(conn.status)
+        rec.error = f"HTTP {conn.status}: {_short(text)}"
+        return conn.complete, None
+    if events.finished:
+        return events.done, conn.now if events.done else None
+    if conn.complete:
+        events.end(conn.now)  # the message ended; close() says whether [DONE] came
+        return True, conn.now
+    if conn.status == 200 and not conn.framed and conn.lost_error is None:
+        events.end(conn.now)  # a body that ends with the connection (no length, no chunks)
+        return False, conn.now
+    rec.error_kind = "reset"
+    if conn.status == 0 and conn.received == 0:
+        # The server closed the pooled connection as the request went out: send() resends.
+        rec.error = "ServerDisconnectedError: Server disconnected before answering"
+    else:
+        rec.error = _short(f"connection lost mid-response after {rec.chunks} chunks"
+                           + (f": {conn.lost_error}" if conn.lost_error else ""))
+    return False, None
+
+
+def _failure(e: Exception, base_url: str) -> tuple[str, str]:
+    """(error_kind, error) for what a stream raised: aiohttp's errors (an injected session),
+    the socket's, or an odd server's."""
+    import aiohttp
+
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connect", _short(f"cannot connect to {base_url}: {e.os_error}")
+    if isinstance(e, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                      aiohttp.ClientOSError, ConnectionError, OSError)):
+        return "reset", _short(f"{type(e).__name__}: {e}")
+    if isinstance(e, aiohttp.ClientError):
+        return "client", _short(f"{type(e).__name__}: {e}")
+    if isinstance(e, (ValueError, TypeError, AttributeError, KeyError, UnicodeError)):
+        return "malformed_sse", _short(f"unexpected event shape: {type(e).__name__}: {e}")
+    raise e
 
 
 def _reader(content: Any) -> Callable[[], Awaitable[bytes]]:
@@ -422,15 +432,3 @@ def _reader(content: Any) -> Callable[[], Awaitable[bytes]]:
             return b""
 
     return read_next
-
-
-def _has_content(choices: Any) -> bool:
-    """Whether an event's `choices` carry generated text (completions' `text`, chat's
-    `delta.content` or `delta.reasoning_content`)."""
-    for choice in choices:
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if delta and (delta.get("content") or delta.get("reasoning_content")):
-            return True
-    return False
