@@ -17,6 +17,8 @@ against the same server in the same run:
   minimal a bare asyncio Protocol: arrivals stamped where they arrive, events counted,
           nothing parsed: the floor (host and server jitter)
   bstar   bstar.loadgen (OpenAIClient + drive): what `bstar sweep` runs
+  aiohttp the same client reading its streams through aiohttp's StreamReader (each chunk
+          stamped when its task resumes): the measured path before loadgen/stream.py
   workers the same over `--workers` local processes (bstar.loadgen.workers, `bstar sweep
           --workers N`): the level's streams split, one event loop each, one start instant
   ray     the same workers as Ray actors on a local cluster (`bstar sweep --ray`; needs
@@ -157,9 +159,18 @@ def prompt(i: int, n: int) -> str:
 
 
 async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
-                    interval_ms: float) -> dict[str, float]:
+                    interval_ms: float, *, via_aiohttp: bool = False) -> dict[str, float]:
+    """bstar's client as the sweep runs it; `via_aiohttp`: the same client reading its
+    streams through an aiohttp session (the measured path before loadgen/stream.py)."""
     specs = [RequestSpec(i, out_len, prompt=prompt(i, in_len)) for i in range(requests + n)]
-    async with OpenAIClient(url, "tiny") as c:
+    session = None
+    if via_aiohttp:
+        import aiohttp
+
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=None), cookie_jar=aiohttp.DummyCookieJar())
+    async with OpenAIClient(url, "tiny", session=session) as c:
         # Warm-up: one request per stream, so connections exist before timing.
         async for _ in drive(c, specs[:n], concurrency=n):
             pass
@@ -170,8 +181,10 @@ async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
             async for r in drive(c, specs[n:], concurrency=n):
                 gaps[r.index] = r.itl_s
                 tokens += r.output_tokens if r.ok else 0
-        return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
-                     interval_ms)
+        wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    if session is not None:
+        await session.close()
+    return stats(gaps, tokens, wall_s, cpu_s, interval_ms)
 
 
 async def run_pool(pool: LoadPool, url: str, n: int, requests: int, in_len: int,
@@ -280,31 +293,35 @@ async def run_minimal(url: str, n: int, requests: int, in_len: int, out_len: int
     gaps: Gaps = {}
     tokens = 0
 
-    async def stream(ids: list[int], record: bool) -> None:
+    async def stream(proto: _FloorStream, ids: list[int], record: bool) -> None:
         nonlocal tokens
-        _, proto = await loop.create_connection(_FloorStream, host, int(port))
-        try:
-            for i in ids:
-                body = json.dumps({"model": "tiny", "prompt": prompt(i, in_len),
-                                   "max_tokens": out_len, "stream": True}).encode()
-                proto.gaps, proto.last, proto.tokens = [], None, 0
-                proto.done = loop.create_future()
-                proto.transport.write(
-                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                    b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-                await proto.done
-                if record:
-                    gaps[i] = proto.gaps
-                    tokens += proto.tokens
-        finally:
-            proto.transport.close()
+        for i in ids:
+            body = json.dumps({"model": "tiny", "prompt": prompt(i, in_len),
+                               "max_tokens": out_len, "stream": True}).encode()
+            proto.gaps, proto.last, proto.tokens = [], None, 0
+            proto.done = loop.create_future()
+            proto.transport.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await proto.done
+            if record:
+                gaps[i] = proto.gaps
+                tokens += proto.tokens
 
-    await asyncio.gather(*(stream([i], False) for i in range(n)))
-    per = [list(range(n + k, n + requests, n)) for k in range(n)]
-    t0, c0 = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(stream(ids, True) for ids in per))
-    return stats(gaps, tokens, time.perf_counter() - t0, time.process_time() - c0,
-                 interval_ms)
+    # Warm-up: one request per stream on its own connection, kept for the measured run.
+    conns = [(await loop.create_connection(_FloorStream, host, int(port)))[1]
+             for _ in range(n)]
+    try:
+        await asyncio.gather(*(stream(c, [i], False) for i, c in enumerate(conns)))
+        per = [list(range(n + k, n + requests, n)) for k in range(n)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(stream(c, ids, True) for c, ids in zip(conns, per,
+                                                                       strict=True)))
+        wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        for c in conns:
+            c.transport.close()
+    return stats(gaps, tokens, wall_s, cpu_s, interval_ms)
 
 
 def run_aiperf(aiperf: str, url: str, n: int, requests: int, in_len: int, out_len: int,
@@ -354,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run every level and client this many times, interleaved; the "
                          "table shows medians, and each comparison with the minimal client "
                          "is the median of the per-run comparisons")
-    ap.add_argument("--clients", default="minimal,bstar,workers,ray,httpx,aiperf")
+    ap.add_argument("--clients", default="minimal,bstar,aiohttp,workers,ray,httpx,aiperf")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                     help="processes (or Ray actors) of the workers and ray clients "
                          "(default: the CPUs)")
@@ -414,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             if client in pools:
                 s = run_loop(run_pool(pools[client], url, n, requests, args.input_len,
                                       args.output_len, args.interval_ms))
-            elif client == "bstar":
+            elif client in ("bstar", "aiohttp"):
                 s = run_loop(run_bstar(url, n, requests, args.input_len,
-                                       args.output_len, args.interval_ms))
+                                       args.output_len, args.interval_ms,
+                                       via_aiohttp=client == "aiohttp"))
             elif client == "minimal":
                 s = asyncio.run(run_minimal(url, n, requests, args.input_len,
                                             args.output_len, args.interval_ms))
