@@ -55,7 +55,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from bstar.loadgen.client import OpenAIClient, RequestSpec  # noqa: E402
+from bstar.loadgen.client import OpenAIClient, RequestSpec, aiohttp_session  # noqa: E402
 from bstar.loadgen.worker import (  # noqa: E402
     drive,
     event_loop_name,
@@ -163,13 +163,7 @@ async def run_bstar(url: str, n: int, requests: int, in_len: int, out_len: int,
     """bstar's client as the sweep runs it; `via_aiohttp`: the same client reading its
     streams through an aiohttp session (the measured path before loadgen/stream.py)."""
     specs = [RequestSpec(i, out_len, prompt=prompt(i, in_len)) for i in range(requests + n)]
-    session = None
-    if via_aiohttp:
-        import aiohttp
-
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), trust_env=False,
-            timeout=aiohttp.ClientTimeout(total=None), cookie_jar=aiohttp.DummyCookieJar())
+    session = aiohttp_session(10.0) if via_aiohttp else None
     async with OpenAIClient(url, "tiny", session=session) as c:
         # Warm-up: one request per stream, so connections exist before timing.
         async for _ in drive(c, specs[:n], concurrency=n):

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bstar.loadgen.client import OpenAIClient, RequestRecord, RequestSpec
+from test_client_hotpath import _cut
 
 Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[bool]]
 
@@ -108,14 +109,7 @@ def test_any_cut_of_the_bytes_gives_the_same_record() -> None:
     rng = random.Random(3)
 
     def cuts(m: int) -> Callable[[bytes], list[bytes]]:
-        def cut(data: bytes) -> list[bytes]:
-            out, i = [], 0
-            while i < len(data):
-                j = min(len(data), i + rng.randint(1, m))
-                out.append(data[i:j])
-                i = j
-            return out
-        return cut
+        return lambda data: _cut(data, rng, m)
 
     for cut in (lambda d: [d], cuts(7), cuts(40), cuts(400)):
         rec, _ = _run(chunked(cut, pause_s=0.0005))

@@ -150,17 +150,19 @@ class OpenAIClient:
         # interface, e.g. a test's in-process fake) is the caller's: used, never closed.
         self._own_session = session is None
         self._session: Any = session
-        self._url_cache: tuple[str, Any] | None = None
         self._pool: ConnectionPool | None = None
-        self._head = self._request_head(api_key)
+        try:
+            self._target: Target | None = Target(self.base_url)
+        except ValueError:
+            # Not http(s): no pool; the request goes through aiohttp, which refuses the URL,
+            # and the record says so (error_kind "client").
+            self._target = None
+        self._head = b"" if self._target is None else self._request_head(self._target,
+                                                                          api_key)
 
-    def _request_head(self, api_key: str | None) -> bytes:
+    def _request_head(self, target: Target, api_key: str | None) -> bytes:
         """The streamed request's head up to its Content-Length (`% len(body)`), built once.
         It holds the credentials (the key, or the URL's as Basic auth) and is never shown."""
-        try:
-            target = Target(self.base_url)
-        except ValueError:
-            return b""  # not http(s): the first request fails to connect and says so
         lines = [f"POST {target.prefix}{self.path} HTTP/1.1", f"Host: {target.host_header}",
                  "Content-Type: application/json", "Accept: text/event-stream",
                  "User-Agent: bstar"]
@@ -172,18 +174,6 @@ class OpenAIClient:
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
 
-    def _post_url(self) -> Any:
-        """The completions URL, parsed once (a yarl.URL) for a real aiohttp session; a
-        string for an injected one."""
-        url = self.base_url + self.path
-        if not self._own_session:
-            return url
-        if self._url_cache is None or self._url_cache[0] != url:
-            from yarl import URL
-
-            self._url_cache = (url, URL(url))
-        return self._url_cache[1]
-
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
@@ -191,21 +181,9 @@ class OpenAIClient:
     async def __aenter__(self) -> OpenAIClient:
         if not self._own_session:
             return self
-        import aiohttp
-
-        # trust_env=False: proxies in the environment must never see local traffic.
-        # limit=0: the level's concurrency is the only cap on connections.
-        # DummyCookieJar: no cookie filtering per request or parsing per response (an
-        # inference API sets none that matter); the completions URL is parsed once.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-            trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        try:
-            self._pool = ConnectionPool(Target(self.base_url), self.connect_timeout_s)
-        except ValueError:
-            self._pool = None  # not http(s): aiohttp's request fails and is recorded
+        self._session = aiohttp_session(self.connect_timeout_s)
+        if self._target is not None:
+            self._pool = ConnectionPool(self._target, self.connect_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -351,7 +329,7 @@ class OpenAIClient:
         """An injected session's response (a test's fake): the same SSE state machine,
         each arrival stamped when this task resumes."""
         rec = events.rec
-        async with self._session.post(self._post_url(), data=body,
+        async with self._session.post(self.base_url + self.path, data=body,
                                       headers=self._headers) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
@@ -368,6 +346,21 @@ class OpenAIClient:
                     return
                 if events.feed(data, t):
                     return
+
+
+def aiohttp_session(connect_timeout_s: float) -> Any:
+    """The aiohttp session a client keeps for its JSON calls (and what bench/client_bench.py
+    streams through for its before/after). trust_env=False: proxies in the environment must
+    never see local traffic; limit=0: the caller's concurrency is the only cap on
+    connections; DummyCookieJar: no cookie filtering per request or parsing per response
+    (an inference API sets none that matter)."""
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 def _outcome(conn: Connection, events: SseEvents) -> tuple[bool, float | None]:

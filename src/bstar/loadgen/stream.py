@@ -250,9 +250,6 @@ class Connection(asyncio.Protocol):
             if events is not None and events.feed(piece, self.now):
                 self._wake()
 
-    def eof_received(self) -> bool:
-        return False  # close our side too; connection_lost follows
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if exc is not None:
