@@ -51,11 +51,13 @@ from bstar import step  # noqa: E402
 from bstar import validate_curves as vc  # noqa: E402
 from bstar import validate_stages as vs  # noqa: E402
 from bstar.calibrate import Point, fit_steps, predict_step_s  # noqa: E402
+from bstar.deployment import Deployment, Efficiency  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.knee import doubling_knee  # noqa: E402
 from bstar.specs.gpu import get_gpu  # noqa: E402
 from bstar.specs.model import ModelSpec, from_hf_config, load_config_file  # noqa: E402
 from bstar.specs.presets import get_model  # noqa: E402
+from bstar.step import allreduce_rounds  # noqa: E402
 
 H200 = ROOT / "data" / "h200"
 PRESETS = ROOT / "src" / "bstar" / "presets" / "models"
@@ -65,7 +67,7 @@ MULTI_FIT = ("bandwidth", "kv_bandwidth", "compute", "overhead_s", "decode_layer
              "score_bytes")
 MIXED_FIT = ("attention_compute", "chunk_layer_s")
 # Cost model 1: one bandwidth efficiency, one max, the first wave's defaults.
-MODEL1 = rl.Efficiency(bandwidth=0.70, compute=0.60, overhead_s=0.5e-3, overhead_per_seq_s=5e-6,
+MODEL1 = Efficiency(bandwidth=0.70, compute=0.60, overhead_s=0.5e-3, overhead_per_seq_s=5e-6,
                        kv_bandwidth=0.70, attention_compute=0.60, layer_s=0.0,
                        decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=0.0,
                        roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
@@ -78,7 +80,7 @@ class Group:
     """One model's measured steps on one GPU x engine."""
 
     label: str
-    deployment: rl.Deployment
+    deployment: Deployment
     points: list[Point]
 
 
@@ -102,7 +104,7 @@ def h200_model(label: str) -> tuple[ModelSpec, str]:
     return get_model(name), dtype
 
 
-def h200_groups(eff: rl.Efficiency) -> list[Group]:
+def h200_groups(eff: Efficiency) -> list[Group]:
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for f in ("steps.jsonl", "mixed-other-models.jsonl", "llama-3-8b-decode.jsonl"):
         for line in (H200 / f).read_text().splitlines():
@@ -113,14 +115,14 @@ def h200_groups(eff: rl.Efficiency) -> list[Group]:
     out = []
     for label, rows in by.items():
         model, dtype = h200_model(label)
-        d = rl.Deployment(model, gpu, weight_dtype=dtype, kv_dtype="bf16", eff=eff)
+        d = Deployment(model, gpu, weight_dtype=dtype, kv_dtype="bf16", eff=eff)
         pts = [Point(r["batch"], r["context"], r["step_ms"] / 1e3, label,
                      r.get("chunk_tokens", 0), r.get("chunk_start", 0)) for r in rows]
         out.append(Group(label, d, pts))
     return out
 
 
-def errors(g: Group, eff: rl.Efficiency) -> tuple[list[float], list[float]]:
+def errors(g: Group, eff: Efficiency) -> tuple[list[float], list[float]]:
     pred = predict_step_s(g.deployment.with_eff(eff), g.points)
     dec, mix = [], []
     for p, y in zip(g.points, pred, strict=True):
@@ -128,8 +130,8 @@ def errors(g: Group, eff: rl.Efficiency) -> tuple[list[float], list[float]]:
     return dec, mix
 
 
-def lomo(groups: list[Group], prior: rl.Efficiency, fit: tuple[str, ...],
-         mixed_fit: tuple[str, ...] = ()) -> dict[str, rl.Efficiency]:
+def lomo(groups: list[Group], prior: Efficiency, fit: tuple[str, ...],
+         mixed_fit: tuple[str, ...] = ()) -> dict[str, Efficiency]:
     """Per model, the parameters fitted to the other models' points (same base model
     family counted as one: the fp8 and 8-layer variants leave with their parent)."""
     out = {}
@@ -278,7 +280,7 @@ def tp_forms_report() -> dict[str, Any]:
     path = ROOT / "data" / "published" / "curves.csv"
     rows = [r for r in vc.curves_from_csv(path.read_text(), str(path), path.parent)
             if r.engine == "lmdeploy"]
-    forms = {"constant": lambda n: 1.0 if n > 1 else 0.0, "log2(N)": rl.allreduce_rounds,
+    forms = {"constant": lambda n: 1.0 if n > 1 else 0.0, "log2(N)": allreduce_rounds,
              "N-1": lambda n: float(n - 1)}
     out: dict[str, Any] = {}
     print("\nTensor parallel: the all-reduce latency's growth with N, leave one model out on "

@@ -17,6 +17,7 @@ import numpy as np
 
 import startup  # bench/startup.py, beside this script
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
@@ -24,14 +25,14 @@ CONTEXTS = (512, 2048, 8192)
 BATCHES = np.arange(1, 4097)
 
 
-def full_curve(d: rl.Deployment) -> None:
+def full_curve(d: Deployment) -> None:
     for ctx in CONTEXTS:
         rl.curve(d, BATCHES, ctx)
         rl.b_star(d, ctx)
         rl.compute_crossover(d, ctx)
 
 
-def scalar_loop(d: rl.Deployment) -> None:
+def scalar_loop(d: Deployment) -> None:
     # One call per batch size: the cost of not vectorizing.
     for ctx in CONTEXTS:
         for b in BATCHES[::8]:  # every 8th batch, scaled up by 8 below
@@ -48,7 +49,7 @@ def median_s(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    d = rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
+    d = Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
     full_curve(d)  # warm caches (catalog parsing, numpy first use)
     t_vec = median_s(lambda: full_curve(d), 30)
     t_loop = median_s(lambda: scalar_loop(d), 3) * 8

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.sim import Lengths, Poisson, SchedulerConfig, SimConfig, make_workload, simulate
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -41,7 +42,7 @@ def timed(fn, repeat: int) -> tuple[float, object]:  # type: ignore[no-untyped-d
 
 
 def main() -> int:
-    d = rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
+    d = Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
     cfg = SimConfig(SchedulerConfig(256, 2048))
     ok = True
     print(f"simulate {NUM_REQUESTS:,} requests x 512 output tokens; median of {REPEAT} runs; "

@@ -114,7 +114,7 @@ class TransferResult:
 def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
                  log: Callable[[str], None] = lambda s: None) -> TransferResult:
     from bstar import calibrate as cal
-    from bstar import roofline as rl
+    from bstar.deployment import Deployment
     from bstar.loadgen.sweep import SweepConfig, run_sweep
     from bstar.servers import LlamaCppServer
     from bstar.specs.gpu import load_gpu_file
@@ -159,8 +159,8 @@ def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
 
     from bstar.loadgen.sweep import load_result
 
-    def deployment(name: str) -> rl.Deployment:
-        return rl.Deployment(get_model(str(tiny[name].hf_dir)), gpu, weight_dtype="fp32",
+    def deployment(name: str) -> Deployment:
+        return Deployment(get_model(str(tiny[name].hf_dir)), gpu, weight_dtype="fp32",
                              kv_dtype="fp16")
 
     def points(run: str) -> list[cal.Point]:

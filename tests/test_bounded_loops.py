@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import bstar.sim.engine as engine
-from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.sim import SchedulerConfig, SimConfig, simulate
 from bstar.sim.traffic import Poisson, Workload, make_workload, parse_lengths
@@ -26,8 +26,8 @@ from bstar.specs.presets import get_model
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def _dep() -> rl.Deployment:
-    return rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
+def _dep() -> Deployment:
+    return Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
 
 
 def test_nan_arrival_is_an_error_not_a_spin() -> None:

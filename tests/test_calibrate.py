@@ -13,17 +13,19 @@ import pytest
 from bstar import calibrate as cal
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 from bstar.fit.points import load_steps
+from bstar.kv_pool import kv_bytes_per_seq_allocated
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
 # Hard roofs (one max per kernel group, as cost model 1): these tests check identifiability
 # reporting, which a hard max makes exact (a roof that sets no point is unset).
-_PRIOR = rl.Efficiency(roof_sharpness=math.inf)
+_PRIOR = Efficiency(roof_sharpness=math.inf)
 # The truth lies in the family calibrate fits by default: the KV stream and the attention
 # rate at the prior's ratios to the weight stream and the GEMM rate (calibrate._FOLLOWS).
-TRUE = rl.Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6,
+TRUE = Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6,
                      kv_bandwidth=0.55 * _PRIOR.kv_bandwidth / _PRIOR.bandwidth,
                      attention_compute=0.35 * _PRIOR.attention_compute / _PRIOR.compute,
                      roof_sharpness=math.inf)
@@ -31,8 +33,8 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (512, 2048)
 
 
-def deployment() -> rl.Deployment:
-    return rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"), eff=_PRIOR)
+def deployment() -> Deployment:
+    return Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"), eff=_PRIOR)
 
 
 def synthetic(noise: float, seed: int = 0, batches: tuple[int, ...] = BATCHES,
@@ -212,7 +214,7 @@ def test_cli_writes_a_profile_that_plan_applies(tmp_path: Path,
     assert by_batch[64] == pytest.approx(want[64], rel=1e-9)
     d = deployment()
     pool = round(55.01 * 2**30)
-    assert plan["contexts"][0]["b_mem"] == pool // rl.kv_bytes_per_seq_allocated(d, 2048)
+    assert plan["contexts"][0]["b_mem"] == pool // kv_bytes_per_seq_allocated(d, 2048)
 
 
 def test_profile_errors(tmp_path: Path) -> None:
@@ -327,7 +329,7 @@ def test_a_real_vllm_cpu_log_gives_the_pool_it_was_told_to_use() -> None:
                       num_kv_heads=8, vocab_size=259, bos_id=257, eos_id=258)
     from bstar.specs.model import from_hf_config
 
-    d = rl.Deployment(from_hf_config(tiny, name="tiny"), get_gpu("a100-80gb-sxm"),
+    d = Deployment(from_hf_config(tiny, name="tiny"), get_gpu("a100-80gb-sxm"),
                       weight_dtype="fp32", kv_dtype="fp32")
     parsed = cal.parse_vllm_log(log)
     assert parsed.kv_cache_tokens == 32768
@@ -335,7 +337,7 @@ def test_a_real_vllm_cpu_log_gives_the_pool_it_was_told_to_use() -> None:
 
 
 def _store_run(db: Path, model: str, input_len: int, output_len: int,
-               eff: rl.Efficiency) -> str:
+               eff: Efficiency) -> str:
     """A sweep run in bstar sweep's store whose levels' median ITL is the roofline's step."""
     from bstar.loadgen.store import Store
 
@@ -381,13 +383,13 @@ def test_cli_calibrates_on_a_stored_sweep_run_and_checks_another(
 def test_fit_steps_recovers_the_allreduce_latency_across_tp_sizes() -> None:
     """calibrate counts all-reduce latency as the cost model does (log2(N) per call): steps
     the model generates at TP=2 and TP=4 with 30 us per call give back 30 us."""
-    truth = rl.Efficiency(allreduce_latency_s=30e-6)
+    truth = Efficiency(allreduce_latency_s=30e-6)
     groups = []
     for n, model in ((2, "llama-2-13b"), (4, "llama-2-70b")):
-        d = rl.Deployment(get_model(model), get_gpu("a100-80gb-sxm"), num_gpus=n, eff=truth)
+        d = Deployment(get_model(model), get_gpu("a100-80gb-sxm"), num_gpus=n, eff=truth)
         pts = [cal.Point(b, 512, float(rl.curve(d, [b], 512).step_s[0]), model)
                for b in (1, 4, 16, 64)]
-        groups.append((d.with_eff(rl.Efficiency()), pts))
-    f = cal.fit_steps(groups, ("bandwidth", "allreduce_latency_s"), rl.Efficiency())
+        groups.append((d.with_eff(Efficiency()), pts))
+    f = cal.fit_steps(groups, ("bandwidth", "allreduce_latency_s"), Efficiency())
     assert f.eff.allreduce_latency_s == pytest.approx(30e-6, rel=1e-3)
     assert f.eff.bandwidth == pytest.approx(truth.bandwidth, rel=1e-3)

@@ -12,20 +12,21 @@ import pytest
 from bstar import calibrate as cal
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 from bstar.fit import load_points
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 from ptyterm import run_in_pty
 
-TRUE = rl.Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6)
+TRUE = Efficiency(bandwidth=0.55, compute=0.35, overhead_s=2e-3, overhead_per_seq_s=40e-6)
 BATCHES = (1, 4, 16, 64, 256)
 CONTEXT = 1024
 NOISE = (0.97, 1.0, 1.04)  # three runs of the same sweep: -3%, 0, +4%
 
 
 def points_csv(tmp_path: Path, context_column: bool) -> Path:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm")).with_eff(TRUE)
+    d = Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm")).with_eff(TRUE)
     head = "batch,context_tokens,tpot_ms" if context_column else "batch,tpot_ms"
     rows = [head]
     for k in NOISE:  # run after run, as repeats arrive

@@ -9,18 +9,19 @@ import pytest
 
 from bstar import calibrate as cal
 from bstar import roofline as rl
-from bstar.deployment import DeploymentOptions
+from bstar.deployment import IDEAL, Deployment, Efficiency
 from bstar.loadgen.sweep import SweepConfig
+from bstar.options import DeploymentOptions
 from bstar.report.views import sweep_deployment
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
-CUSTOM = rl.Efficiency(bandwidth=0.5, compute=0.4, overhead_s=1e-3, overhead_per_seq_s=2e-5)
+CUSTOM = Efficiency(bandwidth=0.5, compute=0.4, overhead_s=1e-3, overhead_per_seq_s=2e-5)
 
 
 def profile_file(tmp_path: Path, gpu: str = "a100-80gb-sxm") -> Path:
     """A calibration profile with CUSTOM's efficiencies and a 3 GiB reserve."""
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu(gpu))
+    d = Deployment(get_model("llama-3-8b"), get_gpu(gpu))
     pts = [cal.Point(b, 512, float(rl.decode_step(d.with_eff(CUSTOM), [b], 512).step_s[0]))
            for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
     c = replace(cal.calibrate(d, pts), reserve_bytes=3 * 2**30)
@@ -34,8 +35,8 @@ def test_defaults_build_bstar_plans_default_deployment() -> None:
     # The default engine is vLLM: its fitted profile over Efficiency's defaults.
     from bstar.engines import get_engine
 
-    assert d == rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
-                              eff=get_engine("vllm").apply(rl.Efficiency()), engine="vllm")
+    assert d == Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
+                              eff=get_engine("vllm").apply(Efficiency()), engine="vllm")
     assert d.eff.kv_bandwidth == 0.855 and d.eff.scheduling_lag_steps == 1
 
 
@@ -51,7 +52,7 @@ def test_flags_map_onto_the_deployment() -> None:
     from bstar.engines import get_engine
 
     assert d.eff == replace(get_engine("vllm").efficiency(), bandwidth=0.6, overhead_s=2e-3)
-    assert DeploymentOptions(ideal=True).build().eff == rl.IDEAL
+    assert DeploymentOptions(ideal=True).build().eff == IDEAL
 
 
 def test_to_dict_from_dict_round_trip_and_old_stored_flags() -> None:
@@ -73,7 +74,7 @@ def test_profile_applies_and_survives_the_store(tmp_path: Path) -> None:
     prof = profile_file(tmp_path)
     o = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(prof))
     d = o.build()
-    assert d.eff == cal.load_profile(prof).eff != rl.Efficiency()
+    assert d.eff == cal.load_profile(prof).eff != Efficiency()
     assert d.reserve_bytes == 3 * 2**30  # the profile's reserve, --reserve-gib at default
     assert DeploymentOptions(**{**o.to_dict(), "reserve_gib": 1.0}).build().reserve_bytes \
         == 2**30

@@ -205,7 +205,7 @@ def test_calibrate_shapes_once_same_answer() -> None:
     """Repeats of a step shape are priced once and gathered: the calibration is the one
     the points give one by one."""
     import bstar.calibrate as cal
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions(model="llama-3-8b", gpu="h100-sxm").build()
     rng = np.random.default_rng(1)

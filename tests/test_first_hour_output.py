@@ -10,7 +10,7 @@ import pytest
 
 from bstar import roofline as rl
 from bstar.cli import build_parser, main
-from bstar.deployment import DeploymentOptions
+from bstar.options import DeploymentOptions
 from bstar.plan import make_plan
 from bstar.specs.gpu import get_gpu, gpu_catalog
 from bstar.specs.presets import get_model, model_index

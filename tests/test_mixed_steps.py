@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bstar import calibrate as cal
-from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment, Efficiency
 from bstar.fit.points import load_steps
 from bstar.loadgen.mixed import (
     MixedConfig,
@@ -65,7 +65,7 @@ def test_config_checks_the_schedule_fits_the_output_cap() -> None:
         MixedConfig(chunk_tokens=(1,))
 
 
-def _synthetic(d: rl.Deployment) -> list[StepSample]:
+def _synthetic(d: Deployment) -> list[StepSample]:
     """Steps priced by the cost model at `d`'s own efficiencies, as the measurement writes them."""
     shapes = [("decode", b, 64, 0) for b in (1, 2, 4, 8)]
     shapes += [("mixed", b, 70, n) for b in (1, 4, 8) for n in (32, 128, 240)]
@@ -77,7 +77,7 @@ def _synthetic(d: rl.Deployment) -> list[StepSample]:
 
 
 def test_points_csv_round_trip(tmp_path: Path) -> None:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
     samples = _synthetic(d)
     path = tmp_path / "points.csv"
     path.write_text("# a comment line\n" + to_csv(samples))
@@ -94,10 +94,10 @@ def test_calibrate_cli_fits_mixed_points(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Points made by the model at known parameters: `bstar calibrate POINTS` reads the chunk
     columns, fits the chunk terms by default, and gets the mixed steps back."""
-    truth = rl.Efficiency(bandwidth=0.6, compute=0.5, overhead_s=2e-3,
+    truth = Efficiency(bandwidth=0.6, compute=0.5, overhead_s=2e-3,
                           overhead_per_seq_s=20e-6, attention_compute=0.3,
                           chunk_layer_s=40e-6)
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"), eff=truth)
+    d = Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"), eff=truth)
     path = tmp_path / "points.csv"
     path.write_text(to_csv(_synthetic(d)))
     rc = main(["calibrate", str(path), "--model", "llama-3-8b", "--gpu", "a100-80gb-sxm",
@@ -160,14 +160,14 @@ def test_vllm_mixed_step_costs_more_than_decode(vllm_python: str, tiny_model: An
 CPU_DATA = Path(__file__).resolve().parents[1] / "data" / "cpu"
 
 
-def cpu_deployment(tag: str) -> rl.Deployment:
+def cpu_deployment(tag: str) -> Deployment:
     """The tiny model as vLLM-on-CPU ran it: fp32 weights and KV cache, on the CPU probed at
     the start of run `tag` (data/cpu/probe-TAG.toml)."""
     from bstar.specs.gpu import load_gpu_file
     from bstar.specs.model import from_hf_config
 
     cfg = json.loads((CPU_DATA / "tiny-config.json").read_text())
-    return rl.Deployment(from_hf_config(cfg, name="tiny"),
+    return Deployment(from_hf_config(cfg, name="tiny"),
                          load_gpu_file(CPU_DATA / f"probe-{tag}.toml"),
                          weight_dtype="fp32", kv_dtype="fp32")
 

@@ -16,7 +16,9 @@ import pytest
 
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.kv_pool import default_max_num_batched_tokens, kv_layout, kv_per_kind
 from bstar.specs.gpu import get_gpu
 from bstar.specs.model import from_hf_config
 from bstar.specs.precision import get_precision
@@ -33,8 +35,8 @@ def config(pid: str) -> dict[str, Any]:
     return dict(json.loads(root.joinpath(f"{pid}.json").read_text()))
 
 
-def deployment(pid: str, gpu: str = "h200", **kw: Any) -> rl.Deployment:
-    return rl.Deployment(model=get_model(pid), gpu=get_gpu(gpu), **kw)
+def deployment(pid: str, gpu: str = "h200", **kw: Any) -> Deployment:
+    return Deployment(model=get_model(pid), gpu=get_gpu(gpu), **kw)
 
 
 def attention_bytes_per_token(cfg: dict[str, Any]) -> int:
@@ -70,7 +72,7 @@ def test_gpt_oss_20b_kv_is_12_full_layers_and_12_windows() -> None:
                    * per_layer for t in types)
     d = deployment("gpt-oss-20b")
     assert rl.kv_bytes_per_seq(d, ctx) == expected == 12 * per_layer * (ctx + 128)
-    kinds = {k["kind"]: k for k in rl.kv_per_kind(d, ctx)}
+    kinds = {k["kind"]: k for k in kv_per_kind(d, ctx)}
     assert kinds["sliding"]["tokens_per_layer"] == 128 and kinds["full"]["layers"] == 12
 
 
@@ -115,7 +117,7 @@ def test_qwen3_next_b_mem_follows_vllm_hybrid_pool() -> None:
     blocks = math.ceil(8192 / block) + 2 * (36 // 12)
     expected = rl.kv_pool_bytes(d) // (blocks * 12 * page)
     assert rl.b_mem(d, 8192) == expected
-    assert rl.kv_layout(d, 8192).block_size == block
+    assert kv_layout(d, 8192).block_size == block
     # pricing every layer as full attention (before issue 18) gave under 40% of it
     all_full = rl.kv_pool_bytes(d) // (48 * 8192 * per_token)
     assert expected > 2.5 * all_full
@@ -353,7 +355,7 @@ def test_sliding_pool_share_is_window_plus_batched_tokens() -> None:
     """vLLM's SlidingWindowSpec: min(window - 1 + max_num_batched_tokens, max_model_len)
     tokens, whole blocks, plus one block the window may start inside."""
     d = deployment("gpt-oss-20b")
-    lay = rl.kv_layout(d, 32768, max_num_batched_tokens=2048)
+    lay = kv_layout(d, 32768, max_num_batched_tokens=2048)
     sliding = next(k for k in lay.kinds if k.kind == "sliding")
     assert sliding.tokens_per_seq == 128 - 1 + 2048
     assert sliding.blocks_per_seq == math.ceil((128 - 1 + 2048) / 16) + 1
@@ -362,10 +364,10 @@ def test_sliding_pool_share_is_window_plus_batched_tokens() -> None:
     per_token = d.model.layer_groups()[0].kv_values_per_token * 2
     assert lay.group_size == 12 and lay.page_bytes == 16 * per_token
     assert lay.bytes_per_seq == (2048 + sliding.blocks_per_seq) * 12 * 16 * per_token
-    assert rl.default_max_num_batched_tokens(d) == 8192  # an H200 under vllm serve
-    assert rl.default_max_num_batched_tokens(replace(d, gpu=get_gpu("a100-80gb-sxm"))) == 2048
+    assert default_max_num_batched_tokens(d) == 8192  # an H200 under vllm serve
+    assert default_max_num_batched_tokens(replace(d, gpu=get_gpu("a100-80gb-sxm"))) == 2048
     cpu = replace(get_gpu("h200"), id="cpu", name="this CPU")
-    assert rl.default_max_num_batched_tokens(replace(d, gpu=cpu)) == 2048
+    assert default_max_num_batched_tokens(replace(d, gpu=cpu)) == 2048
 
 
 def test_granite4_and_jamba_states_from_their_keys() -> None:
@@ -393,7 +395,7 @@ def test_granite4_and_jamba_states_from_their_keys() -> None:
     assert j.kinds().count("full") == 1 and j.mlps().count("moe") == 4
     inner = 2 * 512
     assert j.layer_groups()[1].state_bytes_per_seq == 2 * (inner * 3 + inner * 16)
-    assert rl.kv_layout(rl.Deployment(model=j, gpu=get_gpu("h200")), 4096) \
+    assert kv_layout(Deployment(model=j, gpu=get_gpu("h200")), 4096) \
         .kinds[1].blocks_per_seq == 2  # Mamba-1: no prefill checkpoint page
 
 
@@ -410,8 +412,8 @@ def test_simulator_blocks_match_b_mem(pid: str) -> None:
     blocks, per_seq = num_engine_blocks(d, 16), seq_blocks(d, 16)
     assert blocks // per_seq(8192) == rl.b_mem(d, 8192)
     bm = BlockManager(blocks, 16, blocks_fn=per_seq)
-    assert bm.blocks_for(8192) == rl.kv_layout(d, 8192).blocks_per_seq
+    assert bm.blocks_for(8192) == kv_layout(d, 8192).blocks_per_seq
     assert all(per_seq(t) <= per_seq(t + 1) for t in range(0, 3000, 7))  # never shrinks
     if pid == "llama-3-8b":  # one kind: the engine's block is the classic one
         assert num_engine_blocks(d, 16) * block_bytes_per_gpu(d, 16) \
-            == blocks * rl.kv_layout(d, 16).bytes_per_block
+            == blocks * kv_layout(d, 16).bytes_per_block

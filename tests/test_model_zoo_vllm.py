@@ -1,7 +1,7 @@
 """`bstar kv` against vLLM-on-CPU for tiny random-weight models with sliding-window and
 state-space layers (issue 18, item 6): the server's KV pool (vllm:cache_config_info's
 num_gpu_blocks and kv_cache_max_concurrency) against bstar's vLLM V1 layout
-(`roofline.kv_layout`, docs/models.md), which must agree within block rounding.
+(`kv_layout`, docs/models.md), which must agree within block rounding.
 
 Each model is served with an exact KV pool (--kv-cache-memory-bytes), a max_model_len and a
 max_num_batched_tokens that make a sliding window's share differ from a full layer's. The
@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from bstar import kvcheck
-from bstar import roofline as rl
+from bstar.deployment import Deployment
+from bstar.kv_pool import kv_layout
 from bstar.loadgen.scrape import parse_prometheus, snapshot
 from bstar.report.text import format_kv_check
 from bstar.servers import vllm_cpu_command, vllm_cpu_env
@@ -137,9 +138,9 @@ def _check(tmp_path: Path, python: str, model_dir: Path, pool_blocks: int) -> di
     # vLLM-on-CPU runs float32: the weights, the KV cache and the states (a hybrid's
     # recurrent state is float32 on CPU whatever the config says).
     spec = replace(from_hf_config(cfg, name=model_dir.name), state_bits=(32, 32))
-    d = rl.Deployment(model=spec, gpu=load_gpu_file(_cpu_gpu_file(tmp_path)),
+    d = Deployment(model=spec, gpu=load_gpu_file(_cpu_gpu_file(tmp_path)),
                       weight_dtype="fp32", kv_dtype="fp32", block_size=128, reserve_bytes=0)
-    layout = rl.kv_layout(d, MAX_LEN, BATCHED)
+    layout = kv_layout(d, MAX_LEN, BATCHED)
     pool = pool_blocks * layout.bytes_per_block
     metrics, log = _serve(python, model_dir, pool)
     snap = snapshot(parse_prometheus(metrics))

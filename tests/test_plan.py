@@ -7,11 +7,12 @@ import pytest
 
 import bstar
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.plan import make_plan
 
 
-def _llama_a100() -> rl.Deployment:
-    return rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+def _llama_a100() -> Deployment:
+    return Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
 
 
 def test_sla_batch_is_the_largest_that_meets_it() -> None:
@@ -49,7 +50,7 @@ def test_plan_dict_carries_its_bound_sla_batch_and_knee() -> None:
 ])
 def test_the_plans_knee_is_the_doubling_pick_the_recommendation_started_from(
         model: str, gpu: str, ctx: int, max_tpot_ms: float | None) -> None:
-    d = rl.Deployment(bstar.get_model(model), bstar.get_gpu(gpu))
+    d = Deployment(bstar.get_model(model), bstar.get_gpu(gpu))
     c = make_plan(d, [ctx], max_tpot_ms=max_tpot_ms).contexts[0]
     doubling = c.recommendation.knees["doubling"]
     assert c.knee == (doubling if doubling.batch is not None else None)
@@ -58,7 +59,7 @@ def test_the_plans_knee_is_the_doubling_pick_the_recommendation_started_from(
 
 
 def test_ideal_plan_has_no_knee() -> None:
-    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"),
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"),
                       engine="ideal")
     c = make_plan(d, [512]).contexts[0]
     assert c.knee is None and c.to_dict()["recommendation"]["knee"] is None

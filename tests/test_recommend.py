@@ -100,12 +100,12 @@ def test_empty_slo_and_bad_items() -> None:
 
 # ---- the cost model's pick: the knee of the predicted curve -----------------------------------
 def _plan(**kw: object) -> object:
-    from bstar import roofline as rl
+    from bstar.deployment import Deployment
     from bstar.plan import make_plan
     from bstar.specs.gpu import get_gpu
     from bstar.specs.presets import get_model
 
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu(str(kw.pop("gpu", "h200"))),
+    d = Deployment(get_model("llama-3-8b"), get_gpu(str(kw.pop("gpu", "h200"))),
                       engine="vllm", **kw)  # type: ignore[arg-type]
     return d, make_plan(d, (512, 2048, 8192))
 
@@ -156,7 +156,7 @@ def test_a_knee_past_b_mem_band_is_capped_at_85_percent() -> None:
 
 
 def test_ideal_keeps_the_seeds_b_star_rule() -> None:
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
     from bstar.plan import make_plan
 
     d = DeploymentOptions(ideal=True).build()

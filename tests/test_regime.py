@@ -16,6 +16,7 @@ import pytest
 from bstar import kvcheck
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.loadgen import regime
 from bstar.loadgen.scrape import parse_prometheus, snapshot
 from bstar.specs.gpu import get_gpu
@@ -127,7 +128,7 @@ def test_compare_simulation() -> None:
 
 # ---- the KV check ---------------------------------------------------------------------------
 def test_check_kv_gpu_explains_reserve() -> None:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     per_token = d.model.kv_bytes_per_token(d.kv)
     # The server kept 1 GiB more than bstar's 2 GiB reserve: 1 GiB fewer KV bytes.
     blocks = (rl.kv_pool_bytes(d) - 2**30) // (per_token * 16)
@@ -143,14 +144,14 @@ def test_check_kv_gpu_explains_reserve() -> None:
 
 
 def test_check_kv_flags_over_ten_percent() -> None:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="10000"} 1.0\n'
     c = kvcheck.check_kv_text(d, text, 2048)
     assert c.flagged and any(n.startswith("DISAGREE") for n in c.explanation)
 
 
 def test_check_kv_log_tokens_without_blocks() -> None:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     with pytest.raises(Exception, match="no KV pool size"):
         kvcheck.check_kv_text(d, "vllm:num_requests_running 0\n", 1000)
     c = kvcheck.check_kv_text(d, "vllm:num_requests_running 0\n", 1000, log_tokens=160_000)

@@ -19,6 +19,7 @@ import pytest
 import bstar
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.plan import make_plan
 from bstar.report import charts as plots
@@ -62,7 +63,7 @@ def test_plot_png_is_the_plan_picture(tmp_path: Path) -> None:
 
     out = tmp_path / "plan.png"
     assert main(["plan", "--context", "2048", "--plot", str(out)]) == 0
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions().build()  # what `bstar plan` builds without flags
     plan = make_plan(d, [2048])
@@ -206,7 +207,7 @@ def test_plan_report_html_is_self_contained(tmp_path: Path) -> None:
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert "Content-Security-Policy" in html
     # What the command built: the default engine's (vllm) profile.
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions(model="llama-3-8b", gpu="a100-80gb-sxm").build()
     plan = make_plan(d, [512, 2048], max_tpot_ms=15)
@@ -295,7 +296,7 @@ def test_fit_report_beside_the_cost_model(tmp_path: Path) -> None:
     ns = build_parser().parse_args(["fit", *args])
     v = fit_signature(fit_from_args(ns)[0], deployment_options(ns), ns.context)
     assert v is not None and v["plan"]["context_tokens"] == 1024
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()  # as the command's
     assert v["plan"]["b_mem"] == rl.b_mem(d, 1024)
@@ -330,7 +331,7 @@ def stored_sweep(token_server: Any, db: Path) -> dict[str, Any]:
                       output_len=16, num_requests=16, warmup_requests=0,
                       request_timeout_s=30, level_time_limit_s=30, scrape_interval_s=0.1,
                       model="llama-3-8b", gpu="a100-80gb-sxm")
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm").build()
     return run_sweep(cfg, db=db, deployment=d).to_dict()
@@ -406,7 +407,7 @@ def test_plan_view_marks_the_plans_own_knee() -> None:
     against the rule itself on the cost model: the doubling from the knee gains under 15%,
     the doubling into it 15% or more (past B_mem the running batch, and so throughput,
     stops growing)."""
-    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
     plan = make_plan(d, [8192])
     c = plan_view(plan)["contexts"][0]
     k = c["knee"]
@@ -442,7 +443,7 @@ def test_plan_report_knee_is_the_plans_recommendation_knee(max_tpot_ms: float | 
     recommendation marks (`ContextPlan.knee`), with or without an SLA binding the pick."""
     from bstar.report.build import plan_report
 
-    d = rl.Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("a100-80gb-sxm"))
     plan = make_plan(d, [512, 2048, 8192], max_tpot_ms=max_tpot_ms)
     pv = plan_view(plan)
     facts = _context_facts(plan_report(pv))

@@ -9,16 +9,19 @@ import numpy as np
 import pytest
 
 from bstar import roofline as rl
+from bstar.deployment import IDEAL, Deployment, Efficiency
 from bstar.errors import BstarError
+from bstar.kv_pool import kv_bytes_per_seq_allocated
 from bstar.specs.gpu import get_gpu
 from bstar.specs.precision import get_precision
 from bstar.specs.presets import get_model
+from bstar.step import allreduce_rounds, expert_fraction_read
 
 A100 = get_gpu("a100-80gb-sxm")
 
 
-def dep(model: str = "llama-3-8b", **kw: object) -> rl.Deployment:
-    return rl.Deployment(model=get_model(model), gpu=kw.pop("gpu", A100), **kw)  # type: ignore[arg-type]
+def dep(model: str = "llama-3-8b", **kw: object) -> Deployment:
+    return Deployment(model=get_model(model), gpu=kw.pop("gpu", A100), **kw)  # type: ignore[arg-type]
 
 
 def test_llama3_8b_sizes() -> None:
@@ -50,7 +53,7 @@ def test_seed_000_function_reproduced_exactly() -> None:
 
 
 def test_ideal_batch1_step_is_weights_over_bandwidth() -> None:
-    d = dep(eff=rl.IDEAL)
+    d = dep(eff=IDEAL)
     c = rl.decode_step(d, [1], 512)
     expected = (c.weight_bytes_read[0] + c.kv_bytes_read[0]) / A100.hbm_bandwidth_bytes_s
     assert c.step_s[0] == pytest.approx(expected)
@@ -77,7 +80,7 @@ def test_past_b_mem_throughput_is_capped_and_regime_says_so() -> None:
 
 
 def test_compute_crossover_matches_the_closed_form_for_dense() -> None:
-    d = dep(eff=rl.IDEAL)
+    d = dep(eff=IDEAL)
     ctx = 512
     one = rl.decode_step(d, [1], ctx)
     f = float(one.flops[0]) / A100.bf16_flops  # s per sequence of compute
@@ -98,7 +101,7 @@ def test_long_context_never_turns_compute_bound() -> None:
 def test_moe_reads_fewer_weights_at_small_batch() -> None:
     d = dep("mixtral-8x7b", num_gpus=2)
     m = d.model
-    frac = rl.expert_fraction_read(np.array([1, 1000]), m.num_experts_per_tok, m.num_experts)
+    frac = expert_fraction_read(np.array([1, 1000]), m.num_experts_per_tok, m.num_experts)
     assert frac[0] == pytest.approx(2 / 8)
     assert frac[1] == pytest.approx(1.0)
     r = rl.weight_bytes_read(d, np.array([1.0, 1000.0]))
@@ -109,11 +112,11 @@ def test_moe_reads_fewer_weights_at_small_batch() -> None:
 def test_tensor_parallel_splits_weights_and_kv_and_adds_allreduce() -> None:
     d1, d4 = dep("llama-3-70b", num_gpus=4), dep("llama-3-70b", num_gpus=8)
     assert rl.weight_bytes_per_gpu(d1) == math.ceil(rl.weight_bytes(d1) / 4)
-    assert rl.kv_bytes_per_seq_allocated(d4, 2048) * 2 == rl.kv_bytes_per_seq_allocated(d1, 2048)
+    assert kv_bytes_per_seq_allocated(d4, 2048) * 2 == kv_bytes_per_seq_allocated(d1, 2048)
     assert rl.decode_step(d1, [8], 2048).comm_s[0] > 0
     # 16 GPUs > 8 KV heads: each GPU keeps one head, KV no longer shrinks.
     d16 = dep("llama-3-70b", num_gpus=16)
-    assert rl.kv_bytes_per_seq_allocated(d16, 2048) == rl.kv_bytes_per_seq_allocated(d4, 2048)
+    assert kv_bytes_per_seq_allocated(d16, 2048) == kv_bytes_per_seq_allocated(d4, 2048)
 
 
 def test_allreduce_latency_grows_with_log2_of_the_tp_size() -> None:
@@ -121,9 +124,9 @@ def test_allreduce_latency_grows_with_log2_of_the_tp_size() -> None:
     from TP=2 to TP=4 and triples at TP=8; the bandwidth part is the ring's 2(N-1)/N."""
     zero = np.array([0.0])
     calls = {n: rl.allreduce_s(dep("llama-3-70b", num_gpus=n), zero)[0]
-             / (2 * 80 * rl.Efficiency().allreduce_latency_s) for n in (2, 4, 8)}
+             / (2 * 80 * Efficiency().allreduce_latency_s) for n in (2, 4, 8)}
     assert calls == pytest.approx({2: 1.0, 4: 2.0, 8: 3.0})
-    assert rl.allreduce_rounds(1) == 0.0
+    assert allreduce_rounds(1) == 0.0
     d = dep("llama-3-70b", num_gpus=4)
     msg = 16 * 8192 * 2
     extra = rl.allreduce_s(d, np.array([16.0]))[0] - rl.allreduce_s(d, zero)[0]
@@ -168,7 +171,7 @@ def test_bad_settings_are_user_errors() -> None:
     with pytest.raises(BstarError):
         rl.curve(dep(), [0, 4], 512)
     with pytest.raises(BstarError):
-        replace(rl.Efficiency(), bandwidth=0)
+        replace(Efficiency(), bandwidth=0)
 
 
 @pytest.mark.parametrize("model", ["gemma-2-9b", "opt-1.3b", "qwen3-30b-a3b", "deepseek-v3"])

@@ -13,6 +13,7 @@ import pytest
 
 from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.search import (
     InProcess,
@@ -121,7 +122,7 @@ def test_slo_bound_prunes_slow_gpu_and_keeps_fast_one() -> None:
     slo = parse_slo("ttft:5000,tpot:15")
     m = get_model("llama-3-8b")
     for gpu, pruned in (("l40s", True), ("h100-sxm", False)):
-        d = rl.Deployment(m, get_gpu(gpu))
+        d = Deployment(m, get_gpu(gpu))
         p = prune(Replica("llama-3-8b", gpu, 1, 16, 2048, d), w, slo)
         assert (p is not None and p.limit == "SLO") == pruned, (gpu, p)
 
@@ -129,7 +130,7 @@ def test_slo_bound_prunes_slow_gpu_and_keeps_fast_one() -> None:
 # ---- bisection vs a dense sweep ------------------------------------------------------------
 @pytest.mark.slow  # a dense sweep of simulations
 def test_bisection_within_5_percent_of_a_dense_sweep() -> None:
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
     slo = parse_slo("ttft:800,tpot:25")
     traffic = Traffic(10.0, parse_lengths("uniform:128:512"), parse_lengths("uniform:32:160"),
                       num_requests=160, seed=1, draws=1)

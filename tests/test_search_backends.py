@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bstar import roofline as rl
 from bstar.cli import main
+from bstar.deployment import Deployment
 from bstar.plan import make_plan
 from bstar.search import (
     InProcess,
@@ -139,7 +139,7 @@ def test_sanity_against_the_planner(tmp_path: Path) -> None:
     with InProcess() as b:
         res = run_search(spec, b, SearchStore(tmp_path / "s.db"))
     w = res.winners[d_model]
-    d = rl.Deployment(get_model(d_model), get_gpu(gpu), w["tensor_parallel"])
+    d = Deployment(get_model(d_model), get_gpu(gpu), w["tensor_parallel"])
     b_mem = make_plan(d, [512 + 128]).contexts[0].b_mem
     assert w["max_num_seqs"] <= b_mem, (w["max_num_seqs"], b_mem)
     assert max(spec.max_num_seqs) > b_mem  # the grid offered more: capped at B_mem
@@ -147,7 +147,7 @@ def test_sanity_against_the_planner(tmp_path: Path) -> None:
     for r in res.rows:
         if r["status"] != "ok" or r["limit"] != "SLO":
             continue
-        dd = rl.Deployment(get_model(r["model"]), get_gpu(r["gpu"]), r["tensor_parallel"])
+        dd = Deployment(get_model(r["model"]), get_gpu(r["gpu"]), r["tensor_parallel"])
         cfg = SimConfig(SchedulerConfig(r["max_num_seqs"], r["max_num_batched_tokens"]))
         (s,) = simulate_levels(dd, [r["max_num_seqs"]], Poisson(r["rate_per_replica_req_s"]),
                                traffic.input_len, traffic.output_len, traffic.num_requests,

@@ -9,14 +9,15 @@ import math
 import pytest
 
 from bstar import roofline as rl
+from bstar.deployment import IDEAL, Deployment
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
 A100 = get_gpu("a100-80gb-sxm")
 
 
-def dep(model: str, n: int = 1, **kw: object) -> rl.Deployment:
-    return rl.Deployment(model=get_model(model), gpu=A100, num_gpus=n, **kw)  # type: ignore[arg-type]
+def dep(model: str, n: int = 1, **kw: object) -> Deployment:
+    return Deployment(model=get_model(model), gpu=A100, num_gpus=n, **kw)  # type: ignore[arg-type]
 
 
 def test_ridge_uses_the_pcie_bandwidth_in_the_seed() -> None:
@@ -54,7 +55,7 @@ def test_mha_13b_and_70b_ratios() -> None:
 def test_arithmetic_intensity_limit_is_not_30() -> None:
     """Seed: AI(inf) = 2P / kv_per_seq 'roughly 30' for Llama-3-8B. At 512 tokens it is ~228,
     above the A100 ridge (153): short-context decode *can* turn compute-bound."""
-    d = dep("llama-3-8b", eff=rl.IDEAL)
+    d = dep("llama-3-8b", eff=IDEAL)
     m = d.model
     per_seq_flops = 2 * m.matmul_params_per_token + m.attention_flops_per_token(512)
     ai_inf = per_seq_flops / rl.kv_bytes_per_seq(d, 512)
@@ -71,7 +72,7 @@ def test_b_mem_three_ways() -> None:
     # The seed's own function: 80e9 bytes x 0.9 - 16e9 -> 834 (it comments "-> 900").
     assert int((80e9 * 0.9 - 16e9) / kv) == 834
     # Device memory 80 GiB, exact weights, no reserve:
-    no_reserve = rl.Deployment(model=d.model, gpu=A100, reserve_bytes=0)
+    no_reserve = Deployment(model=d.model, gpu=A100, reserve_bytes=0)
     assert rl.b_mem(no_reserve, 512) == (math.floor(A100.memory_bytes * 0.9)
                                          - rl.weight_bytes(d)) // kv
     # bstar's default keeps 2 GiB for activations/graphs/context:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.sim import (
     ClosedLoop,
@@ -35,8 +36,8 @@ from bstar.stats import weighted_percentiles
 A100 = get_gpu("a100-80gb-sxm")
 
 
-def dep(**kw: object) -> rl.Deployment:
-    return rl.Deployment(model=get_model("llama-3-8b"), gpu=A100, **kw)  # type: ignore[arg-type]
+def dep(**kw: object) -> Deployment:
+    return Deployment(model=get_model("llama-3-8b"), gpu=A100, **kw)  # type: ignore[arg-type]
 
 
 def workload(arrivals: object, n: int = 300, inp: str = "uniform:16:700",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.sim import Lengths, Poisson, Slo, parse_lengths, simulate_levels
 from bstar.sim.advice import advise
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
-D = rl.Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
+D = Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"))
 LEVELS = [8, 32, 128, 512]
 
 
@@ -50,7 +50,7 @@ def test_sla_caps_the_knee() -> None:
 @pytest.mark.slow  # simulates a sweep past B_mem
 def test_regime_3_regression_is_not_recommended() -> None:
     """Past the KV pool throughput falls; the recommendation stays below the fall."""
-    rows = simulate_levels(rl.Deployment(model=D.model, gpu=D.gpu, gpu_util=0.3),
+    rows = simulate_levels(Deployment(model=D.model, gpu=D.gpu, gpu_util=0.3),
                            [16, 32, 64, 128, 256], Poisson(60.0), parse_lengths("1024"),
                            parse_lengths("uniform:64:512"), 400, seed=1)
     a = advise(rows)

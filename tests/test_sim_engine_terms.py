@@ -11,6 +11,7 @@ import pytest
 
 from bstar import roofline as rl
 from bstar import step as st
+from bstar.deployment import Deployment
 from bstar.sim import Poisson, SchedulerConfig, SimConfig, Workload, simulate, summarize
 from bstar.sim.capacity import capacity, queue_grows
 from bstar.specs.gpu import get_gpu
@@ -19,8 +20,8 @@ from bstar.specs.presets import get_model
 H100 = get_gpu("h100-sxm")
 
 
-def dep(**eff: float) -> rl.Deployment:
-    d = rl.Deployment(model=get_model("llama-2-7b"), gpu=H100)
+def dep(**eff: float) -> Deployment:
+    d = Deployment(model=get_model("llama-2-7b"), gpu=H100)
     return replace(d, eff=replace(d.eff, **eff))
 
 
@@ -119,7 +120,7 @@ def test_prefix_cached_tokens_flag_shortens_ttft(capsys: pytest.CaptureFixture[s
     cold, warm = (o[0] if isinstance(o, list) else o for o in out)
     # The cached 560 tokens (whole blocks) are not computed: TTFT falls by most of their
     # prefill (the rest of the TTFT, request overhead and waiting for a step, stays).
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     d = DeploymentOptions(model="llama-2-7b", gpu="h100-sxm").build()
     saved_ms = (rl.prefill_s(d, 575) - rl.prefill_s(d, 15)) * 1e3

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bstar import roofline as rl
+from bstar.deployment import IDEAL, Deployment
 from bstar.sim.steptime import coefficients
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -15,8 +16,8 @@ from bstar.specs.presets import get_model
 MODELS = ["llama-3-8b", "mixtral-8x7b", "gemma-2-9b", "deepseek-v3", "opt-1.3b"]
 
 
-def dep(model: str, num_gpus: int = 1) -> rl.Deployment:
-    return rl.Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus)
+def dep(model: str, num_gpus: int = 1) -> Deployment:
+    return Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -46,7 +47,7 @@ def test_whole_prompt_prefill_equals_roofline(model: str, num_gpus: int, prompt:
 
 def test_chunked_prefill_costs_the_same_attention_as_whole() -> None:
     """Causal attention split into chunks sums to the whole triangle (full attention)."""
-    d = replace(dep("llama-3-8b"), eff=rl.IDEAL)
+    d = replace(dep("llama-3-8b"), eff=IDEAL)
     k = coefficients(d)
     whole = k.step_work([0], [4096]).chunk_attention_at_gemm_rate_s[0]
     starts = np.arange(0, 4096, 512)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from bstar import roofline as rl
 from bstar import step as st
+from bstar.deployment import IDEAL, Deployment
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
@@ -20,8 +20,8 @@ def test_a_mixed_checkpoint_streams_each_part_at_its_own_rate() -> None:
     the weight read is the 4-bit bytes at the 4-bit stream plus the 16-bit bytes at the
     bandwidth efficiency."""
     m = get_model("gpt-oss-20b")
-    d = rl.Deployment(model=m, gpu=H100)
-    eff = replace(rl.IDEAL, int4_weight_stream=0.5, grouped=True, roof_sharpness=float("inf"))
+    d = Deployment(model=m, gpu=H100)
+    eff = replace(IDEAL, int4_weight_stream=0.5, grouped=True, roof_sharpness=float("inf"))
     d = replace(d, eff=eff)
     w = st.shape(d).decode([1], 1)
     dense, expert, _embed = m.weight_bytes_parts(d.weight)
@@ -38,7 +38,7 @@ def test_a_mixed_checkpoint_streams_each_part_at_its_own_rate() -> None:
 
 
 def test_a_16bit_checkpoint_has_no_quantized_part() -> None:
-    d = rl.Deployment(model=get_model("llama-3-8b"), gpu=H100)
+    d = Deployment(model=get_model("llama-3-8b"), gpu=H100)
     w = st.shape(d).decode([4], 100)
     assert float(w.weight16_s[0]) == pytest.approx(float(w.weight_s[0]), rel=1e-12)
 

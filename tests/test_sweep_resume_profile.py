@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("aiohttp")
 
 from bstar.cli import main
-from bstar.deployment import DeploymentOptions
 from bstar.loadgen.runner import predict_level
+from bstar.options import DeploymentOptions
 from bstar.report.views import sweep_view
 from conftest import TokenServerFactory
 from test_deployment import profile_file
@@ -65,12 +65,12 @@ def test_level_prediction_is_the_quantity_the_level_measures() -> None:
     """A level measures output tokens per second with every prompt's prefill in it, so its
     prediction is the prefill-then-decode aggregate (as `bstar validate` predicts a curve),
     not B / TPOT; without lengths it stays B / TPOT and says so."""
-    from bstar import roofline as rl
+    from bstar.deployment import Deployment
     from bstar.specs.gpu import get_gpu
     from bstar.specs.presets import get_model
     from bstar.validate import Row, predict
 
-    d = rl.Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     p = predict_level(d, 16, 1024 + 64, 1024, 128)
     row = Row("llama-3-8b", "h100-sxm", 1, "vllm", 1024, 128, 16, "throughput_tok_s", 1.0, "-")
     assert p["throughput_basis"] == "incl_prefill"

@@ -11,14 +11,15 @@ import pytest
 from bstar import roofline as rl
 from bstar import validate as va
 from bstar.cli import main
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "published-measurements.csv"
 HEADER = "model,gpu,num_gpus,engine,input_len,output_len,batch,metric,value,source"
-_PRIOR = rl.Efficiency()
+_PRIOR = Efficiency()
 # In the family validate fits: the KV stream and the attention rate follow the fitted weight
 # stream and GEMM rate at the prior's ratios (bstar.calibrate._FOLLOWS).
-TRUE = rl.Efficiency(bandwidth=0.6, compute=0.45,
+TRUE = Efficiency(bandwidth=0.6, compute=0.45,
                      kv_bandwidth=0.6 * _PRIOR.kv_bandwidth / _PRIOR.bandwidth,
                      attention_compute=0.45 * _PRIOR.attention_compute / _PRIOR.compute)
 

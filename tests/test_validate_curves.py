@@ -16,6 +16,7 @@ import pytest
 from bstar import roofline as rl
 from bstar import validate_curves as vc
 from bstar.cli import main
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +24,8 @@ COLS = ("model", "gpu", "num_gpus", "engine", "input_len", "output_len", "batch"
         "batch_kind", "itl_ms", "throughput_tok_s", "source")
 # In the family a fit moves in: the KV stream follows the weight stream at the prior's ratio
 # (bstar.calibrate._FOLLOWS).
-TRUE = rl.Efficiency(bandwidth=0.6, kv_bandwidth=0.6 * rl.Efficiency().kv_bandwidth
-                     / rl.Efficiency().bandwidth, overhead_s=1.0e-3, allreduce_latency_s=25e-6)
+TRUE = Efficiency(bandwidth=0.6, kv_bandwidth=0.6 * Efficiency().kv_bandwidth
+                     / Efficiency().bandwidth, overhead_s=1.0e-3, allreduce_latency_s=25e-6)
 
 
 def table(rows: list[dict[str, object]], cols: tuple[str, ...] = COLS) -> str:
@@ -35,7 +36,7 @@ def table(rows: list[dict[str, object]], cols: tuple[str, ...] = COLS) -> str:
     return out.getvalue()
 
 
-def generated(truth: rl.Efficiency, engine: str = "made-up-engine") -> list[vc.CurveRow]:
+def generated(truth: Efficiency, engine: str = "made-up-engine") -> list[vc.CurveRow]:
     """Rows the cost model itself generates with `truth`: three models, TP 1, 2 and 4."""
     out = []
     for model, n in (("llama-2-7b", 1), ("llama-2-13b", 2), ("llama-2-70b", 4)):
@@ -54,7 +55,7 @@ def test_predictions_are_like_for_like() -> None:
     r = vc.CurveRow("llama-2-7b", "a100-80gb-sxm", 1, "lmdeploy", 16, "static", "s",
                     input_len=2048, output_len=128, step_ms=20.0, step_column="itl_ms",
                     throughput_tok_s=300.0)
-    d = vc.deployment_for(r, rl.Efficiency())
+    d = vc.deployment_for(r, Efficiency())
     p = vc.predicted(d, r)
     step_s = float(rl.decode_step(d, [16], 2048 + 64).step_s[0])
     assert p["step_ms"] == pytest.approx(step_s * 1e3, rel=1e-12)
@@ -102,7 +103,7 @@ def test_knee_distance_in_grid_steps() -> None:
     base = vc.CurveRow("opt-1.3b", "h200", 1, "torch-graph", 1, "step", "s",
                        context_tokens=2048, step_ms=1.0, step_column="step_ms")
     grid = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-    d = vc.deployment_for(base, rl.Efficiency())
+    d = vc.deployment_for(base, Efficiency())
     step16_ms = float(rl.decode_step(d, [16], 2048).step_s[0]) * 1e3
     rows = [replace(base, batch=b, step_ms=(float(rl.decode_step(d, [b], 2048).step_s[0]) * 1e3
                                             if b <= 16 else step16_ms * b / 16))
@@ -196,7 +197,7 @@ def test_fit_chooses_the_roof_shape_that_made_the_rows() -> None:
                             step_column="itl_ms", throughput_tok_s=1.0)
             p = vc.predicted(vc.deployment_for(r, truth), r)
             rows.append(replace(r, step_ms=p["step_ms"], throughput_tok_s=p["throughput_tok_s"]))
-        eff = vc.fit_rows(rows, rl.Efficiency(), ("bandwidth", "compute", "overhead_s",
+        eff = vc.fit_rows(rows, Efficiency(), ("bandwidth", "compute", "overhead_s",
                                                   "roof_sharpness"))
         assert eff is not None and eff.roof_sharpness == k
 
@@ -216,7 +217,7 @@ def test_predicted_many_prices_a_curve_at_once_with_the_same_numbers() -> None:
                 groups[(r.model, r.gpu, str(r.num_gpus), r.dtype, r.kv_dtype)].append(r)
         for group in groups.values():
             try:
-                d = vc.deployment_for(group[0], rl.Efficiency())
+                d = vc.deployment_for(group[0], Efficiency())
             except BstarError:
                 continue
             for r, many in zip(group, vc.predicted_many(d, group), strict=True):

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bstar import roofline as rl
 from bstar import validate_stages as vs
 from bstar.cli import main
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_overloaded_stages_count_for_state_only() -> None:
 
 def test_evaluate_takes_efficiencies_to_try() -> None:
     stages = [stage(rate_req_s=2)]
-    slow = replace(rl.Efficiency(), bandwidth=0.4)
+    slow = replace(Efficiency(), bandwidth=0.4)
     (fast_score,), _ = vs.evaluate(stages, max_window_s=20)
     (slow_score,), summary = vs.evaluate(stages, slow, max_window_s=20)
     assert slow_score.prediction.tpot_mean_ms > 1.5 * fast_score.prediction.tpot_mean_ms
@@ -180,16 +180,16 @@ def test_evaluate_takes_efficiencies_to_try() -> None:
 @pytest.mark.slow  # a second or more on the 2-core machine; the fast loop stays under a minute
 def test_fit_recovers_an_engine_overhead() -> None:
     # Measurements the simulator makes at 2 ms of CPU per step: the fit from 0.3 ms finds it.
-    truth = replace(rl.Efficiency(), overhead_s=2e-3)
+    truth = replace(Efficiency(), overhead_s=2e-3)
     rows = []
     for rate in (2, 6):
         s = stage(stage=f"r{rate}", rate_req_s=rate)
         p = vs.simulate_stage(s, truth, max_window_s=15)
         rows.append(replace(s, e2e_mean_ms=p.e2e_mean_ms, ttft_mean_ms=p.ttft_mean_ms,
                             tpot_mean_ms=p.tpot_mean_ms))
-    e = vs.fit_stages(rows, rl.Efficiency(), ("overhead_s",), max_window_s=15)
+    e = vs.fit_stages(rows, Efficiency(), ("overhead_s",), max_window_s=15)
     assert e is not None and e.overhead_s == pytest.approx(2e-3, rel=0.05)
-    assert vs.fit_stages(rows[:1], rl.Efficiency(), ("overhead_s", "bandwidth", "compute",
+    assert vs.fit_stages(rows[:1], Efficiency(), ("overhead_s", "bandwidth", "compute",
                                                      "decode_layer_s")) is None
 
 

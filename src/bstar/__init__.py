@@ -19,7 +19,7 @@ _EXPORTS = {
     "GpuSpec": "bstar.specs.gpu", "get_gpu": "bstar.specs.gpu", "gpu_catalog": "bstar.specs.gpu",
     "get_model": "bstar.specs.presets", "model_index": "bstar.specs.presets",
     "Precision": "bstar.specs.precision", "get_precision": "bstar.specs.precision",
-    "Deployment": "bstar.roofline", "Efficiency": "bstar.roofline", "IDEAL": "bstar.roofline",
+    "Deployment": "bstar.deployment", "Efficiency": "bstar.deployment", "IDEAL": "bstar.deployment",
     "decode_step": "bstar.roofline", "curve": "bstar.roofline", "b_star": "bstar.roofline",
     "b_mem": "bstar.roofline", "compute_crossover": "bstar.roofline",
     "Recommendation": "bstar.recommend", "recommend": "bstar.recommend",
@@ -62,21 +62,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from bstar.deployment import IDEAL, Deployment, Efficiency
     from bstar.errors import BstarError
     from bstar.fit import FitResult, Points, fit_points, load_points, make_points
     from bstar.knee import Knee, all_knees
     from bstar.plan import Plan, make_plan
     from bstar.recommend import Recommendation, recommend
-    from bstar.roofline import (
-        IDEAL,
-        Deployment,
-        Efficiency,
-        b_mem,
-        b_star,
-        compute_crossover,
-        curve,
-        decode_step,
-    )
+    from bstar.roofline import b_mem, b_star, compute_crossover, curve, decode_step
     from bstar.specs.gpu import GpuSpec, get_gpu, gpu_catalog
     from bstar.specs.model import ModelSpec, from_hf_config
     from bstar.specs.precision import Precision, get_precision

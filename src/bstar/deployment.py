@@ -1,139 +1,175 @@
-"""What a deployment is, as plain values: `DeploymentOptions` builds a `roofline.Deployment`.
+"""What a deployment is, as plain values. Pure, no I/O.
 
-The commands map their flags onto it (`bstar plan --model ... --profile ...`), the sweep
-stores it with a run (`to_dict`/`from_dict`), and the report rebuilds the same deployment
-from the store. It holds names (preset ids, file paths), not loaded specs, so it is small,
-hashable and JSON-able; `build()` loads the presets and the calibration profile.
+- `Deployment`: one model on N GPUs (tensor parallel) with its serving memory settings, the
+  efficiencies its step is priced at and how its engine behaves.
+- `Efficiency`: how far the engine's step falls short of the datasheet (the cost model's
+  efficiencies and fixed costs, bstar.step prices a step with them).
+- `EngineBehaviour`: what the server does outside a step (work per request, scheduling a
+  step ahead); the simulator reads it.
+- `IDEAL`: the seeds' arithmetic.
+
+`bstar.options.DeploymentOptions` builds a Deployment from names (presets, files, profiles);
+`bstar.roofline` holds the formulas over it. Each field's provenance is in
+docs/cost-model.md ("Efficiencies").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+import math
+from dataclasses import dataclass, field, replace
 
-from bstar import roofline as rl
 from bstar.errors import BstarError
+from bstar.specs.gpu import GpuSpec
+from bstar.specs.model import ModelSpec
+from bstar.specs.precision import KV_DTYPES, WEIGHT_DTYPES, Precision, get_precision
 from bstar.units import GiB
 
 DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_GPU = "a100-80gb-sxm"
 DEFAULT_RESERVE_GIB = 2.0
 
-# Flag names a sweep stored before `DeploymentOptions` existed (`deployment_args`), by field.
-_LEGACY_KEYS = {"dtype": "weight_dtype"}
+def weight_stream_fraction(weight_bits: int, bandwidth: float, fp8_weight_stream: float,
+                           int4_weight_stream: float) -> float:
+    """Weight-streaming efficiency for weights of `weight_bits`: the bandwidth efficiency,
+    times the dequantizing GEMMs' fraction for 8- and 4-bit weights."""
+    if weight_bits <= 4:
+        return bandwidth * int4_weight_stream
+    if weight_bits <= 8:
+        return bandwidth * fp8_weight_stream
+    return bandwidth
 
 
 @dataclass(frozen=True, slots=True)
-class DeploymentOptions:
-    """One model x GPU x engine setting by name; `build()` gives the cost model's view.
+class Efficiency:
+    """How far a real engine falls short of the datasheet: stated defaults, replaced by an
+    engine profile (`--engine`, bstar/presets/engines.toml) or by calibration against a
+    sweep (`bstar calibrate`). The GPU-side defaults are fitted to real H200 steps
+    (data/h200/, `python bench/accuracy.py`); the engine-side ones (overheads, per-layer
+    costs) are a generic prior (the first `vllm` guess): `--engine` (default vllm, fitted to
+    real vLLM load stages) replaces them.
 
-    - `model`, `gpu`: preset ids or files (None: bstar plan's defaults).
-    - `weight_dtype` ("" = the checkpoint's), `kv_dtype`, `gpu_util`, `reserve_gib` (per-GPU
-      memory kept out of the KV pool), `block_size` (KV block, tokens).
-    - `bw_eff`, `flops_eff`, `overhead_ms`, `overhead_per_seq_us`: efficiency overrides
-      (None: the profile's, else the stated defaults of `roofline.Efficiency`).
-    - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
-    - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
-      "" = vllm); a `profile` calibrated on real steps replaces them.
+    - bandwidth 0.80: weight streaming by the GEMMs (H200 fit 0.800; big matrices reach
+      0.92 of the datasheet in data/h200/gemv.jsonl, small ones far less; the per-layer
+      costs below carry the small-matrix latency).
+    - kv_bandwidth 0.93: KV-cache streaming by decode attention (H200 fit 0.930).
+    - compute 0.70: GEMM and decode-attention FLOPs against the dense peak (H200 fit 0.702).
+    - attention_compute 0.21: prefill/chunk attention FLOPs, before occupancy (H200 fit
+      0.214, PyTorch's attention kernels; the torch-graph profile).
+    - layer_s, decode_layer_s, chunk_layer_s: fixed time per layer per step of the kernels
+      every step runs, of decode attention (when sequences decode), of chunk attention
+      (when a prompt chunk runs): launch and tail latency of small kernels. The engine-side
+      defaults are the `vllm` profile's (presets/engines.toml).
+    - overhead_s + overhead_per_seq_s * B: the engine's CPU time per step (scheduling,
+      input preparation, sampling) not hidden behind the GPU.
+    - allreduce_latency_s 8 us per call at TP=2 (a custom NVLink all-reduce's small-message
+      latency), times log2(N) at N GPUs (allreduce_rounds).
+    - score_bytes: bytes per (query head, cached token, layer) that an unfused attention
+      writes and reads for its scores; 0 for fused kernels (FlashAttention, paged attention).
+    - roof_sharpness k = 2 of the soft maximum (inf = a hard max): of 1, 1.5, 2, 3 and inf,
+      2 fits the H200 steps best (`bench/accuracy.py --fit-profiles`).
+    - fp8_weight_stream, int4_weight_stream: weight streaming with those weights runs at
+      this fraction of bf16's efficiency (the dequantizing GEMMs; fp8 fitted 0.753 on an
+      H200 with torch._scaled_mm, int4 a stated guess): 8-bit weights do not halve the step time.
+    - grouped: price the step per kernel group (cost model 2); False = one max over the
+      step's totals (cost model 1, the seeds' arithmetic).
+    - request_overhead_s: the server's fixed work per request outside the GPU steps (HTTP,
+      tokenization, hand-off to the engine, the first token's detokenization and stream):
+      a request becomes schedulable this long after it arrives, so it adds to TTFT and E2E
+      but not to a step. 0 by default (a bare step harness has none); engine profiles set it.
+    - scheduling_lag_steps: 1 when the engine schedules step k+1 while step k runs (vLLM
+      V1's async scheduling, SGLang's overlap scheduler): a request that arrives during a
+      step joins the step after next. 0: it joins the next step.
     """
 
-    model: str | None = None
-    gpu: str | None = None
+    bandwidth: float = 0.80
+    compute: float = 0.70
+    overhead_s: float = 0.3e-3
+    overhead_per_seq_s: float = 5e-6
+    allreduce_latency_s: float = 8e-6
+    kv_bandwidth: float = 0.93
+    attention_compute: float = 0.21
+    layer_s: float = 0.0
+    decode_layer_s: float = 6e-6
+    chunk_layer_s: float = 6e-6
+    score_bytes: float = 0.0
+    roof_sharpness: float = 2.0
+    fp8_weight_stream: float = 0.75
+    int4_weight_stream: float = 0.70
+    grouped: bool = True
+    request_overhead_s: float = 0.0
+    scheduling_lag_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scheduling_lag_steps not in (0, 1):
+            raise BstarError("scheduling_lag_steps must be 0 or 1, got "
+                             f"{self.scheduling_lag_steps}")
+        for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",
+                  "fp8_weight_stream", "int4_weight_stream"):
+            v = getattr(self, k)
+            if not 0 < v <= 1:
+                raise BstarError(f"{k} efficiency must be in (0, 1], got {v}")
+        for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s", "layer_s",
+                  "decode_layer_s", "chunk_layer_s", "score_bytes", "request_overhead_s"):
+            if getattr(self, k) < 0:
+                raise BstarError(f"{k} must not be negative")
+        if not self.roof_sharpness >= 1:
+            raise BstarError(f"roof_sharpness must be at least 1, got {self.roof_sharpness}")
+
+    def weight_stream(self, weight: Precision) -> float:
+        """Weight-streaming efficiency for weights of this precision (bstar.step)."""
+        return weight_stream_fraction(weight.bits, self.bandwidth, self.fp8_weight_stream,
+                                      self.int4_weight_stream)
+
+    def kv_stream(self) -> float:
+        """KV-streaming efficiency (cost model 1 had one bandwidth efficiency for both)."""
+        return self.kv_bandwidth if self.grouped else self.bandwidth
+
+
+# The seeds' arithmetic: datasheet rates, one hard max over the step, nothing else.
+IDEAL = Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
+                   allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
+                   layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=0.0,
+                   roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0,
+                   grouped=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """One model on `num_gpus` GPUs (tensor parallel) with its serving memory settings."""
+
+    model: ModelSpec
+    gpu: GpuSpec
     num_gpus: int = 1
-    weight_dtype: str = ""
+    weight_dtype: str = ""  # "" = the checkpoint's own (config torch_dtype / quantization)
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.9
-    reserve_gib: float = DEFAULT_RESERVE_GIB
-    block_size: int = 16
-    bw_eff: float | None = None
-    flops_eff: float | None = None
-    overhead_ms: float | None = None
-    overhead_per_seq_us: float | None = None
-    ideal: bool = False
-    profile: str | None = None
-    engine: str = ""
+    gpu_util: float = 0.90  # vLLM --gpu-memory-utilization default
+    # Activations, CUDA graphs, CUDA context and NCCL buffers, per GPU; vLLM profiles these
+    # at start-up. 2 GiB is a rough figure for 7-70B models at default settings.
+    reserve_bytes: int = 2 * GiB
+    block_size: int = 16  # vLLM's default KV block size
+    eff: Efficiency = field(default_factory=Efficiency)
+    engine: str = ""  # the engine profile the efficiencies started from (a label)
 
-    def with_target(self, model: str | None = None, gpu: str | None = None
-                    ) -> DeploymentOptions:
-        """The same settings for another model and/or GPU (None keeps the current one)."""
-        return replace(self, model=model or self.model, gpu=gpu or self.gpu)
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise BstarError(f"--num-gpus must be at least 1, got {self.num_gpus}")
+        if not 0 < self.gpu_util <= 1:
+            raise BstarError(f"--gpu-util must be in (0, 1], got {self.gpu_util}")
+        if self.reserve_bytes < 0:
+            raise BstarError("reserve must not be negative")
+        if self.block_size < 1:
+            raise BstarError("block size must be at least 1 token")
+        get_precision(self.weight_dtype or self.model.default_dtype,
+                      allowed=(*WEIGHT_DTYPES, "fp8-block", "fp32"))
+        get_precision(self.kv_dtype, allowed=KV_DTYPES)
 
-    def build(self, warn: Callable[[str], None] | None = None) -> rl.Deployment:
-        """Load the presets (and the profile) into a `roofline.Deployment`. `warn` hears
-        about a profile calibrated on another GPU (its efficiencies are then a guess)."""
-        from bstar.engines import get_engine
-        from bstar.specs.gpu import get_gpu
-        from bstar.specs.presets import get_model
+    @property
+    def weight(self) -> Precision:
+        return get_precision(self.weight_dtype or self.model.default_dtype)
 
-        engine = get_engine(self.engine)  # validates the name even under --ideal
-        eff = rl.IDEAL if self.ideal else engine.efficiency()
-        reserve_gib = self.reserve_gib
-        prof = None
-        if self.profile:
-            from bstar.calibrate import load_profile
+    @property
+    def kv(self) -> Precision:
+        return get_precision(self.kv_dtype)
 
-            if self.ideal:
-                raise BstarError("--ideal and --profile contradict each other; give one")
-            prof = load_profile(self.profile)
-            eff = prof.eff
-            # The profile's reserve (from an engine log) applies unless the reserve is set
-            # to something other than its default.
-            if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
-                reserve_gib = prof.reserve_bytes / GiB
-        eff = self._override(eff)
-        d = rl.Deployment(
-            model=get_model(self.model or DEFAULT_MODEL),
-            gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size, eff=eff,
-            engine="ideal" if self.ideal else engine.name)
-        if prof is not None:
-            d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
-            if prof.gpu and prof.gpu != d.gpu.id and warn is not None:
-                # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
-                warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
-                     f"applied to {d.gpu.id}")
-        return d
-
-    def efficiency(self) -> rl.Efficiency:
-        """The efficiencies without a profile: the engine's priors (IDEAL under `ideal`)
-        with the flag overrides (what `bstar search` applies to uncalibrated GPUs)."""
-        from bstar.engines import get_engine
-
-        return self._override(rl.IDEAL if self.ideal else get_engine(self.engine).efficiency())
-
-    def _override(self, eff: rl.Efficiency) -> rl.Efficiency:
-        over: dict[str, float] = {}
-        if self.bw_eff is not None:
-            over["bandwidth"] = self.bw_eff
-        if self.flops_eff is not None:
-            over["compute"] = self.flops_eff
-        if self.overhead_ms is not None:
-            over["overhead_s"] = self.overhead_ms / 1e3
-        if self.overhead_per_seq_us is not None:
-            over["overhead_per_seq_s"] = self.overhead_per_seq_us / 1e6
-        return replace(eff, **over) if over else eff
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DeploymentOptions:
-        """From `to_dict()`, ignoring unknown keys and None (the field's default stands);
-        flag names a sweep stored before this type (`dtype`) are read too."""
-        known = {f.name for f in fields(cls)}
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            k = _LEGACY_KEYS.get(k, k)
-            if k in known and v is not None:
-                out[k] = v
-        return cls(**out)
-
-    @classmethod
-    def from_sweep_options(cls, options: dict[str, Any]) -> DeploymentOptions:
-        """A stored sweep's deployment: its `deployment` dict, or the `deployment_args` of
-        runs stored before it, with the run's `model` and `gpu`."""
-        stored = options.get("deployment") or options.get("deployment_args") or {}
-        return cls.from_dict({**stored, "model": options.get("model"),
-                              "gpu": options.get("gpu")})
+    def with_eff(self, eff: Efficiency) -> Deployment:
+        return replace(self, eff=eff)

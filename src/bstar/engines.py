@@ -1,7 +1,7 @@
 """Engine profiles: bundled priors for the engine-side terms of the cost model.
 
 `--engine NAME` starts the cost model from the profile's values instead of the generic
-defaults of `bstar.roofline.Efficiency`. A profile holds what the engine decides: its
+defaults of `bstar.Efficiency`. A profile holds what the engine decides: its
 CPU time per step and per running sequence, the fixed per-layer kernel costs, whether its
 attention materialises scores, its all-reduce latency, its work per request and whether it
 schedules a step ahead; and a GPU-side rate where its kernels differ from the generic ones
@@ -18,8 +18,8 @@ from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
 
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
-from bstar.roofline import Efficiency
 
 DEFAULT_ENGINE = "vllm"
 _EFF_FIELDS = {f.name for f in fields(Efficiency)}

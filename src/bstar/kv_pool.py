@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from bstar.units import GiB
 
 if TYPE_CHECKING:
-    from bstar.roofline import Deployment
+    from bstar.deployment import Deployment
 
 
 def default_max_num_batched_tokens(d: Deployment) -> int:

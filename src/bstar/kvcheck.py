@@ -13,7 +13,7 @@ and splits the difference into its causes:
 - block rounding: the engine allocates whole blocks of `block_size` tokens, so the pool
   holds floor(pool / block bytes) blocks and a sequence takes ceil(tokens / block_size).
 - layer kinds (hybrid models): vLLM V1 gives each kind of layer its own KV cache groups
-  sharing one pool (`roofline.kv_layout`, docs/models.md): a sliding window takes
+  sharing one pool (`kv_layout`, docs/models.md): a sliding window takes
   window - 1 + max_num_batched_tokens tokens, a state layer two pages padded to the
   attention page, whose block grows to hold it. A block is then one page of each layer of
   a group, and a sequence takes the blocks of every group.
@@ -30,7 +30,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.kv_pool import KvLayout, kv_layout
 from bstar.loadgen.scrape import Snapshot, parse_prometheus, snapshot
 from bstar.units import GiB, fmt_bytes_binary
 
@@ -83,7 +85,7 @@ class KvCheck:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
+def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
              pool_bytes: int | None = None, log_tokens: int | None = None,
              max_num_batched_tokens: int | None = None) -> KvCheck:
     """Compare the server's KV pool (`snap`, one scrape of /metrics; `log_tokens`, the
@@ -97,7 +99,7 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
         raise BstarError("--tokens-per-seq (input + output tokens) must be at least 1")
     block = snap.block_size or d.block_size
     d = replace(d, block_size=block)
-    layout = rl.kv_layout(d, tokens_per_seq, max_num_batched_tokens)
+    layout = kv_layout(d, tokens_per_seq, max_num_batched_tokens)
     block = layout.block_size  # a hybrid model's attention block holds a state page
     d = replace(d, block_size=block)
     per_token = d.model.kv_bytes_per_token(d.kv, num_gpus=d.num_gpus)
@@ -157,13 +159,13 @@ def check_kv(d: rl.Deployment, snap: Snapshot, tokens_per_seq: int, *,
                            "kv_cache_size_tokens": snap.kv_cache_size_tokens})
 
 
-def check_kv_text(d: rl.Deployment, metrics_text: str, tokens_per_seq: int, **kw: Any
+def check_kv_text(d: Deployment, metrics_text: str, tokens_per_seq: int, **kw: Any
                   ) -> KvCheck:
     return check_kv(d, snapshot(parse_prometheus(metrics_text)), tokens_per_seq, **kw)
 
 
 
-def _blocks_note(layout: rl.KvLayout, per_token: int, tokens_per_seq: int, c_blocks: int,
+def _blocks_note(layout: KvLayout, per_token: int, tokens_per_seq: int, c_blocks: int,
                  lost: int, m_blocks: int) -> str:
     """How whole blocks round the pool and a sequence: one kind of layer (bytes a token x
     tokens a block), or a hybrid model's block of every layer kind's pages."""

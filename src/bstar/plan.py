@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 
 from bstar import roofline as rl
-from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, DeploymentOptions
+from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
 from bstar.errors import BstarError
 from bstar.knee import Knee
+from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
+from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
 from bstar.units import GiB
 
@@ -41,7 +43,7 @@ class ContextPlan:
     engine_defaults: tuple[dict[str, Any], ...] = ()
     tpot_batch1_s: float | None = None
     # What one sequence holds per kind of layer and what the engine allocates for it
-    # (roofline.kv_per_kind): full, sliding, chunked, dsa, state.
+    # (kv_per_kind): full, sliding, chunked, dsa, state.
     kv_per_kind: tuple[dict[str, Any], ...] = ()
     # The largest batch up to B_mem whose per-request TPOT meets `--max-tpot-ms`; None when
     # no bound was given or no batch meets it (then `sla_unmet`).
@@ -103,7 +105,7 @@ class ContextPlan:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    deployment: rl.Deployment
+    deployment: Deployment
     weight_bytes: int
     weight_bytes_per_gpu: int
     kv_bytes_per_token: int
@@ -169,7 +171,7 @@ def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:
             raise BstarError(f"context length must be in 1..{MAX_CONTEXT:,} tokens, got {c}")
 
 
-def check_tensor_parallel(d: rl.Deployment) -> None:
+def check_tensor_parallel(d: Deployment) -> None:
     """--num-gpus is the tensor-parallel size: refuse one the engines cannot shard the model
     by (vLLM's rule, `ModelSpec.tensor_parallel_problem`), naming the sizes that work."""
     problem = d.model.tensor_parallel_problem(d.num_gpus)
@@ -193,7 +195,7 @@ def vllm_default_max_num_seqs(gpu_name: str, gpu_memory_bytes: int) -> int:
     return VLLM_DEFAULT_MAX_NUM_SEQS[0] if large else VLLM_DEFAULT_MAX_NUM_SEQS[1]
 
 
-def engine_defaults(d: rl.Deployment, ctx: int, b_mem: int,
+def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                     recommended: int) -> tuple[dict[str, Any], ...]:
     """What each engine runs when --max-num-seqs (or its equivalent) is not given, and a
     note when that default is above B_mem or far (over 2x either way) from the
@@ -209,7 +211,7 @@ def engine_defaults(d: rl.Deployment, ctx: int, b_mem: int,
     elif v > 2 * recommended or 2 * v < recommended:
         note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
     out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note})
-    pool_tokens = rl.kv_pool_bytes(d) // max(1, rl.kv_bytes_per_seq_allocated(d, 1)
+    pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
                                              // max(1, d.block_size))
     sgl = max(1, pool_tokens // 2)
     out.append({"engine": "sglang", "max_num_seqs": sgl,
@@ -231,7 +233,7 @@ def check_batches(batches: list[int] | tuple[int, ...]) -> None:
             raise BstarError(f"batch size must be in 1..{MAX_BATCH:,}, got {b}")
 
 
-def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
+def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
               batches: list[int] | None = None, max_tpot_ms: float | None = None,
               prompt_tokens: int | None = None) -> Plan:
     """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation.
@@ -256,7 +258,7 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
                 f"weights {rl.weight_bytes_per_gpu(d) / 1e9:.2f} GB per GPU, KV pool "
                 f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
                 f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / GiB:.2f} GiB), one "
-                f"sequence needs {rl.kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
+                f"sequence needs {kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
                 + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
                    if need else "no tensor-parallel size up to 64 fits"))
         bs = batches if batches is not None else rl.default_batches(bm)
@@ -282,7 +284,7 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
                             f"({max_pos}); engines refuse --max-model-len above it")
         out.append(ContextPlan(
             context_tokens=ctx, kv_bytes_per_seq=rl.kv_bytes_per_seq(d, ctx),
-            kv_bytes_per_seq_allocated=rl.kv_bytes_per_seq_allocated(d, ctx),
+            kv_bytes_per_seq_allocated=kv_bytes_per_seq_allocated(d, ctx),
             b_star=bstar, b_star_read=rl.b_star_read(d, ctx), b_mem=bm,
             compute_crossover_batch=cross, amortized_floor_s=rl.amortized_floor_s(d, ctx),
             curve=c,
@@ -296,12 +298,12 @@ def make_plan(d: rl.Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_
                                "regime": at.regime[0]},
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
-            kv_per_kind=tuple(rl.kv_per_kind(d, ctx)), sla_batch=sla_b))
+            kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 
 
-def predicted_knees(d: rl.Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:
+def predicted_knees(d: Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:
     """Knees of the predicted throughput curve at one context: seed 004's doubling rule on
     a fine grid (four points per doubling, up to twice B_mem, where the running batch stops
     growing and throughput flattens), and seed 000's 5%-per-step rule on powers of two."""
@@ -355,7 +357,7 @@ def compare_row(plan: Plan, c: ContextPlan) -> dict[str, Any]:
             "fits": True}
 
 
-def no_fit_row(d: rl.Deployment, ctx: int, min_gpus: int | None,
+def no_fit_row(d: Deployment, ctx: int, min_gpus: int | None,
                message: str) -> dict[str, Any]:
     return {"model": d.model.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
             "attention": d.model.attention_kind, "weight_bytes": rl.weight_bytes(d),

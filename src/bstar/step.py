@@ -14,7 +14,7 @@ A step is described twice:
    efficiency. Built by `StepShape` (the deployment's per-GPU constants) for a decode batch,
    a run of decode steps, a prefill or any mixed set of scheduled sequences.
 2. `price(work, params)`: the time of each step at the efficiencies and engine terms in
-   `params` (a `roofline.Efficiency` or a mapping with its field names):
+   `params` (a `Efficiency` or a mapping with its field names):
 
     weight GEMMs        roof(weight_s / eta_w(dtype), gemm_s / eta_c)
     decode attention    roof((kv_s + score_bytes * score_s) / eta_kv, decode_attention_s / eta_c)
@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from bstar.roofline import Deployment
+    from bstar.deployment import Deployment
 
 FloatArray = npt.NDArray[np.float64]
 

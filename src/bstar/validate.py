@@ -27,6 +27,7 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.calibrate import PARAMS, fit_efficiency
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 from bstar.fit.points import read_table
 
@@ -96,19 +97,19 @@ def rows_from_csv(text: str, where: str = "table") -> list[Row]:
     return rows
 
 
-def deployment_for(row: Row, eff: rl.Efficiency | None = None) -> rl.Deployment:
+def deployment_for(row: Row, eff: Efficiency | None = None) -> Deployment:
     from bstar.specs.gpu import get_gpu
     from bstar.specs.presets import get_model
 
     try:
-        return rl.Deployment(get_model(row.model), get_gpu(row.gpu), num_gpus=row.num_gpus,
+        return Deployment(get_model(row.model), get_gpu(row.gpu), num_gpus=row.num_gpus,
                              weight_dtype=row.dtype, kv_dtype=row.kv_dtype or "bf16",
-                             eff=eff or rl.Efficiency())
+                             eff=eff or Efficiency())
     except BstarError as e:
         raise BstarError(f"{row.where}: {e}") from None
 
 
-def predict(d: rl.Deployment, row: Row) -> float:
+def predict(d: Deployment, row: Row) -> float:
     """The row's metric as the cost model predicts it for deployment `d`."""
     ctx = row.input_len + row.output_len // 2
     c = rl.curve(d, [row.batch], ctx)
@@ -123,7 +124,7 @@ class RowResult:
     row: Row
     uncalibrated: float
     calibrated: float | None  # leave-one-out; None when the group is too small
-    calibrated_eff: rl.Efficiency | None
+    calibrated_eff: Efficiency | None
     b_mem: int
 
     @property
@@ -139,7 +140,7 @@ class RowResult:
 class Validation:
     rows: tuple[RowResult, ...]
     fit: tuple[str, ...]
-    group_eff: dict[tuple[str, str], rl.Efficiency]  # all rows of a group together
+    group_eff: dict[tuple[str, str], Efficiency]  # all rows of a group together
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -171,8 +172,8 @@ class Validation:
         }
 
 
-def _fit_group(deps: Sequence[rl.Deployment], rows: Sequence[Row],
-               fit: Sequence[str], prior: rl.Efficiency) -> rl.Efficiency:
+def _fit_group(deps: Sequence[Deployment], rows: Sequence[Row],
+               fit: Sequence[str], prior: Efficiency) -> Efficiency:
     def pred(v: Any) -> np.ndarray:
         eff = replace(prior, **v)
         return np.array([predict(d.with_eff(eff), r) for d, r in zip(deps, rows, strict=True)])
@@ -181,15 +182,15 @@ def _fit_group(deps: Sequence[rl.Deployment], rows: Sequence[Row],
 
 
 def validate(rows: Sequence[Row], fit: Sequence[str] = DEFAULT_FIT,
-             prior: rl.Efficiency | None = None) -> Validation:
-    prior = prior or rl.Efficiency()
+             prior: Efficiency | None = None) -> Validation:
+    prior = prior or Efficiency()
     fit = tuple(fit)
     deps = [deployment_for(r, prior) for r in rows]
     groups: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r.group, []).append(i)
-    loo: dict[int, tuple[float, rl.Efficiency]] = {}
-    group_eff: dict[tuple[str, str], rl.Efficiency] = {}
+    loo: dict[int, tuple[float, Efficiency]] = {}
+    group_eff: dict[tuple[str, str], Efficiency] = {}
     notes = []
     for g, idx in groups.items():
         if len(idx) - 1 < len(fit):

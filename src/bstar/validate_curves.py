@@ -36,6 +36,7 @@ import numpy as np
 from bstar import curves_table as _table
 from bstar import roofline as rl
 from bstar.curves_table import CurveRow
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 
 # The table's reader lives in bstar.curves_table; these names stay importable from here.
@@ -70,13 +71,13 @@ def model_for(row: CurveRow) -> Any:
     raise BstarError(f"no bundled config for {row.model!r} (give a config.json path)")
 
 
-def deployment_for(row: CurveRow, eff: rl.Efficiency, model: Any = None,
-                   gpu: Any = None) -> rl.Deployment:
+def deployment_for(row: CurveRow, eff: Efficiency, model: Any = None,
+                   gpu: Any = None) -> Deployment:
     """The row's deployment at `eff` (`model` and `gpu`, when given, are the row's specs
     already read: a fit builds thousands of deployments)."""
     from bstar.specs.gpu import get_gpu
 
-    return rl.Deployment(model or model_for(row),
+    return Deployment(model or model_for(row),
                          gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
                          num_gpus=row.num_gpus, weight_dtype=_DTYPES.get(row.dtype, ""),
                          kv_dtype=_DTYPES.get(row.kv_dtype, "") or (
@@ -96,7 +97,7 @@ def measured(row: CurveRow) -> dict[str, float]:
     return out
 
 
-def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
+def predicted(d: Deployment, row: CurveRow) -> dict[str, float]:
     """The row's measured quantities as the cost model predicts them, like for like."""
     out = {}
     m = measured(row)
@@ -113,7 +114,7 @@ def predicted(d: rl.Deployment, row: CurveRow) -> dict[str, float]:
     return out
 
 
-def predicted_many(d: rl.Deployment, rows: Sequence[CurveRow]) -> list[dict[str, float]]:
+def predicted_many(d: Deployment, rows: Sequence[CurveRow]) -> list[dict[str, float]]:
     """`predicted` for rows that share the deployment `d`, with one vectorized step pricing
     per (context, kind): a fit predicts every row at every trial, so a curve of n batches
     costs one call, not n (`predicted` row by row gives the same numbers)."""
@@ -226,21 +227,21 @@ class CurvesValidation:
                 "skipped": self.skipped}
 
 
-# The roof's shapes `--fit roof_sharpness` chooses among (bstar.roofline.roof): 1 adds the
+# The roof's shapes `--fit roof_sharpness` chooses among (bstar.roof): 1 adds the
 # memory and compute times (a CPU thread that loads and multiplies in turn), 2 is the soft
 # maximum fitted on the H200, inf the hard maximum.
 SHARPNESS_CHOICES = (1.0, 1.5, 2.0, 3.0, math.inf)
 
 
-def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
-             fit: Sequence[str]) -> rl.Efficiency | None:
+def fit_rows(rows: Sequence[CurveRow], prior: Efficiency,
+             fit: Sequence[str]) -> Efficiency | None:
     """Parameters `fit` fitted to the rows' measurements (log space, robust, bounded:
     bstar.calibrate.fit_efficiency); None when the rows cannot determine them. With
     "roof_sharpness" in `fit`, the others are fitted at each of SHARPNESS_CHOICES and the
     shape whose fit leaves the smallest median |error| on these rows is kept."""
     if "roof_sharpness" in fit:
         rest = tuple(k for k in fit if k != "roof_sharpness")
-        best: tuple[float, rl.Efficiency] | None = None
+        best: tuple[float, Efficiency] | None = None
         for k in SHARPNESS_CHOICES:
             eff = fit_rows(rows, replace(prior, roof_sharpness=k), rest)
             if eff is None:
@@ -280,7 +281,7 @@ def fit_rows(rows: Sequence[CurveRow], prior: rl.Efficiency,
     return fit_efficiency(pred_all, [v for _, _, v in pairs], prior, fit).eff
 
 
-def _errors(rows: Sequence[CurveRow], eff: rl.Efficiency) -> dict[str, list[float]]:
+def _errors(rows: Sequence[CurveRow], eff: Efficiency) -> dict[str, list[float]]:
     out: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         p = predicted(deployment_for(r, eff), r)
@@ -293,7 +294,7 @@ def score_curves(rows: Sequence[CurveRow], fit: Sequence[str] = DEFAULT_FIT,
                  progress: Callable[[str], None] | None = None) -> CurvesValidation:
     from bstar.engines import get_engine
 
-    generic = rl.Efficiency()
+    generic = Efficiency()
     usable, skipped, seen = [], [], set()
     for r in rows:
         try:
@@ -376,7 +377,7 @@ def knee_scores(rows: Sequence[CurveRow]) -> list[KneeScore]:
         try:
             eff = get_engine(rs[0].engine).efficiency()
         except BstarError:
-            eff = rl.Efficiency()
+            eff = Efficiency()
         meas, pred = [], []
         for r in rs:
             m, p = measured(r), predicted(deployment_for(r, eff), r)

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
 from bstar import step as st
 from bstar.calibrate.params import (
     _BANDWIDTHS,
@@ -30,6 +29,7 @@ from bstar.calibrate.params import (
     scaled,
 )
 from bstar.calibrate.results import Calibration, ParamFit, PointFit
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 from bstar.fit.steps import Point
 
@@ -38,18 +38,18 @@ from bstar.fit.steps import Point
 # simulator and validation use too); here it is evaluated at trial parameters. What the
 # points do (StepWork) is built once per fit and does not depend on the parameters.
 # Efficiency 1 everywhere, no fixed costs: the starting point's scale.
-_UNIT = rl.Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
+_UNIT = Efficiency(bandwidth=1.0, compute=1.0, overhead_s=0.0, overhead_per_seq_s=0.0,
                       allreduce_latency_s=0.0, kv_bandwidth=1.0, attention_compute=1.0,
                       layer_s=0.0, decode_layer_s=0.0, chunk_layer_s=0.0, score_bytes=1.0,
                       roof_sharpness=math.inf, fp8_weight_stream=1.0, int4_weight_stream=1.0)
 
 
-def _terms(d: rl.Deployment, points: Sequence[Point]) -> st.StepWork:
+def _terms(d: Deployment, points: Sequence[Point]) -> st.StepWork:
     sh = st.shape(d)
     return st.concat([sh.scheduled(*p.scheduled()) for p in points])
 
 
-def _with_shape(d: rl.Deployment, v: Mapping[str, float]) -> dict[str, Any]:
+def _with_shape(d: Deployment, v: Mapping[str, float]) -> dict[str, Any]:
     return {"grouped": d.eff.grouped, "roof_sharpness": d.eff.roof_sharpness, **v}
 
 
@@ -60,7 +60,7 @@ def _bound(t: st.StepWork, v: Mapping[str, Any]) -> np.ndarray:
     return np.where(parts.compute_s > parts.memory_s, "compute", "memory")
 
 
-def predict_step_s(d: rl.Deployment, points: Sequence[Point]) -> np.ndarray:
+def predict_step_s(d: Deployment, points: Sequence[Point]) -> np.ndarray:
     """The deployment's predicted step time at each point (its own efficiencies)."""
     return st.price(_terms(d, points), d.eff)
 
@@ -69,7 +69,7 @@ def predict_step_s(d: rl.Deployment, points: Sequence[Point]) -> np.ndarray:
 class EfficiencyFit:
     """The outcome of fitting efficiencies to any measured quantity the model predicts."""
 
-    eff: rl.Efficiency
+    eff: Efficiency
     params: dict[str, ParamFit]
     correlation: dict[str, float]
     tied: tuple[str, ...]
@@ -78,7 +78,7 @@ class EfficiencyFit:
 
 
 def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
-                   measured: Sequence[float], prior: rl.Efficiency,
+                   measured: Sequence[float], prior: Efficiency,
                    fit: Sequence[str] = DEFAULT_FIT,
                    starts: Sequence[Mapping[str, float]] = (),
                    max_efficiency: float = 1.0) -> EfficiencyFit:
@@ -175,8 +175,8 @@ def _nearest_prior(x: np.ndarray, prior_x: np.ndarray, unset: np.ndarray,
     return x
 
 
-def fit_steps(groups: Sequence[tuple[rl.Deployment, Sequence[Point]]],
-              fit: Sequence[str], prior: rl.Efficiency | None = None) -> EfficiencyFit:
+def fit_steps(groups: Sequence[tuple[Deployment, Sequence[Point]]],
+              fit: Sequence[str], prior: Efficiency | None = None) -> EfficiencyFit:
     """One set of parameters for measured steps of several deployments (models, precisions)
     on one GPU x engine: what separates the weight stream from the KV stream and the fixed
     costs, which one model's points cannot (its weight read never changes). Each group's
@@ -214,7 +214,7 @@ def _unique_shapes(points: Sequence[Point]) -> tuple[list[Point], np.ndarray]:
     return uniq, inverse
 
 
-def calibrate(d: rl.Deployment, points: Sequence[Point],
+def calibrate(d: Deployment, points: Sequence[Point],
               fit: Sequence[str] | None = None, *, engine: str = "", engine_version: str = "",
               source: str = "") -> Calibration:
     """Fit the parameters named in `fit` (a subset of PARAMS; default DEFAULT_FIT, plus
@@ -327,7 +327,7 @@ def _uncertainty(fit: Sequence[str], x: np.ndarray, jac: np.ndarray, resid: np.n
     return out, corr, [k for k, t in zip(fit, tied_mask, strict=True) if t]
 
 
-def check(d: rl.Deployment, eff: rl.Efficiency, points: Sequence[Point],
+def check(d: Deployment, eff: Efficiency, points: Sequence[Point],
           bandwidth_scale: float = 1.0, compute_scale: float = 1.0) -> tuple[PointFit, ...]:
     """Predict measured points with efficiencies `eff` (and GPU scales) calibrated elsewhere
     (another context, another model on the same GPU x engine), and with `d`'s own."""

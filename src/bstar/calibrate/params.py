@@ -1,4 +1,4 @@
-"""The parameters a calibration fits (cost model 2's, bstar.roofline.Efficiency): their
+"""The parameters a calibration fits (cost model 2's, bstar.Efficiency): their
 names, what is fitted unless told, the units they are fitted in and their bounds; and how a
 deployment takes fitted values (`scaled`)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment, Efficiency
 
-# Cost model 2's parameters (bstar.roofline.Efficiency), in fitting order.
+# Cost model 2's parameters (bstar.Efficiency), in fitting order.
 PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
           "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
           "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
@@ -47,12 +47,12 @@ ROBUST_SCALE = 0.05
 MAX_EFF_MEASURED = 2.0
 
 
-def _eff_dict(e: rl.Efficiency) -> dict[str, float]:
+def _eff_dict(e: Efficiency) -> dict[str, float]:
     return {k: float(getattr(e, k)) for k in PARAMS}
 
 
-def scaled(d: rl.Deployment, eff: rl.Efficiency, bandwidth_scale: float = 1.0,
-           compute_scale: float = 1.0) -> rl.Deployment:
+def scaled(d: Deployment, eff: Efficiency, bandwidth_scale: float = 1.0,
+           compute_scale: float = 1.0) -> Deployment:
     """`d` with efficiencies `eff` and its GPU's bandwidth and matmul rates multiplied by the
     scales (an engine faster than a probed figure: efficiency > 1 split into eff 1 x scale)."""
     g = d.gpu

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bstar import roofline as rl
 from bstar.calibrate.params import MAX_EFF_MEASURED, PARAMS, _eff_dict, scaled
 from bstar.calibrate.results import Calibration
+from bstar.deployment import Deployment, Efficiency
 from bstar.errors import BstarError
 
 
@@ -72,7 +72,7 @@ def profile_toml(c: Calibration) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    eff: rl.Efficiency
+    eff: Efficiency
     gpu: str
     engine: str
     engine_version: str
@@ -81,7 +81,7 @@ class Profile:
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
 
-    def apply(self, d: rl.Deployment) -> rl.Deployment:
+    def apply(self, d: Deployment) -> Deployment:
         return scaled(d, self.eff, self.bandwidth_scale, self.compute_scale)
 
 
@@ -111,7 +111,7 @@ def load_profile(path: str | Path) -> Profile:
         raise BstarError(f"{p}: efficiency values must be numbers") from None
     values["grouped"] = grouped
     try:
-        eff = replace(rl.Efficiency(), **values)
+        eff = replace(Efficiency(), **values)
     except BstarError as e:
         raise BstarError(f"{p}: {e}") from None
     prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
 from bstar.calibrate.params import _eff_dict, scaled
+from bstar.deployment import Deployment, Efficiency
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class PointFit:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    eff: rl.Efficiency
+    eff: Efficiency
     params: dict[str, ParamFit]
     points: tuple[PointFit, ...]
     correlation: dict[str, float]  # "a/b" -> correlation of two fitted parameters
@@ -79,7 +79,7 @@ class Calibration:
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
 
-    def apply(self, d: rl.Deployment) -> rl.Deployment:
+    def apply(self, d: Deployment) -> Deployment:
         return scaled(d, self.eff, self.bandwidth_scale, self.compute_scale)
 
     @property

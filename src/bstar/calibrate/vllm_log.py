@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.units import GiB
 
@@ -42,7 +43,7 @@ def parse_vllm_log(text: str) -> VllmKvLog:
                      int(blocks) if blocks else None)
 
 
-def kv_pool_from_log(d: rl.Deployment, log: VllmKvLog) -> int:
+def kv_pool_from_log(d: Deployment, log: VllmKvLog) -> int:
     """Per-GPU KV pool bytes: the logged memory when present, else tokens (or blocks) times
     the deployment's per-GPU KV bytes per token."""
     if log.kv_cache_bytes is not None:
@@ -53,7 +54,7 @@ def kv_pool_from_log(d: rl.Deployment, log: VllmKvLog) -> int:
     return tokens * per_token
 
 
-def reserve_from_kv_pool(d: rl.Deployment, kv_pool_bytes: int) -> int:
+def reserve_from_kv_pool(d: Deployment, kv_pool_bytes: int) -> int:
     """The reserve that makes bstar's pool (memory x util - weights - reserve) equal the
     measured one, so B_mem matches the engine's."""
     reserve = math.floor(d.gpu.memory_bytes * d.gpu_util) - rl.weight_bytes_per_gpu(d) \

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from bstar.deployment import DeploymentOptions
-    from bstar.roofline import Deployment
+    from bstar.deployment import Deployment
+    from bstar.options import DeploymentOptions
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ positive_int_list = _list_of(positive_int, "a positive integer")
 
 def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
     """--model/--gpu/--num-gpus/precision/memory/efficiency flags, the fields of
-    `bstar.deployment.DeploymentOptions` (`deployment_options` maps them)."""
+    `bstar.options.DeploymentOptions` (`deployment_options` maps them)."""
     g = p.add_argument_group("model and hardware")
     if many:
         g.add_argument("--model", type=str_list, default=None,
@@ -171,7 +171,7 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
                        gpu: str | None = None) -> DeploymentOptions:
     """The deployment flags as `DeploymentOptions` (flags a command lacks keep the type's
     defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     if getattr(args, "assume_unmodeled", False):
         import os

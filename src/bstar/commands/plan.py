@@ -52,7 +52,7 @@ def add_gpus_arguments(p: argparse.ArgumentParser) -> None:
 
 def deployment_from_args(args: argparse.Namespace, model: str | None = None,
                          gpu: str | None = None) -> Any:
-    """The deployment these flags name (see `bstar.deployment.DeploymentOptions`)."""
+    """The deployment these flags name (see `bstar.options.DeploymentOptions`)."""
     return build_deployment(args, model, gpu)
 
 

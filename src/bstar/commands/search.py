@@ -157,7 +157,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                       parse_lengths(args.output_len, "--output-len"),
                       num_requests, args.seed, trace, args.draws,
                       args.prefix_cached_tokens)
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
                             overhead_ms=args.overhead_ms, engine=args.engine).efficiency()

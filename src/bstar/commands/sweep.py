@@ -84,9 +84,9 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from bstar.deployment import DeploymentOptions
     from bstar.errors import BstarError
     from bstar.loadgen import sweep as sw
+    from bstar.options import DeploymentOptions
     from bstar.slo import parse_slo
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bstar.errors import BstarError
 
 if TYPE_CHECKING:
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
 
 def spec_terms(options: DeploymentOptions, context_tokens: int | None = None

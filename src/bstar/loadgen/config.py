@@ -120,7 +120,7 @@ class SweepConfig:
         known = {f.name for f in fields(cls)}
         out = {k: v for k, v in options.items() if k in known}
         if "deployment_args" in options and "deployment" not in options:
-            from bstar.deployment import DeploymentOptions
+            from bstar.options import DeploymentOptions
 
             # A run stored before `deployment`: its flags by their argparse names.
             out["deployment"] = DeploymentOptions.from_sweep_options(options).to_dict()

@@ -416,7 +416,7 @@ class MixedErrors:
 def decode_vs_joint(d: Any, points: Sequence[Any]) -> MixedErrors:
     """Errors on the points with a prompt chunk, calibrated on the decode points alone and
     on all points (calibrate's default parameters in both: the chunk terms join the
-    joint fit). `d`: the deployment (bstar.roofline.Deployment); `points`: calibrate
+    joint fit). `d`: the deployment (bstar.deployment.Deployment); `points`: calibrate
     Points."""
     from bstar import calibrate as cal
 

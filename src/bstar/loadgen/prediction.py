@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
-from bstar.deployment import DeploymentOptions
+from bstar.deployment import Deployment
 from bstar.loadgen.runner import predict_level
+from bstar.options import DeploymentOptions
 
 # A calibrated prediction within this of the measured level it sits beside agrees with it.
 AGREE_TOL = 0.15
@@ -46,7 +46,7 @@ def sweep_shape(sweep: dict[str, Any]) -> SweepShape | None:
     return SweepShape(ctx, int(opts.get("input_len") or 0), int(opts.get("output_len") or 0))
 
 
-def stored_deployment(sweep: dict[str, Any]) -> rl.Deployment:
+def stored_deployment(sweep: dict[str, Any]) -> Deployment:
     """The cost model's deployment the sweep ran with (`DeploymentOptions` as stored)."""
     return DeploymentOptions.from_sweep_options(sweep.get("options") or {}).build()
 
@@ -62,7 +62,7 @@ def prediction_grid(lo: float, hi: float, levels: list[int], n: int = 120) -> li
     return sorted({*(int(b) for b in grid), *levels})
 
 
-def predicted_curve(d: rl.Deployment, shape: SweepShape, batches: list[int], calibrated: bool,
+def predicted_curve(d: Deployment, shape: SweepShape, batches: list[int], calibrated: bool,
                     calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cost model at `batches`, each figure the quantity the sweep's levels measure
     (`predict_level`), with whether it is calibrated (and on what) and its basis."""
@@ -77,7 +77,7 @@ def predicted_curve(d: rl.Deployment, shape: SweepShape, batches: list[int], cal
 
 
 def predicted_curves(sweep: dict[str, Any], shape: SweepShape, batches: list[int],
-                     calibrated: rl.Deployment | None = None,
+                     calibrated: Deployment | None = None,
                      calibration: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The predictions to draw, the first drawn as the prediction: with a `calibrated`
     deployment (`calibration` says on what) the calibrated one, then the sweep's stored,
@@ -110,7 +110,7 @@ def level_predictions(levels: list[tuple[int, float]], curves: list[dict[str, An
     return out
 
 
-def replay_sweep(d: rl.Deployment, sweep: dict[str, Any], levels: list[dict[str, Any]],
+def replay_sweep(d: Deployment, sweep: dict[str, Any], levels: list[dict[str, Any]],
                  shape: SweepShape) -> list[dict[str, Any]]:
     """The simulator replaying `levels` (of `sweep`) on `d`, each as the sweep ran it: a
     closed loop of its concurrency under its max_num_seqs (a restarted server's cap; else

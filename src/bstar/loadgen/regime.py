@@ -65,7 +65,7 @@ def classify_level(lv: dict[str, Any], predicted_regime: str | None = None
 def _deployment(options: dict[str, Any]) -> Any:
     if not (options.get("model") and options.get("gpu")):
         return None
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     with contextlib.suppress(Exception):  # a stored model/GPU file may be gone
         return DeploymentOptions.from_sweep_options(options).build()

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.loadgen.prediction import AGREE_TOL as AGREE_TOL  # the page's words quote it
 
 if TYPE_CHECKING:
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
 # Enough samples that a log2 axis shows a smooth curve; the plan's own points are markers.
 DENSE_SAMPLES = 240
@@ -88,10 +89,10 @@ def fit_view(result: Any) -> dict[str, Any]:
     return {**result.to_dict(), "dense": result.curve(DENSE_SAMPLES)}
 
 
-def sweep_deployment(options: dict[str, Any]) -> rl.Deployment:
+def sweep_deployment(options: dict[str, Any]) -> Deployment:
     """The cost model's deployment a sweep ran with (its stored model, GPU and
     `DeploymentOptions`; runs stored before those keep their flags as `deployment_args`)."""
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     return DeploymentOptions.from_sweep_options(options).build()
 
@@ -125,7 +126,7 @@ def _level_rows(sweep: dict[str, Any], series: list[dict[str, Any]]) -> list[dic
             for row in level_predictions(levels, series)]
 
 
-def sweep_view(sweep: dict[str, Any], calibrated: rl.Deployment | None = None,
+def sweep_view(sweep: dict[str, Any], calibrated: Deployment | None = None,
                calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sweep JSON plus, when the run named a cost model (--model and --gpu), its
     prediction on a dense grid of batches between the levels, in the quantities the levels
@@ -210,7 +211,7 @@ def signature_view(measured: dict[str, Any] | None = None, fitted: dict[str, Any
 
 
 def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
-                  deployment: rl.Deployment | None = None,
+                  deployment: Deployment | None = None,
                   calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The signature picture of a sweep: its measured levels, the fit of them (a FitResult,
     or None), and, when the sweep named a cost model, the plan at the levels' context, the
@@ -243,7 +244,7 @@ def run_signature(sweep: dict[str, Any], fit: Any | None, title: str = "",
     return v
 
 
-def demo_views(sweep: dict[str, Any], fit: Any, calibrated: rl.Deployment,
+def demo_views(sweep: dict[str, Any], fit: Any, calibrated: Deployment,
                calibration: dict[str, Any], title: str) -> dict[str, Any]:
     """What `bstar demo`'s report draws: the signature picture, the sweep and the fit, each
     prediction the calibrated one (`calibration` says on what) with the uncalibrated one

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.recommend import MEMORY_HEADROOM
 from bstar.sim import SchedulerConfig, SimConfig, Slo, Workload, check_feasible
@@ -47,7 +48,7 @@ class Replica:
     tp: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    deployment: rl.Deployment
+    deployment: Deployment
     calibrated: str | None = None  # profile path when calibrated terms apply
 
     @property
@@ -107,7 +108,7 @@ def typical_context(w: Workload) -> int:
     return max(1, round(i + o / 2))
 
 
-def default_max_num_seqs(d: rl.Deployment, w: Workload) -> list[int]:
+def default_max_num_seqs(d: Deployment, w: Workload) -> list[int]:
     """Around the cost model's predicted knee (the plan's: `plan.predicted_knees`) and B_mem
     at the workload's typical context: half the knee, the knee, twice the knee, and 85% of
     B_mem (each at most B_mem)."""
@@ -129,7 +130,7 @@ def sim_config(r: Replica) -> SimConfig:
     return SimConfig(SchedulerConfig(r.max_num_seqs, r.max_num_batched_tokens))
 
 
-def slo_lower_bounds_ms(d: rl.Deployment, w: Workload) -> dict[str, float]:
+def slo_lower_bounds_ms(d: Deployment, w: Workload) -> dict[str, float]:
     """p99 lower bounds (ms) on TTFT, TPOT and E2E that hold for any rate and any engine
     limits (see the module docstring)."""
     k = coefficients(d)
@@ -163,7 +164,7 @@ def prune(r: Replica, w: Workload, slo: Slo) -> Pruned | None:
     return None
 
 
-def replicas_for(model: ModelSpec, model_name: str, base: rl.Deployment, tps: list[int],
+def replicas_for(model: ModelSpec, model_name: str, base: Deployment, tps: list[int],
                  w: Workload, max_num_seqs: tuple[int, ...],
                  max_num_batched_tokens: tuple[int, ...],
                  calibrated: str | None = None) -> list[Replica]:

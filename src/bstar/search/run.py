@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.search.backends import Backend
 from bstar.search.candidates import (
@@ -140,7 +141,7 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
     for m in models:
         label = m.name
         for g in gpus:
-            base = rl.Deployment(m, g, 1, mem.weight_dtype, mem.kv_dtype, mem.gpu_util,
+            base = Deployment(m, g, 1, mem.weight_dtype, mem.kv_dtype, mem.gpu_util,
                                  mem.reserve_bytes, mem.block_size, spec.eff)
             prof = profiles.get(g.id)
             if prof is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
 from bstar.units import GiB
@@ -147,7 +147,7 @@ class SearchSpec:
     max_num_seqs: tuple[int, ...] = ()  # empty: around the predicted knee and B_mem
     max_num_batched_tokens: tuple[int, ...] = ()  # empty: vllm serve's default per GPU
     memory: Memory = field(default_factory=Memory)
-    eff: rl.Efficiency = field(default_factory=rl.Efficiency)
+    eff: Efficiency = field(default_factory=Efficiency)
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
     max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.sim.engine import SimConfig, SimRun, check_feasible, simulate
 from bstar.sim.metrics import SimSummary, Slo, parse_slo, summarize
 from bstar.sim.scheduler import SchedulerConfig, vllm_server_defaults
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-def simulate_levels(d: rl.Deployment, max_num_seqs: list[int], arrivals: Arrivals,
+def simulate_levels(d: Deployment, max_num_seqs: list[int], arrivals: Arrivals,
                     input_len: Lengths, output_len: Lengths, num_requests: int, seed: int,
                     config: SimConfig | None = None, slo: Slo | None = None,
                     cached_prefix_tokens: int = 0) -> list[SimSummary]:

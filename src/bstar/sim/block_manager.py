@@ -7,7 +7,7 @@ holds does not change any step's time, so the pool is kept as counts, not block 
 
 A model whose layers all attend fully takes ceil(t / block_size) blocks of every layer for t
 tokens. For a hybrid one (sliding windows, chunked or state layers) vLLM V1 pools each kind
-apart (`roofline.kv_layout`): `num_engine_blocks` sizes that pool and `seq_blocks` (passed as
+apart (`kv_layout`): `num_engine_blocks` sizes that pool and `seq_blocks` (passed as
 `blocks_fn`) counts a sequence's blocks in it; without them a hybrid is counted as if every
 layer held every token (conservative).
 """
@@ -18,41 +18,43 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.kv_pool import kv_layout
 
 
-def block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
+def block_bytes_per_gpu(d: Deployment, block_size: int) -> int:
     """Bytes of one KV block on each GPU: block_size tokens over all layers (a block of
     every layer, as a model whose layers are all one kind lays out its pool)."""
     return d.model.kv_bytes_per_seq(block_size, d.kv, num_gpus=d.num_gpus,
                                     block_size=block_size)
 
 
-def num_gpu_blocks(d: rl.Deployment, block_size: int) -> int:
+def num_gpu_blocks(d: Deployment, block_size: int) -> int:
     return max(0, rl.kv_pool_bytes(d) // block_bytes_per_gpu(d, block_size))
 
 
-def engine_block_bytes_per_gpu(d: rl.Deployment, block_size: int) -> int:
-    """Bytes of one block of vLLM V1's pool (`roofline.kv_layout`): a page for each layer of
+def engine_block_bytes_per_gpu(d: Deployment, block_size: int) -> int:
+    """Bytes of one block of vLLM V1's pool (`kv_layout`): a page for each layer of
     a KV cache group. With `seq_blocks` it sizes a hybrid model's pool as the engine does."""
-    return rl.kv_layout(replace(d, block_size=block_size), block_size).bytes_per_block
+    return kv_layout(replace(d, block_size=block_size), block_size).bytes_per_block
 
 
-def num_engine_blocks(d: rl.Deployment, block_size: int) -> int:
+def num_engine_blocks(d: Deployment, block_size: int) -> int:
     """The pool in `engine_block_bytes_per_gpu` blocks (pair it with `seq_blocks`)."""
     return max(0, rl.kv_pool_bytes(d) // engine_block_bytes_per_gpu(d, block_size))
 
 
-def seq_blocks(d: rl.Deployment, block_size: int) -> Callable[[int], int]:
+def seq_blocks(d: Deployment, block_size: int) -> Callable[[int], int]:
     """Blocks a sequence of t computed tokens holds, summed over the model's layer kinds as
-    `roofline.kv_layout` counts them (non-decreasing in t)."""
+    `kv_layout` counts them (non-decreasing in t)."""
     d = replace(d, block_size=block_size)
-    kinds = rl.kv_layout(d, block_size).kinds
+    kinds = kv_layout(d, block_size).kinds
     if len(kinds) == 1 and kinds[0].kind in ("full", "dsa"):
         return lambda t: -(-t // block_size)
 
     def blocks(t: int) -> int:
-        return rl.kv_layout(d, max(t, 1)).blocks_per_seq if t > 0 else 0
+        return kv_layout(d, max(t, 1)).blocks_per_seq if t > 0 else 0
 
     return blocks
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.sim.engine import SimConfig, SimRun, simulate
 from bstar.sim.traffic import Workload
 
@@ -116,7 +116,7 @@ def open_loop(unit: Workload, rate_req_s: float, num_requests: int, seed: int = 
                     cached_tokens=cached)
 
 
-def capacity(d: rl.Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
+def capacity(d: Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
              rel_tol: float = REL_TOL) -> tuple[Capacity, SimRun]:
     """The deployment's capacity for requests like `unit`'s: the largest Poisson rate whose
     queue does not grow (see the module docstring), to `rel_tol`; with the run there."""

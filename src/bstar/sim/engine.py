@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.sim.block_manager import BlockManager, block_bytes_per_gpu, num_gpu_blocks
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
@@ -74,7 +75,7 @@ class Timeline:
 class SimRun:
     """Everything one simulation produced; `metrics.summarize` turns it into numbers."""
 
-    deployment: rl.Deployment
+    deployment: Deployment
     config: SimConfig
     workload: Workload
     requests: Requests
@@ -92,7 +93,7 @@ class SimRun:
     stop_reason: str = "done"
 
 
-def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
+def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
     """Refuse impossible settings before simulating; returns the number of KV blocks."""
     bs = d.block_size
     sc = cfg.scheduler
@@ -117,7 +118,7 @@ def check_feasible(d: rl.Deployment, cfg: SimConfig, w: Workload) -> int:
     return blocks
 
 
-def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
+def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
     blocks_total = check_feasible(d, cfg, w)
     bs = d.block_size
     host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
@@ -137,7 +138,7 @@ def simulate(d: rl.Deployment, cfg: SimConfig, w: Workload) -> SimRun:
 
 
 class _Loop:
-    def __init__(self, d: rl.Deployment, cfg: SimConfig, w: Workload, k: StepCoefficients,
+    def __init__(self, d: Deployment, cfg: SimConfig, w: Workload, k: StepCoefficients,
                  reqs: Requests, bm: BlockManager, sched: Scheduler) -> None:
         self.d, self.cfg, self.w, self.k = d, cfg, w, k
         self.reqs, self.bm, self.sched = reqs, bm, sched

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bstar import roofline as rl
 from bstar import step as st
+from bstar.deployment import Deployment
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -37,7 +37,7 @@ class StepCoefficients:
     """A deployment's step shape and efficiencies: what the simulator prices steps with."""
 
     shape: st.StepShape
-    eff: Any  # roofline.Efficiency, or a mapping of its fields
+    eff: Any  # Efficiency, or a mapping of its fields
 
     def decode_step_s(self, num_seqs: npt.ArrayLike,
                       held_sums: tuple[npt.ArrayLike, ...] | None = None) -> FloatArray:
@@ -62,6 +62,6 @@ class StepCoefficients:
         return float(st.price(self.shape.scheduled(start_tokens, new_tokens), self.eff)[0])
 
 
-def coefficients(d: rl.Deployment) -> StepCoefficients:
+def coefficients(d: Deployment) -> StepCoefficients:
     """The simulator's step pricer for a deployment (its shape, its efficiencies)."""
     return StepCoefficients(st.shape(d), st.params_dict(d.eff))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.units import GiB
 
@@ -41,7 +41,7 @@ class StudyOptions:
 class Study:
     """Per-level summaries, the advice (None for one level), arrivals and token budget."""
 
-    deployment: rl.Deployment
+    deployment: Deployment
     options: StudyOptions
     rows: list[Any]
     advice: Any
@@ -86,7 +86,7 @@ def _arrivals(o: StudyOptions) -> Any:
     return ClosedLoop(o.concurrency, o.think_time_s, random_think=True)
 
 
-def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
+def run_study(d: Deployment, o: StudyOptions) -> Study:
     """Simulate every level of `o` on `d`; advise on the knee when there are several."""
     from bstar.sim import SchedulerConfig, SimConfig, simulate_levels, vllm_server_defaults
     from bstar.sim.advice import advise
@@ -122,7 +122,7 @@ def run_study(d: rl.Deployment, o: StudyOptions) -> Study:
 SUSTAINED_FRACTION = 0.9  # the operating point reported beside the capacity (search's cap)
 
 
-def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len: Any,
+def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len: Any,
               num_requests: int, seed: int, slo: Any = None,
               prefix_cached_tokens: int = 0) -> dict[str, Any]:
     """The largest rate this level sustains for requests like the study's (its capacity:
@@ -149,7 +149,7 @@ def sustained(d: rl.Deployment, cfg: Any, arrivals: Any, input_len: Any, output_
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
 
 
-def replay_closed_loops(d: rl.Deployment, levels: list[tuple[int, int]], prompt_tokens: int,
+def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tokens: int,
                         output_tokens: int, num_requests: int, seed: int = 0
                         ) -> list[dict[str, Any]]:
     """The simulator at each level given as (closed-loop users, server batch cap), every

@@ -5,7 +5,7 @@ one row per load stage of a real server: a load generator sent requests at a rat
 concurrency) for a duration, and measured each request's TTFT and E2E.
 
 Each stage is simulated like for like (`simulate_stage`): the stage's deployment
-(`stage_deployment`, through `bstar.deployment.DeploymentOptions`), its scheduler
+(`stage_deployment`, through `bstar.options.DeploymentOptions`), its scheduler
 (max_num_seqs, max_num_batched_tokens), its arrival process at its rate (constant: fixed
 gaps of 1/rate, as inference-perf's constant load sends; poisson: exponential gaps), its
 prompt lengths drawn from the table's percentiles (`draw_prompt_lengths`: the

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
+from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 from bstar.stages_table import Stage
 from bstar.validate_stages.simulate import (
@@ -116,7 +116,7 @@ def summarize_scores(scores: Sequence[StageScore]) -> Summary:
                    tuple(s.stage.stage for s in scores if not s.state_right))
 
 
-def evaluate(stages: Sequence[Stage], eff: rl.Efficiency | None = None, *,
+def evaluate(stages: Sequence[Stage], eff: Efficiency | None = None, *,
              engine: str | None = None, max_window_s: float = MAX_WINDOW_S,
              max_requests: int = MAX_REQUESTS, seed: int = 0
              ) -> tuple[list[StageScore], Summary]:
@@ -128,7 +128,7 @@ def evaluate(stages: Sequence[Stage], eff: rl.Efficiency | None = None, *,
     return scores, summarize_scores(scores)
 
 
-def _with_values(prior: rl.Efficiency, values: Mapping[str, float]) -> rl.Efficiency:
+def _with_values(prior: Efficiency, values: Mapping[str, float]) -> Efficiency:
     """`prior` with `values`; a stream or rate not given follows its lead at the prior's
     ratio, as in bstar.calibrate.fit_efficiency (kv_bandwidth follows bandwidth)."""
     from bstar.calibrate import _FOLLOWS
@@ -156,9 +156,9 @@ def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.
     return out
 
 
-def fit_stages(stages: Sequence[Stage], prior: rl.Efficiency, fit: Sequence[str],
+def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
                max_window_s: float = FIT_WINDOW_S, seed: int = 0,
-               iterations: int = FIT_ITERATIONS) -> rl.Efficiency | None:
+               iterations: int = FIT_ITERATIONS) -> Efficiency | None:
     """The parameters `fit` fitted to the stages' measured E2E, TTFT and per-token means
     (the measured-steady stages), each stage simulated for at most `max_window_s`. None when
     they cannot determine them.
@@ -289,7 +289,7 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
     and, with `lomo` and two models or more, leave one model out (fitting `fit`)."""
     from bstar.engines import get_engine
 
-    generic = rl.Efficiency()
+    generic = Efficiency()
     usable, skipped, seen = [], [], set()
     for s in stages:
         try:
@@ -312,7 +312,7 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
         prof_eff = prof.efficiency()
         if progress:
             progress(f"{gpu} x {eng}: generic and {prof.name} profile, {len(ss)} stages")
-        preds: dict[rl.Efficiency, list[StageScore]] = {}
+        preds: dict[Efficiency, list[StageScore]] = {}
         scores: dict[str, list[StageScore]] = {}
         for way, e in (("generic", generic), ("profile", prof_eff)):
             if e not in preds:  # the vllm profile is the generic defaults: simulated once

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bstar import roofline as rl
+from bstar.deployment import Deployment, Efficiency
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.stages_table import Stage
 from bstar.stats import percentiles_ms
@@ -85,7 +85,7 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
 
 _DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
            "int8": "int8", "float16": "fp16", "bfloat16": "bf16"}
-_DEPLOYMENTS: dict[tuple[Any, ...], rl.Deployment] = {}
+_DEPLOYMENTS: dict[tuple[Any, ...], Deployment] = {}
 
 
 def _resolve(name: str, base_dir: str) -> str:
@@ -96,11 +96,11 @@ def _resolve(name: str, base_dir: str) -> str:
 
 
 def stage_deployment(stage: Stage, engine: str | None = None,
-                     eff: rl.Efficiency | None = None) -> rl.Deployment:
+                     eff: Efficiency | None = None) -> Deployment:
     """The stage's deployment: its model, GPU, TP and dtype with the engine profile `engine`
     (default: the stage's own engine), through `DeploymentOptions` (vLLM's memory defaults:
     gpu_util 0.9); `eff` replaces the profile's efficiencies. Built once per setting."""
-    from bstar.deployment import DeploymentOptions
+    from bstar.options import DeploymentOptions
 
     dtype = _DTYPES.get(stage.dtype.lower(), "")
     opts = DeploymentOptions(model=_resolve(stage.model, stage.base_dir),
@@ -183,8 +183,8 @@ def measured_state(stage: Stage) -> str:
 
 
 
-def simulate_stage(stage: Stage, eff: rl.Efficiency | None = None, *,
-                   engine: str | None = None, deployment: rl.Deployment | None = None,
+def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
+                   engine: str | None = None, deployment: Deployment | None = None,
                    max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
                    seed: int = 0, prefix_cache: bool = True) -> StagePrediction:
     """Simulate one stage like for like (the package docstring). The deployment is

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from bstar.units import fmt_bytes_binary
 
 if TYPE_CHECKING:
+    from bstar.deployment import Deployment
     from bstar.kvcheck import KvCheck
-    from bstar.roofline import Deployment
 
 
 def print_kv_check(d: Deployment, c: KvCheck) -> None:

@@ -1,0 +1,144 @@
+"""A deployment by name: `DeploymentOptions` builds a `bstar.deployment.Deployment`.
+
+The commands map their flags onto it (`bstar plan --model ... --profile ...`), the sweep
+stores it with a run (`to_dict`/`from_dict`), and the report rebuilds the same deployment
+from the store. It holds names (preset ids, file paths), not loaded specs, so it is small,
+hashable and JSON-able; `build()` loads the presets, the engine profile and the calibration
+profile (which is why it sits apart from the values in `bstar.deployment`: those are what
+the engines and calibration import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from bstar.deployment import (
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    DEFAULT_RESERVE_GIB,
+    IDEAL,
+    Deployment,
+    Efficiency,
+)
+from bstar.errors import BstarError
+from bstar.units import GiB
+
+# Flag names a sweep stored before `DeploymentOptions` existed (`deployment_args`), by field.
+_LEGACY_KEYS = {"dtype": "weight_dtype"}
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentOptions:
+    """One model x GPU x engine setting by name; `build()` gives the cost model's view.
+
+    - `model`, `gpu`: preset ids or files (None: bstar plan's defaults).
+    - `weight_dtype` ("" = the checkpoint's), `kv_dtype`, `gpu_util`, `reserve_gib` (per-GPU
+      memory kept out of the KV pool), `block_size` (KV block, tokens).
+    - `bw_eff`, `flops_eff`, `overhead_ms`, `overhead_per_seq_us`: efficiency overrides
+      (None: the profile's, else the stated defaults of `roofline.Efficiency`).
+    - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
+    - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
+      "" = vllm); a `profile` calibrated on real steps replaces them.
+    """
+
+    model: str | None = None
+    gpu: str | None = None
+    num_gpus: int = 1
+    weight_dtype: str = ""
+    kv_dtype: str = "bf16"
+    gpu_util: float = 0.9
+    reserve_gib: float = DEFAULT_RESERVE_GIB
+    block_size: int = 16
+    bw_eff: float | None = None
+    flops_eff: float | None = None
+    overhead_ms: float | None = None
+    overhead_per_seq_us: float | None = None
+    ideal: bool = False
+    profile: str | None = None
+    engine: str = ""
+
+    def with_target(self, model: str | None = None, gpu: str | None = None
+                    ) -> DeploymentOptions:
+        """The same settings for another model and/or GPU (None keeps the current one)."""
+        return replace(self, model=model or self.model, gpu=gpu or self.gpu)
+
+    def build(self, warn: Callable[[str], None] | None = None) -> Deployment:
+        """Load the presets (and the profile) into a `Deployment`. `warn` hears
+        about a profile calibrated on another GPU (its efficiencies are then a guess)."""
+        from bstar.engines import get_engine
+        from bstar.specs.gpu import get_gpu
+        from bstar.specs.presets import get_model
+
+        engine = get_engine(self.engine)  # validates the name even under --ideal
+        eff = IDEAL if self.ideal else engine.efficiency()
+        reserve_gib = self.reserve_gib
+        prof = None
+        if self.profile:
+            from bstar.calibrate import load_profile
+
+            if self.ideal:
+                raise BstarError("--ideal and --profile contradict each other; give one")
+            prof = load_profile(self.profile)
+            eff = prof.eff
+            # The profile's reserve (from an engine log) applies unless the reserve is set
+            # to something other than its default.
+            if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
+                reserve_gib = prof.reserve_bytes / GiB
+        eff = self._override(eff)
+        d = Deployment(
+            model=get_model(self.model or DEFAULT_MODEL),
+            gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
+            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size, eff=eff,
+            engine="ideal" if self.ideal else engine.name)
+        if prof is not None:
+            d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
+            if prof.gpu and prof.gpu != d.gpu.id and warn is not None:
+                # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
+                warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
+                     f"applied to {d.gpu.id}")
+        return d
+
+    def efficiency(self) -> Efficiency:
+        """The efficiencies without a profile: the engine's priors (IDEAL under `ideal`)
+        with the flag overrides (what `bstar search` applies to uncalibrated GPUs)."""
+        from bstar.engines import get_engine
+
+        return self._override(IDEAL if self.ideal else get_engine(self.engine).efficiency())
+
+    def _override(self, eff: Efficiency) -> Efficiency:
+        over: dict[str, float] = {}
+        if self.bw_eff is not None:
+            over["bandwidth"] = self.bw_eff
+        if self.flops_eff is not None:
+            over["compute"] = self.flops_eff
+        if self.overhead_ms is not None:
+            over["overhead_s"] = self.overhead_ms / 1e3
+        if self.overhead_per_seq_us is not None:
+            over["overhead_per_seq_s"] = self.overhead_per_seq_us / 1e6
+        return replace(eff, **over) if over else eff
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeploymentOptions:
+        """From `to_dict()`, ignoring unknown keys and None (the field's default stands);
+        flag names a sweep stored before this type (`dtype`) are read too."""
+        known = {f.name for f in fields(cls)}
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            k = _LEGACY_KEYS.get(k, k)
+            if k in known and v is not None:
+                out[k] = v
+        return cls(**out)
+
+    @classmethod
+    def from_sweep_options(cls, options: dict[str, Any]) -> DeploymentOptions:
+        """A stored sweep's deployment: its `deployment` dict, or the `deployment_args` of
+        runs stored before it, with the run's `model` and `gpu`."""
+        stored = options.get("deployment") or options.get("deployment_args") or {}
+        return cls.from_dict({**stored, "model": options.get("model"),
+                              "gpu": options.get("gpu")})
