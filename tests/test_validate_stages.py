@@ -187,8 +187,8 @@ def test_fit_recovers_an_engine_overhead() -> None:
         p = vs.simulate_stage(s, truth, max_window_s=15)
         rows.append(replace(s, e2e_mean_ms=p.e2e_mean_ms, ttft_mean_ms=p.ttft_mean_ms,
                             tpot_mean_ms=p.tpot_mean_ms))
-    e = vs.fit_stages(rows, Efficiency(), ("overhead_s",), max_window_s=15)
-    assert e is not None and e.overhead_s == pytest.approx(2e-3, rel=0.05)
+    fitted = vs.fit_stages(rows, Efficiency(), ("overhead_s",), max_window_s=15)
+    assert fitted is not None and fitted[0].overhead_s == pytest.approx(2e-3, rel=0.05)
     assert vs.fit_stages(rows[:1], Efficiency(), ("overhead_s", "bandwidth", "compute",
                                                      "decode_layer_s")) is None
 

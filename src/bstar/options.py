@@ -21,6 +21,7 @@ from bstar.deployment import (
     IDEAL,
     Deployment,
     Efficiency,
+    EngineBehaviour,
 )
 from bstar.errors import BstarError
 from bstar.units import GiB
@@ -40,7 +41,7 @@ class DeploymentOptions:
       (None: the profile's, else the stated defaults of `roofline.Efficiency`).
     - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
     - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
-      "" = vllm); a `profile` calibrated on real steps replaces them.
+      "" = vllm); a `profile` sets the fields it names over them.
     """
 
     model: str | None = None
@@ -72,7 +73,6 @@ class DeploymentOptions:
         from bstar.specs.presets import get_model
 
         engine = get_engine(self.engine)  # validates the name even under --ideal
-        eff = IDEAL if self.ideal else engine.efficiency()
         reserve_gib = self.reserve_gib
         prof = None
         if self.profile:
@@ -81,24 +81,26 @@ class DeploymentOptions:
             if self.ideal:
                 raise BstarError("--ideal and --profile contradict each other; give one")
             prof = load_profile(self.profile)
-            eff = prof.eff
             # The profile's reserve (from an engine log) applies unless the reserve is set
             # to something other than its default.
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
                 reserve_gib = prof.reserve_bytes / GiB
-        eff = self._override(eff)
         d = Deployment(
             model=get_model(self.model or DEFAULT_MODEL),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
             weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size, eff=eff,
-            engine="ideal" if self.ideal else engine.name)
+            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
+            eff=IDEAL if self.ideal else engine.efficiency(),
+            engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour())
         if prof is not None:
-            d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
-            if prof.gpu and prof.gpu != d.gpu.id and warn is not None:
-                # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
-                warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
-                     f"applied to {d.gpu.id}")
+            # The profile sets exactly the fields it names over the engine's priors, and
+            # scales the GPU where the engine beat a probed figure.
+            d = prof.apply(d)
+        d = d.with_eff(self._override(d.eff))
+        if prof is not None and prof.gpu and prof.gpu != d.gpu.id and warn is not None:
+            # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
+            warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
+                 f"applied to {d.gpu.id}")
         return d
 
     def efficiency(self) -> Efficiency:
@@ -107,6 +109,14 @@ class DeploymentOptions:
         from bstar.engines import get_engine
 
         return self._override(IDEAL if self.ideal else get_engine(self.engine).efficiency())
+
+    def behaviour(self) -> EngineBehaviour:
+        """The engine's behaviour without a profile: the engine profile's (none under
+        `ideal`: the seeds' arithmetic has no request overhead and no scheduling lag)."""
+        from bstar.engines import get_engine
+
+        engine = get_engine(self.engine)
+        return EngineBehaviour() if self.ideal else engine.behaviour()
 
     def _override(self, eff: Efficiency) -> Efficiency:
         over: dict[str, float] = {}

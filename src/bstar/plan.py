@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -129,28 +129,28 @@ class Plan:
             "gpu_util": d.gpu_util, "reserve_bytes": d.reserve_bytes,
             "kv_pool_bytes_per_gpu": self.kv_pool_bytes,
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
-            "efficiency": {"bandwidth": e.bandwidth, "compute": e.compute,
-                           "overhead_ms": e.overhead_s * 1e3,
-                           "overhead_per_seq_ms": e.overhead_per_seq_s * 1e3,
-                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3,
-                           # cost model 2's terms (docs/cost-model.md)
-                           "kv_bandwidth": e.kv_bandwidth,
-                           "attention_compute": e.attention_compute,
-                           "layer_ms": e.layer_s * 1e3,
-                           "decode_layer_ms": e.decode_layer_s * 1e3,
-                           "chunk_layer_ms": e.chunk_layer_s * 1e3,
-                           "score_bytes": e.score_bytes,
-                           "roof_sharpness": (None if np.isinf(e.roof_sharpness)
-                                              else e.roof_sharpness),
-                           "fp8_weight_stream": e.fp8_weight_stream,
-                           "int4_weight_stream": e.int4_weight_stream,
-                           "grouped": e.grouped},
+            # cost model 2's terms (docs/cost-model.md); times in ms
+            "efficiency": _record_dict(e),
+            "behaviour": _record_dict(d.behaviour),
             "engine_profile": _engine_dict(d.engine),
             "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": GiB,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
                                                 "(seed 000's 'TPOT' curve)"},
         }
+
+
+def _record_dict(record: Any) -> dict[str, Any]:
+    """A record's fields (Efficiency, EngineBehaviour) for the JSON: times in ms (`_s` ->
+    `_ms`), an infinite roof sharpness (a hard max) as None."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        v = getattr(record, f.name)
+        if f.name.endswith("_s"):
+            out[f.name[:-2] + "_ms"] = v * 1e3
+        else:
+            out[f.name] = None if isinstance(v, float) and np.isinf(v) else v
+    return out
 
 
 def _engine_dict(name: str) -> dict[str, str] | None:

@@ -1,18 +1,19 @@
-"""The parameters a calibration fits (cost model 2's, bstar.Efficiency): their
-names, what is fitted unless told, the units they are fitted in and their bounds; and how a
-deployment takes fitted values (`scaled`)."""
+"""The parameters a calibration fits (cost model 2's, bstar.Efficiency, and the engine's
+request overhead, bstar.deployment.EngineBehaviour): their names, what is fitted unless
+told, the units they are fitted in and their bounds; and how a deployment takes fitted
+values (`scaled`)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 
-# Cost model 2's parameters (bstar.Efficiency), in fitting order.
-PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
-          "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
-          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
-          "request_overhead_s")
+# The parameters: every field of Efficiency and EngineBehaviour but the model's shape
+# (roof_sharpness, grouped) and the engine's structure (scheduling_lag_steps), which carry
+# metadata saying so; in the records' order.
+PARAMS = tuple(f.name for rec in (Efficiency, EngineBehaviour) for f in fields(rec)
+               if not f.metadata)
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
@@ -47,8 +48,11 @@ ROBUST_SCALE = 0.05
 MAX_EFF_MEASURED = 2.0
 
 
-def _eff_dict(e: Efficiency) -> dict[str, float]:
-    return {k: float(getattr(e, k)) for k in PARAMS}
+def _eff_dict(e: Efficiency, b: EngineBehaviour | None = None) -> dict[str, float]:
+    """Every parameter's value: from `e`, and from `b` (default: EngineBehaviour's
+    defaults) for the engine's."""
+    b = EngineBehaviour() if b is None else b
+    return {k: float(getattr(e if hasattr(e, k) else b, k)) for k in PARAMS}
 
 
 def scaled(d: Deployment, eff: Efficiency, bandwidth_scale: float = 1.0,

@@ -159,8 +159,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                       args.prefix_cached_tokens)
     from bstar.options import DeploymentOptions
 
-    eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
-                            overhead_ms=args.overhead_ms, engine=args.engine).efficiency()
+    opts = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
+                             overhead_ms=args.overhead_ms, engine=args.engine)
+    eff = opts.efficiency()
     profiles = []
     for item in args.profile or []:
         gpu, sep, path = item.partition("=")
@@ -173,7 +174,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
                       round(args.reserve_gib * GiB), args.block_size),
-        eff=eff, profiles=tuple(profiles), rel_tol=args.rel_tol,
+        eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
         max_utilization=args.max_utilization)
 
 

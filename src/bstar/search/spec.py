@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar.deployment import Efficiency
+from bstar.deployment import Efficiency, EngineBehaviour
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
 from bstar.units import GiB
@@ -148,6 +148,9 @@ class SearchSpec:
     max_num_batched_tokens: tuple[int, ...] = ()  # empty: vllm serve's default per GPU
     memory: Memory = field(default_factory=Memory)
     eff: Efficiency = field(default_factory=Efficiency)
+    # The engine outside a step (its request overhead, scheduling lag): the engine
+    # profile's; not in the search id, like the efficiencies beyond to_dict's five.
+    behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
     max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity
