@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.specs.gpu import GpuSpec
 from bstar.specs.model import ModelSpec
@@ -151,11 +152,11 @@ class Deployment:
     num_gpus: int = 1
     weight_dtype: str = ""  # "" = the checkpoint's own (config torch_dtype / quantization)
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.90  # vLLM --gpu-memory-utilization default
+    gpu_util: float = GPU_MEMORY_UTILIZATION  # vLLM's default (bstar.engine_defaults)
     # Activations, CUDA graphs, CUDA context and NCCL buffers, per GPU; vLLM profiles these
     # at start-up. 2 GiB is a rough figure for 7-70B models at default settings.
     reserve_bytes: int = 2 * GiB
-    block_size: int = 16  # vLLM's default KV block size
+    block_size: int = BLOCK_SIZE  # vLLM's default KV block size (bstar.engine_defaults)
     eff: Efficiency = field(default_factory=Efficiency)
     engine: str = ""  # the engine profile the efficiencies started from (a label)
     behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)

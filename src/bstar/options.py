@@ -23,6 +23,7 @@ from bstar.deployment import (
     Efficiency,
     EngineBehaviour,
 )
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.units import GiB
 
@@ -49,9 +50,9 @@ class DeploymentOptions:
     num_gpus: int = 1
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.9
+    gpu_util: float = GPU_MEMORY_UTILIZATION
     reserve_gib: float = DEFAULT_RESERVE_GIB
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     bw_eff: float | None = None
     flops_eff: float | None = None
     overhead_ms: float | None = None

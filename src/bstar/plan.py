@@ -10,6 +10,8 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
+from bstar.engine_defaults import RULE as VLLM_RULE
+from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
 from bstar.knee import Knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
@@ -181,36 +183,22 @@ def check_tensor_parallel(d: Deployment) -> None:
                          f"tensor-parallel sizes that work: {sizes}")
 
 
-# vLLM V1's default max_num_seqs for `vllm serve` (UsageContext.OPENAI_API_SERVER), from
-# vllm/engine/arg_utils.py, EngineArgs' batch defaults (vllm-project/vllm commit 99d7eb5,
-# the v0.11 line): 1024 on a device with at least 70 GiB whose name does not contain
-# "a100" (H100, H200, MI300X...), else 256 (A100s: vLLM PR #17885 saw larger batches lose
-# throughput there); CPUs and TPUs have their own. See docs/cost-model.md.
-VLLM_LARGE_GPU_BYTES = 70 * GiB
-VLLM_DEFAULT_MAX_NUM_SEQS = (1024, 256)
-
-
-def vllm_default_max_num_seqs(gpu_name: str, gpu_memory_bytes: int) -> int:
-    large = gpu_memory_bytes >= VLLM_LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
-    return VLLM_DEFAULT_MAX_NUM_SEQS[0] if large else VLLM_DEFAULT_MAX_NUM_SEQS[1]
-
-
 def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                     recommended: int) -> tuple[dict[str, Any], ...]:
     """What each engine runs when --max-num-seqs (or its equivalent) is not given, and a
     note when that default is above B_mem or far (over 2x either way) from the
     recommendation."""
     out: list[dict[str, Any]] = []
-    v = vllm_default_max_num_seqs(d.gpu.name, d.gpu.memory_bytes)
-    rule = ("1024 on GPUs with >= 70 GiB that are not A100s, else 256 "
-            "(vllm/engine/arg_utils.py, v0.11)")
+    vllm = vllm_batch_defaults(d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}")
+    v, rule = vllm.max_num_seqs, VLLM_RULE
     note = None
     if v > b_mem:
         note = (f"vLLM's default max_num_seqs {v} is above B_mem = {b_mem}: the KV pool, "
                 "not the cap, limits the batch, and growing sequences get preempted")
     elif v > 2 * recommended or 2 * v < recommended:
         note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
-    out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note})
+    out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note,
+                "max_num_batched_tokens": vllm.max_num_batched_tokens})
     pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
                                              // max(1, d.block_size))
     sgl = max(1, pool_tokens // 2)

@@ -16,6 +16,7 @@ from bstar.commands.common import (
     seed_int,
     str_list,
 )
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
 
 DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
@@ -44,12 +45,12 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
                    help="token budgets to try (default: what vllm serve picks on the GPU)")
     c.add_argument("--dtype", default="", help="weight precision (default: the checkpoint's)")
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
-    c.add_argument("--gpu-util", type=positive_float, default=0.9,
-                   help="vLLM --gpu-memory-utilization (default 0.9)")
+    c.add_argument("--gpu-util", type=positive_float, default=GPU_MEMORY_UTILIZATION,
+                   help=f"vLLM --gpu-memory-utilization (default {GPU_MEMORY_UTILIZATION:g})")
     c.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
                    help="per-GPU memory kept for activations etc., GiB (default 2)")
-    c.add_argument("--block-size", type=positive_int, default=16,
-                   help="KV block size in tokens (default 16)")
+    c.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
+                   help=f"KV block size in tokens (default {BLOCK_SIZE})")
 
 
 def _cost_arguments(e: argparse._ArgumentGroup) -> None:

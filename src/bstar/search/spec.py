@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from bstar.deployment import Efficiency, EngineBehaviour
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
 from bstar.units import GiB
@@ -122,9 +123,9 @@ class Memory:
 
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.90
+    gpu_util: float = GPU_MEMORY_UTILIZATION
     reserve_bytes: int = 2 * GiB
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
