@@ -5,6 +5,7 @@ layer's share depends. Pure, no I/O; `bstar.roofline` sizes the pool and B_mem w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -153,8 +154,8 @@ def steady_blocks(kind: str, span_tokens: int, context_tokens: int, block: int,
       skipped, so the window - 1 kept tokens and the one being computed span at most
       cdiv(window - 1, block) + 1 blocks;
     - chunked (`ChunkedLocalAttentionManager`): the tokens before the current chunk's start
-      are skipped: chunk / block blocks when the chunk is whole blocks, else
-      cdiv(chunk - 1, block) + 1 (it may start inside a block);
+      are skipped: (block - gcd(chunk, block) + chunk - 1) // block + 1 blocks (chunk /
+      block when the chunk is whole blocks; else it may start inside a block);
     - other kinds free nothing: `admitted_blocks`.
 
     Never more than the sequence's own cdiv(context, block), nor `admitted_blocks` (the
@@ -162,8 +163,8 @@ def steady_blocks(kind: str, span_tokens: int, context_tokens: int, block: int,
     if kind == "sliding":
         held = -(-(span_tokens - 1) // block) + 1
     elif kind == "chunked":
-        held = -(-(span_tokens - 1) // block) + 1 if span_tokens % block \
-            else span_tokens // block
+        # a chunk starts at most block - gcd(chunk, block) tokens into a block
+        held = (block - math.gcd(span_tokens, block) + span_tokens - 1) // block + 1
     else:
         return admitted_blocks
     return min(held, -(-context_tokens // block), admitted_blocks)
