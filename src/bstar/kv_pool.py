@@ -220,7 +220,10 @@ def kv_per_kind(d: Deployment, context_tokens: int,
             "allocated_tokens_per_layer": k.tokens_per_seq,
             "allocated_blocks": k.pool_groups * k.blocks_per_seq,
             "allocated_blocks_per_layer": k.blocks_per_seq,
-            "allocated_bytes_per_gpu": k.bytes_per_seq}
+            "allocated_bytes_per_gpu": k.bytes_per_seq,
+            "steady_blocks": k.pool_groups * k.steady_blocks_per_seq,
+            "steady_blocks_per_layer": k.steady_blocks_per_seq,
+            "block_bytes_per_gpu": layout.bytes_per_block}
         if g.window_tokens:
             row["window_tokens"] = g.window_tokens
         if g.chunk_tokens:
