@@ -410,7 +410,7 @@ def test_simulator_blocks_match_b_mem(pid: str) -> None:
 
     d = deployment(pid)
     blocks, per_seq = num_engine_blocks(d, 16), seq_blocks(d, 16)
-    assert blocks // per_seq(8192) == rl.b_mem(d, 8192)
+    assert blocks // per_seq(8192) == rl.vllm_max_concurrency(d, 8192)
     bm = BlockManager(blocks, 16, blocks_fn=per_seq)
     assert bm.blocks_for(8192) == kv_layout(d, 8192).blocks_per_seq
     assert all(per_seq(t) <= per_seq(t + 1) for t in range(0, 3000, 7))  # never shrinks

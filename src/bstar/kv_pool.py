@@ -5,8 +5,9 @@ layer's share depends. Pure, no I/O; `bstar.roofline` sizes the pool and B_mem w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bstar.engine_defaults import vllm_batch_defaults
 
@@ -31,6 +32,10 @@ class KvKind:
     blocks_per_seq: int  # blocks of each of those groups one sequence takes
     tokens_per_seq: int  # tokens each layer keeps for a sequence (0: a fixed state)
     bytes_per_seq: int  # per GPU, block rounding and group padding included
+    # Blocks of each group a decoding sequence holds at most once the blocks behind its
+    # window (or chunk) are freed (`steady_blocks`); = blocks_per_seq for other kinds.
+    steady_blocks_per_seq: int = 0
+    window_tokens: int = 0  # sliding: the window; chunked: the chunk; else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,16 @@ class KvLayout:
     @property
     def bytes_per_seq(self) -> int:
         return self.blocks_per_seq * self.bytes_per_block
+
+    @property
+    def steady_blocks_per_seq(self) -> int:
+        """Blocks a sequence holds in decode once out-of-window blocks are freed."""
+        return sum(k.pool_groups * k.steady_blocks_per_seq for k in self.kinds)
+
+    @property
+    def recycles(self) -> bool:
+        """Whether a sequence gives blocks back as it decodes (sliding or chunked layers)."""
+        return any(k.kind in ("sliding", "chunked") for k in self.kinds)
 
 
 def kv_layout(d: Deployment, context_tokens: int,
@@ -112,9 +127,64 @@ def kv_layout(d: Deployment, context_tokens: int,
             tokens = ctx
             blocks = -(-ctx // block)
         pool_groups = -(-g.num_layers // group_size)
+        span = g.window_tokens if g.kind == "sliding" else \
+            g.chunk_tokens if g.kind == "chunked" else 0
         kinds.append(KvKind(g.kind, g.num_layers, pool_groups, blocks, tokens,
-                            pool_groups * blocks * page * group_size))
+                            pool_groups * blocks * page * group_size,
+                            steady_blocks(g.kind, span, ctx, block, blocks), span))
     return KvLayout(block, page, group_size, tuple(kinds), in_flight)
+
+
+def steady_blocks(kind: str, span_tokens: int, context_tokens: int, block: int,
+                  admitted_blocks: int) -> int:
+    """Blocks of one KV cache group a decoding sequence of up to `context_tokens` holds at
+    most once vLLM V1 frees the blocks no attention reads any more
+    (`SingleTypeKVCacheManager.remove_skipped_blocks`, run from `allocate_slots` before each
+    step's blocks; vllm/v1/core/single_type_kv_cache_manager.py):
+
+    - sliding (`SlidingWindowManager`): with c tokens computed the c - window + 1 oldest are
+      skipped, so the window - 1 kept tokens and the one being computed span at most
+      cdiv(window - 1, block) + 1 blocks;
+    - chunked (`ChunkedLocalAttentionManager`): the tokens before the current chunk's start
+      are skipped: (block - gcd(chunk, block) + chunk - 1) // block + 1 blocks (chunk /
+      block when the chunk is whole blocks; else it may start inside a block);
+    - other kinds free nothing: `admitted_blocks`.
+
+    Never more than the sequence's own cdiv(context, block), nor `admitted_blocks` (the
+    start-up figure's share: the window plus one budget of tokens in flight)."""
+    if kind == "sliding":
+        held = -(-(span_tokens - 1) // block) + 1
+    elif kind == "chunked":
+        # a chunk starts at most block - gcd(chunk, block) tokens into a block
+        held = (block - math.gcd(span_tokens, block) + span_tokens - 1) // block + 1
+    else:
+        return admitted_blocks
+    return min(held, -(-context_tokens // block), admitted_blocks)
+
+
+def blocks_held(layout: KvLayout, slot_tokens: Any, computed_tokens: Any) -> Any:
+    """Blocks one sequence holds in the pool (`layout`'s blocks, every group summed) with
+    `slot_tokens` token slots allocated (tokens computed plus those being computed) after
+    vLLM V1 freed the blocks behind `computed_tokens` (`remove_skipped_blocks` with the
+    tokens already processed): a full group holds cdiv(slots, block); a sliding group frees
+    floor((computed - window + 1) / block) blocks from the front, a chunked group
+    floor(chunk start / block). Ints or NumPy integer arrays (element-wise); state kinds
+    hold their fixed pages. The simulator's blocks function (bstar.sim.block_manager)."""
+    bs = layout.block_size
+    slots = -(-slot_tokens // bs)
+    total = 0 * slots
+    for k in layout.kinds:
+        if k.kind == "state":
+            held = k.blocks_per_seq + 0 * slots
+        elif k.kind == "sliding":
+            skipped = (computed_tokens - k.window_tokens + 1) // bs
+            held = slots - (skipped > 0) * skipped
+        elif k.kind == "chunked":
+            held = slots - computed_tokens // k.window_tokens * k.window_tokens // bs
+        else:
+            held = slots
+        total = total + k.pool_groups * held
+    return total
 
 
 def kv_bytes_per_seq_allocated(d: Deployment, context_tokens: int,
@@ -142,7 +212,10 @@ def kv_per_kind(d: Deployment, context_tokens: int,
             "allocated_tokens_per_layer": k.tokens_per_seq,
             "allocated_blocks": k.pool_groups * k.blocks_per_seq,
             "allocated_blocks_per_layer": k.blocks_per_seq,
-            "allocated_bytes_per_gpu": k.bytes_per_seq}
+            "allocated_bytes_per_gpu": k.bytes_per_seq,
+            "steady_blocks": k.pool_groups * k.steady_blocks_per_seq,
+            "steady_blocks_per_layer": k.steady_blocks_per_seq,
+            "block_bytes_per_gpu": layout.bytes_per_block}
         if g.window_tokens:
             row["window_tokens"] = g.window_tokens
         if g.chunk_tokens:

@@ -50,6 +50,9 @@ class ContextPlan:
     # The largest batch up to B_mem whose per-request TPOT meets `--max-tpot-ms`; None when
     # no bound was given or no batch meets it (then `sla_unmet`).
     sla_batch: int | None = None
+    # vLLM's start-up "Maximum concurrency", floored (`rl.vllm_max_concurrency`): every
+    # sequence counted as prefilling a budget in its windowed layers; = b_mem otherwise.
+    vllm_max_concurrency: int | None = None
 
     @property
     def sla_unmet(self) -> bool:
@@ -72,6 +75,7 @@ class ContextPlan:
             "b_star": self.b_star,
             "b_star_weights_read": self.b_star_read,
             "b_mem": self.b_mem,
+            "vllm_max_concurrency": self.vllm_max_concurrency,
             "compute_crossover_batch": self.compute_crossover_batch,
             "amortized_floor_ms": self.amortized_floor_s * 1e3,
             "tpot_floor_ms": self.amortized_floor_s * 1e3,  # the old name, kept for readers
@@ -286,7 +290,8 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
                                "regime": at.regime[0]},
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
-            kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b))
+            kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
+            vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 

@@ -32,7 +32,7 @@ import numpy.typing as npt
 from bstar import step as _step
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.kv_pool import kv_bytes_per_seq_allocated
+from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_layout
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -74,9 +74,31 @@ def b_star(d: Deployment, context_tokens: int) -> float:
     return weight_bytes(d) / kv_bytes_per_seq(d, context_tokens)
 
 
-def b_mem(d: Deployment, context_tokens: int) -> int:
-    """Largest batch whose KV fits: floor(KV pool / allocated KV per sequence)."""
-    return math.floor(kv_pool_bytes(d) / kv_bytes_per_seq_allocated(d, context_tokens))
+def b_mem(d: Deployment, context_tokens: int,
+          max_num_batched_tokens: int | None = None) -> int:
+    """Largest batch whose KV fits in steady decode (docs/models.md, "The batch a windowed
+    model runs"): floor(KV pool / allocated KV per sequence) when no layer frees blocks as
+    it decodes; for sliding or chunked layers, one sequence prefilling a budget of tokens
+    (the start-up share, `kv_layout`) and as many decoding ones as fit beside it, each
+    holding only its window's blocks (`KvLayout.steady_blocks_per_seq`). The budget
+    (max_num_batched_tokens) defaults to vLLM's for the GPU."""
+    lay = kv_layout(d, context_tokens, max_num_batched_tokens)
+    if not lay.recycles:
+        return vllm_max_concurrency(d, context_tokens, max_num_batched_tokens)
+    pool_blocks = kv_pool_bytes(d) // lay.bytes_per_block
+    if pool_blocks < lay.blocks_per_seq:
+        return 0
+    return 1 + (pool_blocks - lay.blocks_per_seq) // lay.steady_blocks_per_seq
+
+
+def vllm_max_concurrency(d: Deployment, context_tokens: int,
+                         max_num_batched_tokens: int | None = None) -> int:
+    """vLLM's start-up "Maximum concurrency for N tokens per request", floored: KV pool /
+    the KV it allocates per sequence, every sequence counted as if prefilling a budget of
+    tokens in its windowed layers (`kv_layout`; `cache_config_info`'s
+    kv_cache_max_concurrency). Equals `b_mem` for a model whose layers all attend fully."""
+    return math.floor(kv_pool_bytes(d) / kv_bytes_per_seq_allocated(
+        d, context_tokens, max_num_batched_tokens))
 
 
 def min_gpus_that_fit(d: Deployment, context_tokens: int, limit: int = 64) -> int | None:

@@ -7,20 +7,24 @@ holds does not change any step's time, so the pool is kept as counts, not block 
 
 A model whose layers all attend fully takes ceil(t / block_size) blocks of every layer for t
 tokens. For a hybrid one (sliding windows, chunked or state layers) vLLM V1 pools each kind
-apart (`kv_layout`): `num_engine_blocks` sizes that pool and `seq_blocks` (passed as
-`blocks_fn`) counts a sequence's blocks in it; without them a hybrid is counted as if every
-layer held every token (conservative).
+apart (`kv_layout`): `num_engine_blocks` sizes that pool and `seq_blocks` counts a
+sequence's blocks in it. A sliding or chunked layer gives back the blocks behind its window
+as the sequence advances (vLLM's `remove_skipped_blocks`): `window_blocks` (passed as
+`blocks_fn`, which `simulate` does for such models: `engine_pool`) counts what a sequence
+holds after that, from the tokens it has slots for and those already computed. A state
+model is still counted as if every layer held every token (conservative).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.kv_pool import kv_layout
+from bstar.kv_pool import blocks_held, kv_layout
 
 
 def block_bytes_per_gpu(d: Deployment, block_size: int) -> int:
@@ -45,20 +49,60 @@ def num_engine_blocks(d: Deployment, block_size: int) -> int:
     return max(0, rl.kv_pool_bytes(d) // engine_block_bytes_per_gpu(d, block_size))
 
 
-def seq_blocks(d: Deployment, block_size: int) -> Callable[[int], int]:
+def seq_blocks(d: Deployment, block_size: int) -> Callable[..., int]:
     """Blocks a sequence of t computed tokens holds, summed over the model's layer kinds as
     `kv_layout` counts them (non-decreasing in t)."""
     d = replace(d, block_size=block_size)
     kinds = kv_layout(d, block_size).kinds
     if len(kinds) == 1 and kinds[0].kind in ("full", "dsa"):
-        return lambda t: -(-t // block_size)
+        return lambda t, computed=None: -(-t // block_size)
 
-    def blocks(t: int) -> int:
+    def blocks(t: int, computed: int | None = None) -> int:  # frees nothing: `computed` unused
         return kv_layout(d, max(t, 1)).blocks_per_seq if t > 0 else 0
 
     return blocks
 
 
+BlocksFn = Callable[[Any, Any], Any]
+
+
+def window_blocks(d: Deployment, block_size: int) -> BlocksFn:
+    """blocks(slots, computed): the blocks one sequence holds with `slots` token slots once
+    the blocks behind `computed` tokens are freed (`blocks_held`), ints or arrays."""
+    layout = kv_layout(replace(d, block_size=block_size), block_size)
+
+    def blocks(slots: Any, computed: Any = None) -> Any:
+        return blocks_held(layout, slots, slots if computed is None else computed)
+
+    return blocks
+
+
+def engine_pool(d: Deployment, block_size: int) -> tuple[int, int, BlocksFn] | None:
+    """The pool `simulate` gives a model with sliding or chunked layers and no state ones:
+    (blocks, bytes per block, `window_blocks`); None for other models (the classic
+    all-layers block, `num_gpu_blocks`)."""
+    layout = kv_layout(replace(d, block_size=block_size), block_size)
+    if not layout.recycles or any(k.kind == "state" for k in layout.kinds):
+        return None
+    bb = layout.bytes_per_block
+    return max(0, rl.kv_pool_bytes(d) // bb), bb, window_blocks(d, block_size)
+
+
+def peak_blocks(d: Deployment, block_size: int, tokens: int, max_num_batched_tokens: int
+                ) -> int:
+    """The most blocks a sequence of `tokens` holds in `engine_pool`'s pool: vLLM's
+    per-request admission cap (`SlidingWindowSpec.max_admission_blocks_per_request`), the
+    start-up share at max_model_len = `tokens`."""
+    return kv_layout(replace(d, block_size=block_size), max(tokens, 1),
+                     max_num_batched_tokens).blocks_per_seq
+
+
+def change_blocks(bm: BlockManager, n: int) -> None:
+    """Take `n` blocks from the pool, or give -n back (a windowed sequence's net change)."""
+    if n >= 0:
+        bm.allocate(n)
+    else:
+        bm.free(-n)
 
 
 class BlockManager:
@@ -66,7 +110,7 @@ class BlockManager:
                  "num_host_free")
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
-                 blocks_fn: Callable[[int], int] | None = None) -> None:
+                 blocks_fn: Callable[..., Any] | None = None) -> None:
         if num_blocks < 1:
             raise BstarError("the KV cache has no blocks: the weights and the reserve leave no "
                              "GPU memory for KV (raise --gpu-util, --num-gpus or lower "
@@ -80,9 +124,11 @@ class BlockManager:
         self.num_host_free = num_host_blocks
         self.blocks_fn = blocks_fn
 
-    def blocks_for(self, tokens: int) -> int:
+    def blocks_for(self, tokens: Any, computed: Any = None) -> Any:
+        """Blocks a sequence holds with `tokens` slots, the blocks behind `computed` tokens
+        (default: all of them) freed by a windowed `blocks_fn`; ints or arrays."""
         if self.blocks_fn is not None:
-            return self.blocks_fn(tokens)
+            return self.blocks_fn(tokens, computed)
         return -(-tokens // self.block_size)
 
     @property

@@ -21,7 +21,14 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.sim.block_manager import BlockManager, block_bytes_per_gpu, num_gpu_blocks
+from bstar.sim.block_manager import (
+    BlockManager,
+    block_bytes_per_gpu,
+    change_blocks,
+    engine_pool,
+    num_gpu_blocks,
+    peak_blocks,
+)
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
 from bstar.sim.sequence import FloatArray, IntArray, Requests
 from bstar.sim.steptime import StepCoefficients, coefficients
@@ -102,15 +109,18 @@ def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
     if sc.max_num_batched_tokens < bs:
         raise BstarError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below one "
                          f"KV block ({bs} tokens)")
-    blocks = num_gpu_blocks(d, bs)
+    windowed = engine_pool(d, bs)
+    blocks = windowed[0] if windowed else num_gpu_blocks(d, bs)
     if blocks < 1:
         raise BstarError(
             f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
             f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
-            f"KV, under one block of {block_bytes_per_gpu(d, bs):,} bytes")
+            f"KV, under one block of "
+            f"{windowed[1] if windowed else block_bytes_per_gpu(d, bs):,} bytes")
     longest = int((w.prompt_tokens + w.output_tokens).max()) if w.num_requests else 0
     # The last generated token is never fed back, so a request holds at most in+out-1.
-    need = -(-(longest - 1) // bs)
+    need = peak_blocks(d, bs, longest - 1, sc.max_num_batched_tokens) if windowed \
+        else -(-(longest - 1) // bs)
     if need > blocks:
         raise BstarError(
             f"a request of {longest} tokens needs {need} KV blocks; the pool holds {blocks} "
@@ -121,7 +131,11 @@ def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
 def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
     blocks_total = check_feasible(d, cfg, w)
     bs = d.block_size
-    host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
+    # A model with sliding or chunked layers: vLLM V1's pool of KV cache group blocks,
+    # each sequence giving back the blocks behind its window (`engine_pool`).
+    windowed = engine_pool(d, bs)
+    block_bytes = windowed[1] if windowed else block_bytes_per_gpu(d, bs)
+    host_blocks = cfg.swap_space_bytes // block_bytes \
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.prompt_tokens, w.output_tokens)
@@ -132,7 +146,8 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
                          reqs.prompt_tokens - 1) // bs_ * bs_
         reqs.num_computed[:] = np.maximum(hit, 0)
-    bm = BlockManager(blocks_total, bs, host_blocks)
+    bm = BlockManager(blocks_total, bs, host_blocks,
+                      blocks_fn=windowed[2] if windowed else None)
     sched = Scheduler(cfg.scheduler, reqs, bm)
     return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
 
@@ -266,8 +281,8 @@ class _Loop:
             c = int(r.num_computed[head])
             n = min(int(r.prompt_tokens[head] + r.num_generated[head]) - c,
                     cfg.max_num_batched_tokens - b)
-            if n > 0 and bm.blocks_for(c + n) <= bm.num_free:
-                return False  # it gets in this step
+            if (n > 0 and bm.blocks_for(c + n, c) <= bm.num_free) or bm.blocks_fn is not None:
+                return False  # it gets in this step (or, windowed, once blocks are freed)
             admit_blocked = True  # blocks only shrink until someone finishes
         ids = sched.running[:b]
         comp = r.num_computed[ids]
@@ -281,6 +296,10 @@ class _Loop:
         bs = bm.block_size
 
         def new_blocks(k: int) -> int:
+            # Windowed: nothing freed during the run (an upper bound on every step's need,
+            # non-decreasing in k); the commit frees what the run's last step leaves.
+            if bm.blocks_fn is not None:
+                return int(np.maximum(bm.blocks_for(comp + k, comp) - held, 0).sum())
             return int(np.maximum((comp + k + bs - 1) // bs - held, 0).sum())
 
         if new_blocks(k_max) > bm.num_free:
@@ -328,8 +347,11 @@ class _Loop:
             self.itl_arrays_w.append(np.ones(gaps.size, dtype=np.int64))
         self.itl_arrays_v.append(steps_s[1:])
         self.itl_arrays_w.append(np.full(cut - 1, b, dtype=np.int64))
-        need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
-        bm.allocate(int(need.sum()))
+        if bm.blocks_fn is not None:  # as the last of `cut` ordinary steps leaves them
+            need = bm.blocks_for(comp + cut, comp + cut - 1) - held
+        else:
+            need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
+        change_blocks(bm, int(need.sum()))
         r.num_blocks[ids] = held + need
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut

@@ -27,7 +27,7 @@ import numpy as np
 
 from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
-from bstar.sim.block_manager import BlockManager
+from bstar.sim.block_manager import BlockManager, change_blocks
 from bstar.sim.sequence import FloatArray, IntArray, Requests
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -118,10 +118,14 @@ class Scheduler:
                 before = np.cumsum(want) - want
                 sched = np.clip(budget - before, 0, want)
             held = r.num_blocks[ids]
-            need = np.maximum((comp + sched + bs - 1) // bs - held, 0)
-            total_need = int(need.sum())
-            if total_need <= bm.num_free:
-                bm.allocate(total_need)
+            # A windowed model's request gives back the blocks behind its window as it
+            # goes (vLLM frees them before it allocates, request by request): the net change
+            # may be negative, and each prefix of the walk must fit.
+            need = np.where(sched > 0, bm.blocks_for(comp + sched, comp) - held, 0) \
+                if bm.blocks_fn is not None else np.maximum((comp + sched + bs - 1) // bs
+                                                            - held, 0)
+            if int(np.cumsum(need).max()) <= bm.num_free:
+                change_blocks(bm, int(need.sum()))
                 r.num_blocks[ids] = held + need
                 keep = sched > 0
                 if not keep.all():
@@ -141,7 +145,7 @@ class Scheduler:
                 rid = self.waiting[0]
                 c = int(computed[rid])
                 n = min(int(prompt[rid] + gen[rid]) - c, budget)
-                need_blocks = -(-(c + n) // bs)
+                need_blocks = int(bm.blocks_for(c + n, c))
                 if need_blocks > bm.num_free:
                     break  # FCFS: the head blocks everyone behind it
                 self.waiting.popleft()
@@ -179,7 +183,9 @@ class Scheduler:
             rid = running[i]
             c = int(r.num_computed[rid])
             n = min(int(r.prompt_tokens[rid] + r.num_generated[rid]) - c, budget)
-            need = max(bm.blocks_for(c + n) - int(r.num_blocks[rid]), 0)
+            need = int(bm.blocks_for(c + n, c)) - int(r.num_blocks[rid])
+            if bm.blocks_fn is None:
+                need = max(need, 0)
             self_preempted = False
             while need > bm.num_free:
                 victim = running.pop()
@@ -190,7 +196,7 @@ class Scheduler:
                     break
             if self_preempted:
                 break
-            bm.allocate(need)
+            change_blocks(bm, need)
             r.num_blocks[rid] += need
             out_ids.append(rid)
             out_comp.append(c)

@@ -84,6 +84,11 @@ def context_lines(plan: Plan, cp: ContextPlan, st: Styler) -> tuple[bool, list[s
     out += ["  " + st(f"warning: {w}", "yellow") for w in cp.warnings]
     out.append(f"  B* = W / kv_per_seq = {st(fmt_b_star(cp.b_star), 'bold')}   B_mem = "
                f"{st(str(cp.b_mem), 'bold')}   compute crossover = {cross}")
+    vmc = cp.vllm_max_concurrency
+    if vmc is not None and vmc != cp.b_mem:
+        out.append(f"  B_mem counts the blocks behind each window freed and one budget-sized "
+                   f"prefill in flight; vLLM's start-up \"Maximum concurrency\" says {vmc} "
+                   "(every sequence counted as prefilling; docs/models.md)")
     br = cp.b_star_read
     if br is not None and abs(br - cp.b_star) > 0.005 * cp.b_star:
         # The regime column compares the bytes actually read per step, B* the resident
