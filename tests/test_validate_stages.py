@@ -238,11 +238,12 @@ def test_leave_one_model_out_fits_the_other_model() -> None:
 
 
 def test_capacity_of_a_growing_stage() -> None:
-    assert vs.capacity_req_s(4.0, 0.25, vs.GROWING) == pytest.approx(3.2)
-    assert vs.capacity_req_s(4.0, 0.001, vs.STEADY) is None
+    assert vs.growing_stage_capacity_req_s(4.0, 0.25, vs.GROWING) == pytest.approx(3.2)
+    assert vs.growing_stage_capacity_req_s(4.0, 0.001, vs.STEADY) is None
     (s,) = [s for s in vs.load_stages(SHIPPED) if s.stage == "codellama-34b-tp2-reasoning-0"]
     # The measured reasoning stage served ~3.2 req/s of the 4 sent (4,672 output tok/s).
-    cap = vs.capacity_req_s(s.rate_req_s, vs.measured_growth(s), vs.measured_state(s))
+    cap = vs.growing_stage_capacity_req_s(s.rate_req_s, vs.measured_growth(s),
+                                          vs.measured_state(s))
     assert cap == pytest.approx(3.16, abs=0.02)
     assert cap * s.output_len == pytest.approx(s.output_tok_s, rel=0.03)
 

@@ -43,6 +43,8 @@ class DeploymentOptions:
     - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
     - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
       "" = vllm); a `profile` sets the fields it names over them.
+    - `assume_unmodeled`: read a config bstar does not fully model on the stated assumption
+      (`--assume-unmodeled`; False leaves it to BSTAR_ASSUME_UNMODELED).
     """
 
     model: str | None = None
@@ -60,6 +62,7 @@ class DeploymentOptions:
     ideal: bool = False
     profile: str | None = None
     engine: str = ""
+    assume_unmodeled: bool = False
 
     def with_target(self, model: str | None = None, gpu: str | None = None
                     ) -> DeploymentOptions:
@@ -87,7 +90,7 @@ class DeploymentOptions:
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
                 reserve_gib = prof.reserve_bytes / GiB
         d = Deployment(
-            model=get_model(self.model or DEFAULT_MODEL),
+            model=get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
             weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
             reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,

@@ -17,7 +17,7 @@ from bstar.knee import Knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
-from bstar.units import GiB
+from bstar.units import GB, GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
            "compare", "make_plan"]
@@ -247,10 +247,10 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             pool = rl.kv_pool_bytes(d)
             raise BstarError(
                 f"{d.model.name} does not fit on {d.num_gpus} x {d.gpu.id} at {ctx} tokens: "
-                f"weights {rl.weight_bytes_per_gpu(d) / 1e9:.2f} GB per GPU, KV pool "
-                f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
+                f"weights {rl.weight_bytes_per_gpu(d) / GB:.2f} GB per GPU, KV pool "
+                f"{pool / GB:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
                 f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / GiB:.2f} GiB), one "
-                f"sequence needs {kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
+                f"sequence needs {kv_bytes_per_seq_allocated(d, ctx) / GB:.3f} GB; "
                 + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
                    if need else "no tensor-parallel size up to 64 fits"))
         bs = batches if batches is not None else rl.default_batches(bm)

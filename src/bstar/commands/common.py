@@ -175,12 +175,6 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
     defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
     from bstar.options import DeploymentOptions
 
-    if getattr(args, "assume_unmodeled", False):
-        import os
-
-        from bstar.specs.model import ASSUME_ENV
-
-        os.environ[ASSUME_ENV] = "1"  # read where the config is (bstar.specs.presets)
     flags = {"model": model or _single(getattr(args, "model", None)),
              "gpu": gpu or _single(getattr(args, "gpu", None)),
              "num_gpus": getattr(args, "num_gpus", None),
@@ -195,7 +189,8 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
              "overhead_per_seq_us": getattr(args, "overhead_per_seq_us", None),
              "ideal": getattr(args, "ideal", None),
              "profile": getattr(args, "profile", None),
-             "engine": getattr(args, "engine", None)}
+             "engine": getattr(args, "engine", None),
+             "assume_unmodeled": getattr(args, "assume_unmodeled", None)}
     return DeploymentOptions.from_dict(flags)
 
 

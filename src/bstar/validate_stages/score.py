@@ -23,7 +23,7 @@ from bstar.validate_stages.simulate import (
     STEADY,
     WARMUP_FRACTION,
     StagePrediction,
-    capacity_req_s,
+    growing_stage_capacity_req_s,
     measured_growth,
     measured_state,
     simulate_stage,
@@ -63,8 +63,8 @@ class StageScore:
     def to_dict(self) -> dict[str, Any]:
         p = self.prediction
         return {**p.to_dict(), "errors": self.errors, "state_right": self.state_right,
-                "capacity_req_s": capacity_req_s(self.stage.rate_req_s, p.ttft_growth,
-                                                 p.state)}
+                "capacity_req_s": growing_stage_capacity_req_s(
+                    self.stage.rate_req_s, p.ttft_growth, p.state)}
 
 
 def score_stage(stage: Stage, prediction: StagePrediction) -> StageScore:
@@ -270,7 +270,7 @@ class StagesGroup:
                 "measured": {**s.measured(), "ttft_p90_ms": s.ttft_p90_ms,
                              "e2e_p90_ms": s.e2e_p90_ms, "requests_failed": s.requests_failed,
                              "ttft_growth": measured_growth(s), "state": sc.measured_state,
-                             "capacity_req_s": capacity_req_s(
+                             "capacity_req_s": growing_stage_capacity_req_s(
                                  s.rate_req_s, measured_growth(s), sc.measured_state)},
                 "latency_scored": sc.latency_scored,
                 "predicted": {way: (m[id(s)].to_dict() if id(s) in m else None)

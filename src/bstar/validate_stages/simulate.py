@@ -154,7 +154,7 @@ def ttft_growth(ttft_p50_s: float, ttft_p90_s: float, window_s: float) -> float:
     return max(0.0, ttft_p90_s - ttft_p50_s) / (0.4 * window_s) if window_s > 0 else 0.0
 
 
-def capacity_req_s(rate_req_s: float | None, growth: float | None,
+def growing_stage_capacity_req_s(rate_req_s: float | None, growth: float | None,
                    state: str) -> float | None:
     """Requests per second a growing stage's server completes, rate / (1 + g) (module
     docstring); None for a steady stage (its capacity is only known to be above the rate)
