@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, func = args._run.split(":")
     run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
     try:
+        from bstar.commands.common import guard_outputs
+
+        guard_outputs(args)
         return int(run(args) or 0)
     except BstarError as e:
         # One line, credentials masked (a message may quote a URL or a server's reply).

@@ -23,6 +23,7 @@ from bstar.deployment import (
     Efficiency,
 )
 from bstar.errors import BstarError
+from bstar.specs.gpu import MAX_MEMORY_BYTES
 from bstar.units import GiB
 
 # Flag names a sweep stored before `DeploymentOptions` existed (`deployment_args`), by field.
@@ -87,6 +88,9 @@ class DeploymentOptions:
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
                 reserve_gib = prof.reserve_bytes / GiB
         eff = self._override(eff)
+        if not 0 <= reserve_gib * GiB <= MAX_MEMORY_BYTES:
+            raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
+                             f"GiB, got {reserve_gib:g}")
         d = Deployment(
             model=get_model(self.model or DEFAULT_MODEL),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 import time
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.calibrate.params import MAX_EFF_MEASURED, PARAMS, _eff_dict, scaled
 from bstar.calibrate.results import Calibration
 from bstar.deployment import Deployment, Efficiency
@@ -87,14 +87,7 @@ class Profile:
 
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
-    except OSError as e:
-        raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BstarError(f"{p}: not valid TOML ({e})") from None
+    data = safeio.load_toml(p, what="profile (TOML)")
     eff_tab = data.get("efficiency")
     if not isinstance(eff_tab, dict):
         raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import (
+    add_force_argument,
     deployment_options,
     positive_float,
     positive_int,
@@ -67,6 +68,7 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the points, the fit and its predictions (needs bstar[plot])")
+    add_force_argument(p)
 
 
 def run_fit(args: argparse.Namespace) -> int:

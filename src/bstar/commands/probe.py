@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bstar.commands.common import positive_int
+from bstar.commands.common import add_force_argument, positive_int
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="GPU file to write (TOML; use it with --gpu FILE)")
+    add_force_argument(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="what to measure: CUDA device 0 when torch sees one (auto), or the CPU")
     p.add_argument("--copy-mib", type=positive_int, default=None,

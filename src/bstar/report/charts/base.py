@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bstar import safeio
 from bstar.errors import BstarError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,13 +90,13 @@ class Chart:
         """The figure as an SVG document with a `<title>` tooltip on every marked point."""
         buf = io.BytesIO()
         with _style():
-            self.fig.savefig(buf, format="svg", metadata={"Date": None})
+            self.fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "bstar"})
         return add_svg_tooltips(buf.getvalue(), self.tips)
 
     def png(self, dpi: int = 144) -> bytes:
         buf = io.BytesIO()
         with _style():
-            self.fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+            self.fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": "bstar"})
         return buf.getvalue()
 
     def save(self, path: str | Path) -> Path:
@@ -110,8 +111,7 @@ def save(chart: Chart, path: str | Path) -> Path:
     if p.parent and not p.parent.exists():
         raise BstarError(f"folder {str(p.parent)!r} does not exist")
     data = chart.svg().encode() if suffix == ".svg" else chart.png()
-    p.write_bytes(data)
-    return p
+    return safeio.write_output(p, data, "--plot")
 
 
 _SVG_NS = "http://www.w3.org/2000/svg"
