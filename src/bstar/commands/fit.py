@@ -15,6 +15,8 @@ from bstar.commands.common import (
 )
 from bstar.commands.emit import emit
 
+MAX_BOOTSTRAP = 10_000
+
 
 def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("points", metavar="POINTS",
@@ -92,8 +94,11 @@ def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from bstar.errors import BstarError
     from bstar.fit import KneeRules, fit_points, load_points, spec_terms
 
-    if args.bootstrap < 0:
-        raise BstarError("--bootstrap must not be negative")
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        # Each resample is a whole fit, so the count bounds the run time; 10,000 is 50x the
+        # default and far past where more resamples move a percentile interval.
+        raise BstarError(f"--bootstrap must be between 0 and {MAX_BOOTSTRAP:,}, got "
+                         f"{args.bootstrap:,}")
     points = load_points(args.points)
     spec = spec_terms(deployment_options(args), args.context)
     result = fit_points(

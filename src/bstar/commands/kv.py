@@ -39,10 +39,20 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
 def run_kv(args: argparse.Namespace) -> int:
 
     from bstar import kvcheck, safeio
+    from bstar.errors import BstarError
     from bstar.commands.plan import deployment_from_args
     from bstar.report.text import print_kv_check
 
     if args.url:
+        import urllib.parse
+
+        try:
+            parts = urllib.parse.urlsplit(args.url)
+            host, _ = parts.hostname, parts.port
+        except ValueError as e:  # 'http://[::1', a port out of range
+            raise BstarError(f"--url {args.url!r} is not a URL ({e})") from None
+        if not host or parts.scheme not in ("http", "https"):
+            raise BstarError(f"--url {args.url!r} is not a URL (http://host:port)")
         text = kvcheck.fetch_metrics(args.url, api_key=args.api_key
                                      or os.environ.get("OPENAI_API_KEY") or None)
     else:

@@ -57,7 +57,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "prefill computes only the rest, in whole KV blocks (default 0)")
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
-                        "1,000,000)")
+                        "100,000: docs/simulate.md)")
     t.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the traffic (default 0)")
     o = p.add_argument_group("objectives and bounds")

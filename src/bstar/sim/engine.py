@@ -28,7 +28,10 @@ from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
 from bstar.units import GiB
 
-MAX_REQUESTS = 1_000_000
+# Each request is simulated step by step (about a millisecond of CPU per request and run
+# on the 2-core development machine), and `bstar simulate` runs a level's workload several
+# more times to find its capacity: 1,000,000 requests ran past an hour, 100,000 take minutes.
+MAX_REQUESTS = 100_000
 # Every pass of the simulator's loop moves a token, a request or the clock: a run that
 # takes more passes than this many per token (prompt and output, plus one per request) is
 # stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).
