@@ -37,10 +37,9 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_kv(args: argparse.Namespace) -> int:
-
     from bstar import kvcheck, safeio
-    from bstar.errors import BstarError
     from bstar.commands.plan import deployment_from_args
+    from bstar.errors import BstarError
     from bstar.report.text import print_kv_check
 
     if args.url:

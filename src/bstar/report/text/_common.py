@@ -5,6 +5,7 @@ at import; rich loads inside the functions that draw with it."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,41 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 Styler = Callable[[str, str], str]
+
+# Untrusted text (a server's model id, a name or path from a file, a stored run's fields):
+# C0/C1 control characters (ESC starts ANSI and OSC sequences: colours, titles, hyperlinks),
+# DEL and the bidirectional overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+NAME_CHARS = 120  # a name printed in a line or a table cell
+
+
+def _visible(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch in "\t\n\r":
+        return " "
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def clean_text(value: object, limit: int = NAME_CHARS) -> str:
+    """`value` as text that is safe to print or draw: one line, each control character
+    shown as an escape (`\\x1b`) instead of acting on the terminal, and at most `limit`
+    characters, a longer one cut with the count of the rest (a 100 kB model id took `runs
+    show` 40 s to lay out). Rich markup is not escaped here: see `markup_text`."""
+    s = str(value)
+    # Only the head can be shown: cleaning a bounded slice keeps a huge value cheap.
+    head = _CONTROL.sub(_visible, s[:limit + 1])
+    if len(s) > limit or len(head) > limit:
+        rest = len(s) - limit
+        head = head[:limit] + (f"… (+{rest:,} characters)" if rest > 0 else "…")
+    return head
+
+
+def markup_text(value: object, limit: int = NAME_CHARS) -> str:
+    """`clean_text` escaped for rich markup: a `[/]` or `[link=...]` in a server's model id
+    prints as itself, never as a style, a hyperlink or a MarkupError."""
+    from rich.markup import escape
+
+    return escape(clean_text(value, limit))
 
 
 def console() -> Console:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bstar.report.text._common import console
+from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def print_fit(r: Any, spec: dict[str, Any] | None = None) -> None:
     c = console()
     p, pts = r.params, r.points
     lo, hi = INTERVAL_PCT
-    c.print(f"[bold]bstar fit[/] {pts.source}: {len(pts)} points; step(B) = "
+    c.print(f"[bold]bstar fit[/] {mt(pts.source, 400)}: {len(pts)} points; step(B) = "
             + ("d + " if r.fit_overhead else "") + "max(a + b*B, c*B), robust "
             f"({LOSS} on log step time, scale {LOSS_SCALE:g}); intervals are the "
             f"{lo:g}th-{hi:g}th percentiles of {r.n_bootstrap} bootstrap refits (seed {r.seed})")

@@ -126,7 +126,7 @@ def check_regex(pattern: str, where: str) -> None:
         for op, av in sub:
             name = str(op)
             if name in _REPEATS:
-                lo, hi, body = av
+                _lo, hi, body = av
                 if in_repeat and hi != 1:
                     _refuse("a repeat inside a repeat")
                 repeats[0] += hi != 1
