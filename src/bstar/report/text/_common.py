@@ -83,6 +83,27 @@ def ansi_styler(stream: Any) -> Styler:
     return style
 
 
+# A terminal table shows its first and last rows and says how many it left out; --json (or
+# `runs export`) has every row. Printing 20,000 rows took 90% of an 11 s `bstar fit`.
+TABLE_HEAD_ROWS = 20
+TABLE_TAIL_ROWS = 10
+
+
+def elided(n: int, head: int = TABLE_HEAD_ROWS, tail: int = TABLE_TAIL_ROWS
+           ) -> list[int | None]:
+    """The row indices a terminal table shows of `n` rows: all of them when few, else the
+    first `head`, None where the rest were left out, and the last `tail`."""
+    if n <= head + tail + 1:
+        return list(range(n))
+    return [*range(head), None, *range(n - tail, n)]
+
+
+def gap_row(n: int, head: int = TABLE_HEAD_ROWS, tail: int = TABLE_TAIL_ROWS,
+            where: str = "--json") -> str:
+    """The text of the row that stands for the rows `elided` left out."""
+    return f"... {n - head - tail:,} more rows ({where} has all {n:,})"
+
+
 def fmt_b_star(b: float) -> str:
     """B* with two decimals wherever it is printed beside a batch (14.96, not 15.0)."""
     return f"{b:.2f}"

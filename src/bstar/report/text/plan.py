@@ -7,7 +7,15 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bstar.report.text._common import Styler, ansi_styler, clean_text, fmt_b_star, plain_columns
+from bstar.report.text._common import (
+    Styler,
+    ansi_styler,
+    clean_text,
+    elided,
+    fmt_b_star,
+    gap_row,
+    plain_columns,
+)
 from bstar.units import GiB, KiB, fmt_bytes, fmt_count, fmt_ms, sparkline
 
 if TYPE_CHECKING:
@@ -107,7 +115,10 @@ def curve_lines(cp: ContextPlan, st: Styler) -> tuple[bool, list[str]]:
     cv = cp.curve
     queued = False
     rows: list[list[tuple[str, str]]] = []
-    for i in range(cv.batch.size):
+    for i in elided(cv.batch.size):
+        if i is None:  # a long --batch list: its middle rows left out (--json has them)
+            rows.append([("", "")] * 5 + [(gap_row(cv.batch.size), "dim")])
+            continue
         r = cv.regime[i]
         b, run = int(cv.batch[i]), int(cv.running_batch[i])
         if b > run:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bstar.report.text._common import elided, gap_row, rich_table, wide_console
 from bstar.report.text._common import markup_text as mt
-from bstar.report.text._common import rich_table, wide_console
 from bstar.units import fmt_ms, sparkline
 
 if TYPE_CHECKING:
@@ -58,7 +58,11 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
                      else "model tok/s decode-only (err)", justify="right")
         t.add_column("model TPOT ms (err)", justify="right")
     t.add_column("status")
-    for lv in levels:
+    for k in elided(len(levels)):
+        if k is None:
+            t.add_row(f"[dim]{gap_row(len(levels), where='--json or runs export')}[/]")
+            continue
+        lv = levels[k]
         row = [
             level_name(lv), str(lv["requests"]), str(lv["errors"]) if lv["errors"] else "0",
             f"{lv['throughput_tok_s']:.1f}" if lv.get("throughput_tok_s") else "-",
