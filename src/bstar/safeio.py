@@ -34,11 +34,11 @@ MAX_TRACE_BYTES = 1024 * MiB    # request traces
 MAX_NESTING = 64
 
 
-def _describe(e: OSError) -> str:
+def _describe(e: OSError, what: str = "") -> str:
     if e.errno == errno.ELOOP:
         return "a symlink loop (too many levels of symbolic links)"
     if e.errno == errno.ENOENT:
-        return "no such file"
+        return f"no such file; give a {what}" if what else "no such file"
     if e.errno == errno.EISDIR:
         return "is a folder; give a file"
     if e.errno == errno.EACCES:
@@ -56,7 +56,7 @@ def read_bytes(path: str | Path, max_bytes: int = MAX_SMALL_BYTES, what: str = "
         # is refused below as not a regular file.
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
-        raise BstarError(f"{p}: {_describe(e)}") from None
+        raise BstarError(f"{p}: {_describe(e, what)}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
