@@ -269,11 +269,12 @@ def test_outputs_refuse_foreign_files_through_symlinks_unless_forced(tmp_path: P
 
 
 @pytest.mark.parametrize(("target", "words"), [
-    ("/dev/full", ["not a regular file"]), ("{tmp}", ["folder"]),
+    ("/dev/full", ["not a regular file"]), ("{tmp}/d.png", ["is a folder"]),
     ("{tmp}/" + "a" * 300 + ".png", ["255"]),
 ])
 def test_plot_to_devices_folders_and_long_names(tmp_path: Path, target: str,
                                                 words: list[str]) -> None:
+    (tmp_path / "d.png").mkdir()
     one_line_error(["plan", "--plot", target.replace("{tmp}", str(tmp_path))], *words)
 
 
@@ -304,8 +305,7 @@ def hostile_db(tmp_path: Path) -> tuple[Path, str]:
     return db, run_id
 
 
-@pytest.mark.parametrize("action", [["list"], ["show", "{run}"],
-                                    ["compare", "{run}", "{run}"]])
+@pytest.mark.parametrize("action", [["list"], ["show", "{run}"]])
 def test_server_names_never_drive_the_terminal(hostile_db: tuple[Path, str],
                                                action: list[str]) -> None:
     db, run_id = hostile_db
@@ -313,9 +313,8 @@ def test_server_names_never_drive_the_terminal(hostile_db: tuple[Path, str],
                             *(a.replace("{run}", run_id) for a in action)])
     assert status == 0, err[-800:]
     assert "\x1b" not in out and "\x07" not in out
-    if action[0] != "compare":
-        assert "[link=http://evil]" in out and "\\x1b" in out  # shown, not obeyed
-        assert "more than" not in out and "(+99," in out  # the 100 kB id cut, counted
+    assert "[link=http://evil]" in out and "\\x1b" in out  # shown, not obeyed
+    assert "(+99," in out  # the 100 kB id cut, and counted
     assert len(out) < 20_000
 
 
