@@ -201,8 +201,8 @@ class Table:
         """Each data line as {column: cell} with its label "SOURCE: line N"; a line with
         another number of cells than the header is a BstarError naming it."""
         out = []
-        reader = csv.reader([ln for _, ln in self.lines])
-        for (lineno, _), cells in zip(self.lines, reader, strict=True):
+        for lineno, line in self.lines:
+            cells = _cells(line, self.source, lineno)
             if len(cells) != len(self.header):
                 raise BstarError(f"{self.source}: line {lineno}: {len(cells)} cells for "
                                  f"{len(self.header)} columns")
@@ -211,13 +211,22 @@ class Table:
         return out
 
 
+def _cells(line: str, source: str, lineno: int) -> list[str]:
+    """One CSV line's cells; what the csv module refuses (a cell past its 131,072-character
+    field limit) is a one-line BstarError naming the line."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as e:
+        raise BstarError(f"{source}: line {lineno}: not CSV ({e})") from None
+
+
 def read_table(text: str, source: str) -> Table | None:
     """The CSV table in `text` (None when it has no line besides comments and blanks)."""
     numbered = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
                 if ln.strip() and not ln.lstrip().startswith("#")]
     if not numbered:
         return None
-    header = [h.strip() for h in next(csv.reader([numbered[0][1]]))]
+    header = [h.strip() for h in _cells(numbered[0][1], source, numbered[0][0])]
     return Table(source, header, numbered[0][0], numbered[1:])
 
 
