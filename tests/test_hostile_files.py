@@ -347,17 +347,3 @@ def test_long_tables_show_head_tail_and_count(tmp_path: Path) -> None:
     status, out, _ = run(["fit", str(p), "--bootstrap", "0", "--json"])
     assert status == 0 and len(json.loads(out)["points"]) == 20_000
 
-
-def test_export_onto_a_hostile_file_is_refused(tmp_path: Path) -> None:
-    """`runs export -o` reads the existing file to see whether it is an earlier export: a
-    first line past the csv module's 131,072-character field limit was a traceback."""
-    content = "x" * 200_000
-    db = tmp_path / "runs.db"
-    shutil.copy(DEMO_DB, db)
-    con = sqlite3.connect(db)
-    run_id = con.execute("SELECT id FROM runs").fetchone()[0]
-    con.close()
-    out = tmp_path / "out.csv"
-    out.write_text(content)
-    one_line_error(["runs", "--db", str(db), "export", run_id, "-o", str(out)], "--force")
-    assert out.read_text() == content

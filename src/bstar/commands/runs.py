@@ -96,14 +96,11 @@ def _is_export(path: Any) -> bool:
         try:
             with open(path, encoding="utf-8") as f:
                 rows = json.load(f)
-        except (OSError, ValueError, RecursionError):  # 100k-deep JSON: not an export
+        except (OSError, ValueError):
             return False
         return isinstance(rows, list) and all(isinstance(r, dict) for r in rows) and (
             not rows or any(m <= set(rows[0]) for m in _EXPORT_MARKS))
-    try:
-        header = set(next(csv.reader([text.splitlines()[0]]), []))
-    except csv.Error:  # a first line past the csv module's field limit: not an export
-        return False
+    header = set(next(csv.reader([text.splitlines()[0]]), []))
     return any(m <= header for m in _EXPORT_MARKS)
 
 
