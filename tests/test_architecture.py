@@ -153,7 +153,7 @@ def test_no_import_cycle_among_bstar_modules(top_level_only: bool,
 # docs/architecture.md's layers, lowest first (a package stands for its modules).
 LAYERS = (
     ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units", "bstar.stats",
-     "bstar.deployment", "bstar.engine_defaults"),
+     "bstar.deployment", "bstar.engine_defaults", "bstar.safeio"),
     ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime"),
     ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
      "bstar.engines",

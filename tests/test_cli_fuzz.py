@@ -1,10 +1,14 @@
 """Issue 19: the command line under hostile input. Hypothesis drives `bstar` in-process over
 model configs, GPU files, point files, traces, results DBs and flags; every case must end
 with an exit status in {0, 1, 2, 3} (a SystemExit from argparse counts, with its status),
-never a traceback, and within a bound (signal.alarm).
+never a traceback, never a raw ESC on stdout, and within a bound (signal.alarm).
 
 Derandomized (the same cases every run, in CI too); CASES says how many run in all, and
-`test_case_count` checks that it is at least 1,000.
+`test_case_count` checks that it is at least 1,000. A failing case is stored under
+tests/fuzz-corpus/new/ (tests/fuzz_corpus.py) and, once committed, replayed first by
+tests/test_cli_corpus.py: derandomized draws alone found the subnormal-GPU case in one run
+and not the next (issue 30). `test_hostile_file_kinds` tries every hostile kind of file on
+every reader (issue 30: huge integers, deep nesting, folders, FIFOs, symlink loops, ...).
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ import contextlib
 import io
 import itertools
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bstar.cli import main
+from fuzz_corpus import store_failure
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs signal.alarm")
 
@@ -34,6 +40,7 @@ CASES = sum(EXAMPLES.values())
 OK_STATUS = {0, 1, 2, 3}
 _ids = itertools.count()
 _calls = [0]  # cases run so far in this session
+_work: list[Path] = []  # the module's folder of files, for storing a failing case
 
 
 def _settings(name: str) -> settings:
@@ -63,8 +70,21 @@ def _bounded(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """`bstar ARGV` in this process: (status, stdout, stderr); asserts the contract."""
+def run_cli(argv: list[str], store: bool = True) -> tuple[int, str, str]:
+    """`bstar ARGV` in this process: (status, stdout, stderr); asserts the contract. A
+    failing case is stored as a reproducer (fuzz_corpus.store_failure) unless `store` is
+    False (a stored case replayed)."""
+    try:
+        return _run_cli(argv)
+    except (AssertionError, pytest.fail.Exception) as e:
+        if store and _work:
+            where = store_failure(argv, _work[0], f"{type(e).__name__}: {e}")
+            if where is not None:
+                print(f"fuzz: failing case stored as {where}", file=sys.stderr)
+        raise
+
+
+def _run_cli(argv: list[str]) -> tuple[int, str, str]:
     _calls[0] += 1
     out, err = io.StringIO(), io.StringIO()
     status: int
@@ -82,6 +102,8 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     e_text = err.getvalue()
     assert status in OK_STATUS, (argv, status, e_text[-500:])
     assert "Traceback" not in e_text, (argv, e_text[-2000:])
+    # Output to a pipe carries no escape sequence: names are printed as data (issue 30).
+    assert "\x1b" not in out.getvalue(), (argv, out.getvalue()[:500])
     errors = [ln for ln in e_text.splitlines() if ": error:" in ln]
     if status == 2:  # a usage or input error: one line that says what is wrong
         assert len(errors) == 1, (argv, e_text)
@@ -95,8 +117,11 @@ def _no_constant(name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fuzz")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("fuzz")
+    _work[:] = [path]
+    yield path
+    _work.clear()
 
 
 def _file(work: Path, suffix: str, data: str | bytes) -> Path:
@@ -110,7 +135,8 @@ def _file(work: Path, suffix: str, data: str | bytes) -> Path:
 
 # ---- value pools ------------------------------------------------------------------------
 HOSTILE_NUMBERS = ["0", "-1", "1", "2", "3", "0.5", "inf", "-inf", "nan", "1e300", "-0",
-                   "1e-300", "abc", "", " ", "1,2", "2k", "1_000", "0x10", "9" * 30]
+                   "1e-300", "abc", "", " ", "1,2", "2k", "1_000", "0x10", "9" * 30,
+                   "1e308", "5e-324", "1" * 5000]
 numbers = st.one_of(st.sampled_from(HOSTILE_NUMBERS),
                     st.integers(-5, 10**6).map(str),
                     st.floats(allow_nan=True, allow_infinity=True).map(repr))
@@ -137,11 +163,16 @@ GPU_FIELDS = ["name", "memory_bytes", "hbm_bandwidth_bytes_s", "bf16_flops", "fp
 GOOD_GPU = {"name": "x", "memory_bytes": 80 * 2**30, "hbm_bandwidth_bytes_s": 2e12,
             "bf16_flops": 1e15}
 gpu_values = st.one_of(json_values, st.sampled_from(
-    [0, -1, 1e30, 2**64, float("inf"), float("nan"), "5", True, 1.5]))
+    [0, -1, 1e30, 2**64, float("inf"), float("nan"), "5", True, 1.5, 5e-324, 1e-300,
+     "\x1b]0;x\x07$\\bogus$[/]"]))
 
 
 @pytest.mark.slow  # over 1.4 s on the 2-core machine: the fast loop stays under a minute
 @_settings("gpu")
+# Issue 30: a subnormal interconnect halved to 0.0 under tensor parallelism.
+@example(fields={"interconnect_bytes_s": 5e-324}, form="toml", junk=b"",
+         flags=[["--num-gpus", "2"]])
+@example(fields={"name": "\x1b]0;x\x07$\\bogus$[/]"}, form="json", junk=b"", flags=[])
 @given(fields=st.dictionaries(st.sampled_from(GPU_FIELDS), gpu_values, max_size=4),
        form=st.sampled_from(["toml", "json", "bytes"]), junk=junk_bytes,
        flags=st.lists(st.sampled_from([["--json"], ["--num-gpus", "2"], ["--context", "4k"],
@@ -280,7 +311,8 @@ slos = st.sampled_from(["ttft:500", "ttft:5,ttft:6", "tpot:0", "ttft:inf", "e2e:
                         "bogus:1", "ttft", "ttft:500,tpot:50", ""])
 PLAN_FLAGS = {"--context": small, "--batch": small, "--num-gpus": small, "--gpu-util": numbers,
               "--reserve-gib": numbers, "--block-size": small, "--bw-eff": numbers,
-              "--max-tpot-ms": numbers, "--dtype": st.sampled_from(["fp8", "x", "int4"])}
+              "--max-tpot-ms": numbers, "--dtype": st.sampled_from(["fp8", "x", "int4"]),
+              "--overhead-ms": numbers, "--overhead-per-seq-us": numbers}
 SIM_FLAGS = {"--rate": numbers, "--concurrency": small, "--seed": numbers,
              "--max-num-seqs": small, "--max-num-batched-tokens": small,
              "--input-len": lengths, "--output-len": lengths, "--slo": slos,
@@ -288,7 +320,8 @@ SIM_FLAGS = {"--rate": numbers, "--concurrency": small, "--seed": numbers,
              "--max-sim-time-s": numbers, "--swap-space-gib": numbers,
              "--preemption": st.sampled_from(["swap", "recompute", "x"])}
 FIT_FLAGS = {"--predict": small, "--critical-batch": numbers, "--seed": numbers,
-             "--bootstrap": st.sampled_from(["0", "3", "-1", "x"]), "--knee-step": numbers,
+             "--bootstrap": st.sampled_from(["0", "3", "-1", "x", "1000000000"]),
+             "--knee-step": numbers,
              "--max-tpot-ms": numbers}
 SEARCH_FLAGS = {"--rate": numbers, "--seed": numbers, "--input-len": lengths,
                 "--output-len": lengths, "--slo": slos, "--reserve-gib": numbers,
@@ -368,6 +401,83 @@ def test_results_dbs(work: Path, kind: str, junk: bytes, action: list[str]) -> N
     run_cli(["runs", "--db", str(path), *action])
     if before is not None:
         assert path.read_bytes() == before  # a read never alters the file
+
+
+# ---- issue 30: every hostile kind of file on every reader ----------------------------------
+def _kind_text(kind: str, fmt: str) -> str | bytes:
+    big = "1" * 5000
+    if kind == "big-int":
+        return {"json": '{"a": ' + big + "}", "toml": f"a = {big}\n",
+                "csv": f"batch,tpot_ms\n{big},1\n"}[fmt]
+    if kind == "deep":
+        return ("a = " if fmt == "toml" else "") + "[" * 100_000 + "]" * 100_000
+    if kind == "deep-tables":
+        return "a = " + "{b = " * 2000 + "1" + "}" * 2000 + "\n"
+    if kind == "not-utf8":
+        return b"\xff\xfe\x00b\xe9\x80"
+    if kind == "nul":
+        return b"\x00" * 64
+    if kind == "empty":
+        return ""
+    if kind == "escape-name":
+        return {"json": json.dumps({**GOOD_GPU, "name": "\x1b]8;;http://x\x07$\\bogus$[/]"}),
+                "toml": 'name = "\\u001b[31m$\\\\bogus$[/]"\nmemory_bytes = 85899345920\n'
+                        "hbm_bandwidth_bytes_s = 2e12\nbf16_flops = 1e15\n",
+                "csv": "batch,tpot_ms\n1,\x1b[31m\n"}[fmt]
+    raise ValueError(kind)
+
+
+TEXT_KINDS = ["big-int", "deep", "deep-tables", "not-utf8", "nul", "empty", "escape-name"]
+PATH_KINDS = ["folder", "fifo", "symlink-loop", "dangling-symlink"]
+READERS = {  # name: (file format, argv with {p} for the file)
+    "gpu-json": ("json", ["plan", "--gpu", "{p}"]),
+    "gpu-toml": ("toml", ["plan", "--gpu", "{p}", "--json"]),
+    "config": ("json", ["plan", "--model", "{p}", "--gpu", "h100-sxm"]),
+    "config-folder": ("json", ["compare", "--model", "{dir}", "--gpu", "h100-sxm"]),
+    "points-json": ("json", ["fit", "{p}", "--bootstrap", "3"]),
+    "points-csv": ("csv", ["fit", "{p}", "--bootstrap", "3", "--json"]),
+    "calibrate": ("csv", ["calibrate", "{p}", "--model", "llama-3-8b", "--gpu", "h100-sxm",
+                          "--context", "1024"]),
+    "profile": ("toml", ["plan", "--profile", "{p}"]),
+    "price": ("toml", ["search", "--rate", "1", "--slo", "ttft:2000", "--gpu", "h100-sxm",
+                       "--max-num-seqs", "16", "--draws", "1", "--num-requests", "30",
+                       "--price", "{p}", "--db", "{dir}/s.db"]),
+    "trace-csv": ("csv", ["simulate", "--trace", "{p}", "--max-num-seqs", "8"]),
+    "trace-jsonl": ("json", ["simulate", "--trace", "{p}", "--max-num-seqs", "8", "--json"]),
+    "metrics": ("csv", ["kv", "--metrics-file", "{p}"]),
+    "validate": ("csv", ["validate", "{p}"]),
+}
+SUFFIX = {"json": ".json", "toml": ".toml", "csv": ".csv"}
+
+
+@pytest.mark.slow  # ~150 cases, ~10 s on the 2-core machine
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("kind", TEXT_KINDS + PATH_KINDS)
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_hostile_file_kinds(work: Path, reader: str, kind: str) -> None:
+    fmt, argv = READERS[reader]
+    folder = work / f"k{next(_ids)}"
+    folder.mkdir()
+    name = "config.json" if reader.startswith("config") else f"in{SUFFIX[fmt]}"
+    p = folder / name
+    if kind == "folder":
+        p.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "symlink-loop":
+        p.symlink_to(p.name)
+    elif kind == "dangling-symlink":
+        p.symlink_to("nowhere" + p.suffix)
+    else:
+        data = _kind_text(kind, fmt)
+        if isinstance(data, bytes):
+            p.write_bytes(data)
+        else:
+            p.write_text(data, encoding="utf-8")
+    status, _, _ = run_cli([a.replace("{p}", str(p)).replace("{dir}", str(folder))
+                            for a in argv])
+    if kind in PATH_KINDS or kind in ("big-int", "deep", "not-utf8"):
+        assert status == 2, (reader, kind)  # refused, with the one line run_cli checked
 
 
 def test_case_count() -> None:

@@ -77,6 +77,9 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return first if first in {name for name, _, _ in COMMANDS} else None
 
 
+ERROR_CHARS = 2000  # the most of one error line that is printed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command_in(argv)
@@ -94,10 +97,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, func = args._run.split(":")
     run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
     try:
+        from bstar.commands.common import guard_outputs
+
+        guard_outputs(args)
         return int(run(args) or 0)
     except BstarError as e:
         # One line, credentials masked (a message may quote a URL or a server's reply).
         msg = " ".join(redact(str(e)).split())
+        # A message may quote a file's or a server's text: no control characters, bounded.
+        from bstar.report.text._common import clean_text
+
+        msg = clean_text(msg, ERROR_CHARS)
         print(f"bstar: error: {msg}", file=sys.stderr)
         return 2
     except ImportError as e:

@@ -12,6 +12,7 @@ catches its errors catches `DbError`.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import urllib.parse
@@ -57,15 +58,44 @@ def errors(path: Path, what: str) -> Iterator[None]:
         raise db_error(path, e, what) from None
 
 
+@functools.cache
+def schema_columns(schema: str) -> dict[str, frozenset[str]]:
+    """The columns `schema` gives each of its tables (run on an in-memory DB)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(schema)
+        tables = [r[0] for r in mem.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return {t: frozenset(r[1] for r in mem.execute(f"PRAGMA table_info({t!r})"))
+                for t in tables}
+    finally:
+        mem.close()
+
+
+def has_tables(conn: Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                        "'sqlite_%' LIMIT 1").fetchone() is not None
+
+
 def check_tables(conn: Connection, path: Path, own: Set[str], need: Set[str],
-                 what: str) -> None:
-    """Refuse a SQLite file that holds other tables and not bstar's (`own`): bstar never
-    adds its tables to a foreign DB. With `need`, those tables must all be there (a read)."""
+                 what: str, schema: str = "", write: bool = False) -> None:
+    """Refuse a SQLite file that is not a bstar DB: bstar never adds its tables to a
+    foreign DB nor reads someone else's table as its own. A table of bstar's name must
+    have bstar's columns (`schema`: a foreign `runs` or `meta` table is not ours); to write,
+    every table must be one of `own` (a foreign app's DB with a `meta` table beside its
+    own is refused). With `need`, those tables must all be there (a read)."""
     names = {r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
-    if names and not names & own:
+    foreign = names - own if write else (names if not names & own else set())
+    if names and foreign:
         raise BstarError(f"{path} is a SQLite file but not a bstar {what} (its tables: "
-                         f"{', '.join(sorted(names)[:5])}); give --db another path")
+                         f"{', '.join(sorted(foreign)[:5])}); give --db another path")
+    expected = schema_columns(schema) if schema else {}
+    for t in sorted(names & own & expected.keys()):
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({t!r})")}
+        if not expected[t] <= have:
+            raise BstarError(f"{path} is a SQLite file but not a bstar {what} (its table "
+                             f"{t!r} lacks bstar's columns); give --db another path")
     missing = need - names
     if missing:
         raise BstarError(f"{path} is not a bstar {what}: no {', '.join(sorted(missing))} "
@@ -107,10 +137,24 @@ def open_db(path: Path, what: str, own: Set[str], schema: str, *, readonly: bool
     (CREATE ... IF NOT EXISTS) and committed. With `readonly`: an existing DB opened
     read-only (`connect_readonly`; `missing` completes its error), its `need` tables
     checked, nothing written. Every failure is one BstarError; the connection is closed."""
+    if not readonly and path.is_file() and path.stat().st_size:
+        # An existing file is checked read-only first: nothing is written to a foreign DB
+        # (not even the WAL switch) before it is refused.
+        probe = connect_readonly(path, what, missing)
+        try:
+            # A DB with tables must hold bstar's core ones (`need`): a foreign file whose
+            # only table happens to be a `meta (key, value)` is not ours either.
+            if has_tables(probe):
+                check_tables(probe, path, own, need, what, schema, write=True)
+        except sqlite3.Error as e:
+            raise db_error(path, e, what) from None
+        finally:
+            probe.close()
     conn = connect_readonly(path, what, missing) if readonly else connect_writable(path, what)
     try:
         conn.row_factory = sqlite3.Row
-        check_tables(conn, path, own, need if readonly else set(), what)
+        check_tables(conn, path, own, need if readonly else set(), what, schema,
+                     write=not readonly)
         if not readonly:
             conn.execute("PRAGMA journal_mode=WAL")
             if synchronous:

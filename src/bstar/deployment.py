@@ -42,6 +42,10 @@ def weight_stream_fraction(weight_bits: int, bandwidth: float, fp8_weight_stream
     return bandwidth
 
 
+# The largest fixed time term (per step, layer, sequence or request) an efficiency may carry.
+MAX_STEP_TERM_S = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     """How far a real engine falls short of the datasheet: the cost model's efficiencies and
@@ -81,6 +85,12 @@ class Efficiency:
                   "decode_layer_s", "chunk_layer_s", "score_bytes"):
             if getattr(self, k) < 0:
                 raise BstarError(f"{k} must not be negative")
+            # Seconds of one step (or one request): an engine's are milliseconds. A larger
+            # value (--overhead-ms 1e308) would price every step at ~forever and still
+            # recommend a batch.
+            if k.endswith("_s") and not getattr(self, k) <= MAX_STEP_TERM_S:
+                raise BstarError(f"{k} must be at most {MAX_STEP_TERM_S:g} s, got "
+                                 f"{getattr(self, k)!r}")
         if not self.roof_sharpness >= 1:
             raise BstarError(f"roof_sharpness must be at least 1, got {self.roof_sharpness}")
 

@@ -25,6 +25,7 @@ from bstar.deployment import (
 )
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
+from bstar.specs.gpu import MAX_MEMORY_BYTES
 from bstar.units import GiB
 
 # Flag names a sweep stored before `DeploymentOptions` existed (`deployment_args`), by field.
@@ -89,6 +90,9 @@ class DeploymentOptions:
             # to something other than its default.
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
                 reserve_gib = prof.reserve_bytes / GiB
+        if not 0 <= reserve_gib * GiB <= MAX_MEMORY_BYTES:
+            raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
+                             f"GiB, got {reserve_gib:g}")
         d = Deployment(
             model=get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,

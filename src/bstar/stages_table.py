@@ -211,10 +211,9 @@ def stages_from_csv(text: str, where: str = "table", base_dir: Path | None = Non
 
 def load_stages(path: str | Path) -> list[Stage]:
     """Read a stages table from a file (paths in it are relative to its folder)."""
+    from bstar import safeio
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BstarError(f"{p}: cannot read: {e}") from None
+    text = safeio.read_text(p, safeio.MAX_TABLE_BYTES, "stages table (UTF-8 CSV)")
     return stages_from_csv(text, str(p), p.resolve().parent)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 import time
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.calibrate.params import MAX_EFF_MEASURED, _eff_dict, scaled
 from bstar.calibrate.results import Calibration
 from bstar.deployment import (
@@ -151,14 +151,7 @@ def _table_values(p: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
-    except OSError as e:
-        raise BstarError(f"{p}: cannot read profile ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BstarError(f"{p}: not valid TOML ({e})") from None
+    data = safeio.load_toml(p, what="profile (TOML)")
     values = _table_values(p, data)
     prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
     for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):

@@ -8,7 +8,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bstar.commands.common import add_deployment_arguments, positive_int, str_list
+from bstar.commands.common import (
+    add_deployment_arguments,
+    add_force_argument,
+    positive_int,
+    str_list,
+)
 
 FIT_DEFAULT = "bandwidth,compute,overhead_s,overhead_per_seq_s"
 
@@ -43,6 +48,7 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                         "level. Repeatable")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="calibration profile to write (TOML)")
+    add_force_argument(p)
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
 
 
@@ -66,10 +72,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     c = cal.calibrate(d, points, args.fit, engine=args.engine,
                       engine_version=args.engine_version, source=source)
     if args.vllm_log is not None:
-        try:
-            log = cal.parse_vllm_log(args.vllm_log.read_text(errors="replace"))
-        except OSError as e:
-            raise BstarError(f"{args.vllm_log}: cannot read ({e.strerror})") from None
+        from bstar import safeio
+
+        raw = safeio.read_bytes(args.vllm_log, safeio.MAX_TABLE_BYTES, "vLLM log")
+        log = cal.parse_vllm_log(raw.decode("utf-8", errors="replace"))
         pool = cal.kv_pool_from_log(d, log)
         from dataclasses import replace
         c = replace(c, kv_pool_bytes=pool, reserve_bytes=cal.reserve_from_kv_pool(d, pool))

@@ -81,6 +81,46 @@ def non_negative_float(s: str) -> float:
     return _number(s, positive=False)
 
 
+def at_most(limit: float, unit: str) -> Callable[[str], float]:
+    """A non-negative finite number no larger than `limit`: a flag whose value is later
+    multiplied (GiB -> bytes, ms -> s) stays finite after the arithmetic too."""
+    def parse(s: str) -> float:
+        v = non_negative_float(s)
+        if v > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit:,.0f} {unit}, got {s}")
+        return v
+    return parse
+
+
+# 1 PiB (2**50 bytes, specs/gpu.MAX_MEMORY_BYTES): past any accelerator or host's memory.
+gib_amount = at_most(1024 * 1024, "GiB (1 PiB)")
+# An engine step costs milliseconds; 10 s per step (or per sequence of a step) is no engine's.
+step_ms = at_most(10_000, "ms (10 s a step)")
+step_us = at_most(10_000_000, "us (10 s a step)")
+
+
+def add_force_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--force for a parser with -o or --plot (once, however many of those it has)."""
+    if "--force" in p._option_string_actions:
+        return
+    p.add_argument("--force", action="store_true",
+                   help="overwrite an existing -o/--plot file that bstar did not write")
+
+
+def guard_outputs(args: argparse.Namespace) -> None:
+    """Before a command runs: its -o FILE and --plot FILE may replace only a file bstar
+    wrote (an earlier report, plot, profile or probe), unless --force (bstar.safeio).
+    `runs export -o` keeps its own rule (it also accepts an earlier export)."""
+    from bstar import safeio
+
+    force = bool(getattr(args, "force", False))
+    out = getattr(args, "output", None)
+    if out and getattr(args, "command", "") != "runs":
+        safeio.check_output(out, "-o", force)
+    if plot := getattr(args, "plot", None):
+        safeio.check_output(plot, "--plot", force)
+
+
 def positive_int(s: str) -> int:
     try:
         v = _int_token(s)
@@ -142,7 +182,7 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help="fraction of GPU memory the engine may use (vLLM "
                         f"--gpu-memory-utilization; default {GPU_MEMORY_UTILIZATION:g})")
-    g.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
+    g.add_argument("--reserve-gib", type=gib_amount, default=2.0,
                    help="per-GPU memory kept for activations, CUDA graphs and context, GiB "
                         "(default 2)")
     g.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
@@ -153,9 +193,9 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                         "(default 0.80)")
     e.add_argument("--flops-eff", type=positive_float, default=None,
                    help="achieved fraction of dense peak FLOP/s (default 0.70)")
-    e.add_argument("--overhead-ms", type=non_negative_float, default=None,
+    e.add_argument("--overhead-ms", type=step_ms, default=None,
                    help="per-step engine CPU overhead, ms (default: the engine profile's)")
-    e.add_argument("--overhead-per-seq-us", type=non_negative_float, default=None,
+    e.add_argument("--overhead-per-seq-us", type=step_us, default=None,
                    help="per-step overhead per running sequence, us (default: the engine "
                         "profile's)")
     e.add_argument("--engine", default="", metavar="NAME",

@@ -52,7 +52,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
     say = _Say()
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise BstarError(f"-o {out} is a file; bstar demo writes a folder (give a new name)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BstarError(f"-o {out}: cannot create the folder ({e.strerror or e})") from None
     levels = sorted(set(args.concurrency or DEFAULT_LEVELS))
     threads = args.threads or max(1, min(4, (os.cpu_count() or 2) - 1))
     try:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import (
+    add_force_argument,
     deployment_options,
     positive_float,
     positive_int,
@@ -13,6 +14,8 @@ from bstar.commands.common import (
     seed_int,
 )
 from bstar.commands.emit import emit
+
+MAX_BOOTSTRAP = 10_000
 
 
 def add_fit_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +70,7 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the points, the fit and its predictions (needs bstar[plot])")
+    add_force_argument(p)
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -90,8 +94,11 @@ def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from bstar.errors import BstarError
     from bstar.fit import KneeRules, fit_points, load_points, spec_terms
 
-    if args.bootstrap < 0:
-        raise BstarError("--bootstrap must not be negative")
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        # Each resample is a whole fit, so the count bounds the run time; 10,000 is 50x the
+        # default and far past where more resamples move a percentile interval.
+        raise BstarError(f"--bootstrap must be between 0 and {MAX_BOOTSTRAP:,}, got "
+                         f"{args.bootstrap:,}")
     points = load_points(args.points)
     spec = spec_terms(deployment_options(args), args.context)
     result = fit_points(

@@ -37,29 +37,31 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_kv(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from bstar import kvcheck
+    from bstar import kvcheck, safeio
     from bstar.commands.plan import deployment_from_args
     from bstar.errors import BstarError
     from bstar.report.text import print_kv_check
 
     if args.url:
+        import urllib.parse
+
+        try:
+            parts = urllib.parse.urlsplit(args.url)
+            host, _ = parts.hostname, parts.port
+        except ValueError as e:  # 'http://[::1', a port out of range
+            raise BstarError(f"--url {args.url!r} is not a URL ({e})") from None
+        if not host or parts.scheme not in ("http", "https"):
+            raise BstarError(f"--url {args.url!r} is not a URL (http://host:port)")
         text = kvcheck.fetch_metrics(args.url, api_key=args.api_key
                                      or os.environ.get("OPENAI_API_KEY") or None)
     else:
-        try:
-            text = Path(args.metrics_file).read_text()
-        except OSError as e:
-            raise BstarError(f"cannot read {args.metrics_file}: {e}") from None
+        text = safeio.read_text(args.metrics_file, safeio.MAX_TABLE_BYTES, "metrics file")
     log_tokens = None
     if args.vllm_log:
         from bstar.calibrate import parse_vllm_log
 
-        try:
-            log_tokens = parse_vllm_log(Path(args.vllm_log).read_text()).kv_cache_tokens
-        except OSError as e:
-            raise BstarError(f"cannot read {args.vllm_log}: {e}") from None
+        log = safeio.read_bytes(args.vllm_log, safeio.MAX_TABLE_BYTES, "vLLM log")
+        log_tokens = parse_vllm_log(log.decode("utf-8", "replace")).kv_cache_tokens
     d = deployment_from_args(args)
     c = kvcheck.check_kv_text(d, text, args.input_len + args.output_len,
                               pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens,

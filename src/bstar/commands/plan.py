@@ -8,6 +8,7 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_force_argument,
     build_deployment,
     deployment_options,
     int_list,
@@ -29,6 +30,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the curves, regimes and roofline (needs bstar[plot])")
+    add_force_argument(p)
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +42,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw B* and B_mem per model and context (needs bstar[plot])")
+    add_force_argument(p)
 
 
 def add_models_arguments(p: argparse.ArgumentParser) -> None:

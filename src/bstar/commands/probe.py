@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bstar.commands.common import positive_int
+from bstar.commands.common import add_force_argument, positive_int
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="GPU file to write (TOML; use it with --gpu FILE)")
+    add_force_argument(p)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="what to measure: CUDA device 0 when torch sees one (auto), or the CPU")
     p.add_argument("--copy-mib", type=positive_int, default=None,
@@ -23,6 +24,19 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads to measure with (default: all this process may use); "
                         "match the engine's, e.g. llama.cpp --threads")
     p.add_argument("--json", action="store_true", help="print the written fields as JSON")
+
+
+def _check_sizes(sizes: dict[str, int], memory_bytes: int) -> None:
+    """The arrays a probe holds at once (the copy's source and destination; GEMM's A, B
+    and C in float32) must fit in half of this machine's memory: `--gemm-n 1000000` asks
+    for 12 TB."""
+    from bstar.errors import BstarError
+    from bstar.units import fmt_bytes
+
+    need = max(2 * sizes.get("copy_bytes", 0), 3 * 4 * sizes.get("gemm_n", 0) ** 2)
+    if need > memory_bytes // 2:
+        raise BstarError(f"--gemm-n/--copy-mib: the probe would hold {fmt_bytes(need)}, over "
+                         f"half of this machine's memory ({fmt_bytes(memory_bytes)})")
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -51,7 +65,12 @@ def run_probe(args: argparse.Namespace) -> int:
         sizes["copy_bytes"] = args.copy_mib << 20
     if args.gemm_n:
         sizes["gemm_n"] = args.gemm_n
-    result = pr.probe(args.device, **sizes)
+    _check_sizes(sizes, pr.cpu_memory_bytes()[0])
+    try:
+        result = pr.probe(args.device, **sizes)
+    except MemoryError:
+        raise BstarError("the probe's arrays do not fit in memory; give a smaller --gemm-n "
+                         "or --copy-mib") from None
     try:
         args.output.write_text(result.to_toml())
     except OSError as e:

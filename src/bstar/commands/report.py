@@ -13,12 +13,13 @@ from bstar.commands import fit as fit_cmd
 from bstar.commands import plan as plan_cmd
 from bstar.commands import search as search_cmd
 from bstar.commands import simulate as sim_cmd
-from bstar.commands.common import deployment_options
+from bstar.commands.common import add_force_argument, deployment_options
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE.html",
                    help="where to write the report (one self-contained HTML file)")
+    add_force_argument(p)
 
 
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,7 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
                                                "${BSTAR_DATA_DIR:-~/.local/share/bstar}/runs.db)")
     sr.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                     help="also write the sweep chart as an image")
+    add_force_argument(sr)
     sr.add_argument("--json", action="store_true", help="print {\"report\": path, ...}")
     _add_output(sr)
     sm = sub.add_parser("simulate", help="a simulated sweep over max_num_seqs (takes "

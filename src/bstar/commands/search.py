@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from bstar.commands.common import (
-    non_negative_float,
+    add_force_argument,
+    gib_amount,
     positive_float,
     positive_int,
     positive_int_list,
     seed_int,
+    step_ms,
     str_list,
 )
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
@@ -47,7 +49,7 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
     c.add_argument("--gpu-util", type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help=f"vLLM --gpu-memory-utilization (default {GPU_MEMORY_UTILIZATION:g})")
-    c.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
+    c.add_argument("--reserve-gib", type=gib_amount, default=2.0,
                    help="per-GPU memory kept for activations etc., GiB (default 2)")
     c.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
                    help=f"KV block size in tokens (default {BLOCK_SIZE})")
@@ -66,7 +68,7 @@ def _cost_arguments(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--flops-eff", type=positive_float, default=None,
                    help="compute efficiency for uncalibrated GPUs (default: the engine "
                         "profile's)")
-    e.add_argument("--overhead-ms", type=non_negative_float, default=None,
+    e.add_argument("--overhead-ms", type=step_ms, default=None,
                    help="per-step overhead for uncalibrated GPUs, ms (default: the engine "
                         "profile's)")
 
@@ -123,10 +125,10 @@ def _execution_arguments(x: argparse._ArgumentGroup) -> None:
     x.add_argument("--json", action="store_true", help="print the search object (contract)")
     x.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the Pareto charts (needs bstar[plot])")
+    add_force_argument(x)
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-    from pathlib import Path
 
     from bstar.errors import BstarError
     from bstar.search import Memory, SearchSpec, Traffic
@@ -138,10 +140,11 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     slo = parse_slo(args.slo.replace("_p99", ""))
     trace = None
     if args.trace is not None:
+        from bstar import safeio
+
+        data = safeio.read_bytes(args.trace, safeio.MAX_TRACE_BYTES, "trace")
         try:
-            trace = parse_trace(Path(args.trace).read_bytes())
-        except OSError as e:
-            raise BstarError(f"cannot read --trace {args.trace}: {e.strerror}") from None
+            trace = parse_trace(data)
         except BstarError as e:
             raise BstarError(f"--trace {args.trace}: {e}") from None
     demand = args.rate

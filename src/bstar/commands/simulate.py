@@ -8,7 +8,9 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_force_argument,
     build_deployment,
+    gib_amount,
     non_negative_float,
     positive_float,
     positive_int,
@@ -30,7 +32,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what a preempted request loses: recompute (V1) drops its KV; swap "
                         "(V0) parks it in host memory (default recompute)")
-    s.add_argument("--swap-space-gib", type=non_negative_float, default=4.0,
+    s.add_argument("--swap-space-gib", type=gib_amount, default=4.0,
                    help="host swap space per GPU for --preemption swap, GiB (default 4)")
     t = p.add_argument_group("traffic")
     load = t.add_mutually_exclusive_group()
@@ -55,7 +57,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "prefill computes only the rest, in whole KV blocks (default 0)")
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
-                        "1,000,000)")
+                        "100,000: docs/simulate.md)")
     t.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the traffic (default 0)")
     o = p.add_argument_group("objectives and bounds")
@@ -69,6 +71,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw throughput, latency percentiles and preemptions per level "
                         "(needs bstar[plot])")
+    add_force_argument(p)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import sys
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_force_argument,
     deployment_options,
     float_list,
     int_list,
@@ -79,6 +80,7 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     g.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the measured levels over the prediction (needs bstar[plot])")
+    add_force_argument(g)
     g.add_argument("--quiet", action="store_true", help="no progress display")
     add_deployment_arguments(p)
 

@@ -45,15 +45,12 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from bstar.errors import BstarError
+    from bstar import safeio
     from bstar.fit.points import read_table
     from bstar.validate_curves import is_curves_table
     from bstar.validate_stages import is_stages_table
 
-    try:
-        text = args.table.read_text(encoding="utf-8-sig")  # a BOM is not the header
-    except (OSError, UnicodeDecodeError) as e:
-        raise BstarError(f"{args.table}: cannot read: {e}") from None
+    text = safeio.read_text(args.table, safeio.MAX_TABLE_BYTES, "table (UTF-8 CSV)")
     table = read_table(text, str(args.table))
     if table is not None and is_stages_table(table.header):
         return _run_stages(args, text)

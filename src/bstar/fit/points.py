@@ -7,13 +7,13 @@ lists, validated into `Points` (a curve, `bstar fit`) or into `Point`s (measured
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.errors import BstarError, closest
 from bstar.fit.steps import Point
 
@@ -201,8 +201,8 @@ class Table:
         """Each data line as {column: cell} with its label "SOURCE: line N"; a line with
         another number of cells than the header is a BstarError naming it."""
         out = []
-        reader = csv.reader([ln for _, ln in self.lines])
-        for (lineno, _), cells in zip(self.lines, reader, strict=True):
+        for lineno, line in self.lines:
+            cells = _cells(line, self.source, lineno)
             if len(cells) != len(self.header):
                 raise BstarError(f"{self.source}: line {lineno}: {len(cells)} cells for "
                                  f"{len(self.header)} columns")
@@ -211,13 +211,22 @@ class Table:
         return out
 
 
+def _cells(line: str, source: str, lineno: int) -> list[str]:
+    """One CSV line's cells; what the csv module refuses (a cell past its 131,072-character
+    field limit) is a one-line BstarError naming the line."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as e:
+        raise BstarError(f"{source}: line {lineno}: not CSV ({e})") from None
+
+
 def read_table(text: str, source: str) -> Table | None:
     """The CSV table in `text` (None when it has no line besides comments and blanks)."""
     numbered = [(i + 1, ln) for i, ln in enumerate(text.splitlines())
                 if ln.strip() and not ln.lstrip().startswith("#")]
     if not numbered:
         return None
-    header = [h.strip() for h in next(csv.reader([numbered[0][1]]))]
+    header = [h.strip() for h in _cells(numbered[0][1], source, numbered[0][0])]
     return Table(source, header, numbered[0][0], numbered[1:])
 
 
@@ -239,18 +248,9 @@ def read_columns(text: str, where: str, required: Sequence[str],
 
 
 def read_text(path: str | Path) -> str:
-    """A points file's text; a missing or unreadable file is a one-line BstarError."""
-    p = Path(path)
-    try:
-        # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the header.
-        return p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise BstarError(f"{p}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}): save it as UTF-8 CSV or "
-                         "JSON") from None
-    except OSError as e:
-        raise BstarError(f"{p}: cannot read: {e.strerror or e}") from None
+    """A points file's text; a missing, unreadable, oversized or non-UTF-8 file (a folder,
+    a FIFO) is a one-line BstarError (bstar.safeio)."""
+    return safeio.read_text(path, safeio.MAX_TABLE_BYTES, "points file (UTF-8 CSV or JSON)")
 
 
 def is_json(path: str | Path, text: str) -> bool:
@@ -290,10 +290,7 @@ def _points_from_csv(text: str, source: str, repeats: bool = False) -> Points:
 
 
 def _points_from_json(text: str, source: str, repeats: bool = False) -> Points:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BstarError(f"{source}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    data = safeio.parse_json(text, source)
     if isinstance(data, dict) and "levels" in data:
         return points_from_sweep(data["levels"], source, repeats=repeats)
     if isinstance(data, dict) and "points" in data:
@@ -428,8 +425,8 @@ def _rows_with_context(path: str | Path) -> list[tuple[dict[str, object], str]] 
     text = read_text(path)
     if is_json(path, text):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
+            data = safeio.parse_json(text, str(path))
+        except BstarError:
             return None  # load_points reports it
         items = data.get("points") if isinstance(data, dict) else data
         if not (isinstance(items, list) and items and all(isinstance(r, dict) for r in items)

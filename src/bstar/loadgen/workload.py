@@ -10,13 +10,13 @@ identical prompt) do not turn the sweep into a cache benchmark.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.errors import BstarError
 from bstar.loadgen.client import OpenAIClient, RequestSpec
 
@@ -60,20 +60,11 @@ def load_prompts_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not p.is_file():
         raise BstarError(f"prompts file not found: {p}")
     rows: list[dict[str, Any]] = []
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except OSError as e:
-        raise BstarError(f"{p}: cannot read prompts file ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); prompts are JSON lines"
-                         ) from None
+    text = safeio.read_text(p, safeio.MAX_TABLE_BYTES, "prompts file (JSON lines)")
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as e:
-            raise BstarError(f"{p}:{n}: not JSON: {e}") from None
+        row = safeio.parse_json(line, f"{p}:{n}")
         if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
             raise BstarError(f'{p}:{n}: expected an object with "prompt" or "messages"')
         _check_prompt_row(row, f"{p}:{n}")

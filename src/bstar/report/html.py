@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bstar import __version__
+from bstar import __version__, safeio
 from bstar.errors import BstarError
 from bstar.report.charts.base import Chart
 
@@ -132,5 +132,4 @@ def write_html(report: Report, path: str | Path) -> Path:
         raise BstarError(f"-o wants an .html file name, got {str(path)!r}")
     if not p.parent.exists():
         raise BstarError(f"folder {str(p.parent)!r} does not exist")
-    p.write_text(render_html(report), encoding="utf-8")
-    return p
+    return safeio.write_output(p, render_html(report).encode("utf-8"), "-o")

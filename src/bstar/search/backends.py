@@ -69,13 +69,26 @@ def _die_with_parent(parent_pid: int) -> None:
                      name="bstar-parent-watch").start()
 
 
-def ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """A BstarError, within `timeout_s`, when nothing listens at a HOST:PORT (or
-    ray://HOST:PORT) Ray address; "auto" and other forms are left to Ray."""
+def ray_address(address: str) -> tuple[str, str] | None:
+    """(host, port) of a HOST:PORT or ray://HOST:PORT address, None for "auto"; any other
+    string is a one-line BstarError (Ray's own parser raises a bare ValueError)."""
+    if address == "auto":
+        return None
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or not host or any(c.isspace() for c in host):
+        raise BstarError(f"--ray {address!r} is not a Ray address: give HOST:PORT, "
+                         "ray://HOST:PORT or auto (or --ray alone for a local cluster)")
+    return host, port
+
+
+def ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """A BstarError, within `timeout_s`, when nothing listens at a HOST:PORT (or
+    ray://HOST:PORT) Ray address; "auto" is left to Ray."""
+    parts = ray_address(address)
+    if parts is None:
         return
+    host, port = parts
     host = host.strip("[]") or "127.0.0.1"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
@@ -233,5 +246,7 @@ def make_backend(jobs: int | None = None, ray: str | None = None) -> Backend:
     """`ray`: None (no Ray), "local" (start one here with `jobs` CPUs, default all)
     or an address. Without Ray, jobs > 1 is a process pool, else this process."""
     if ray is not None:
+        if ray != "local":
+            ray_address(ray)  # a malformed address fails now, before any work
         return RayBackend(None if ray == "local" else ray, jobs if ray == "local" else None)
     return ProcessPool(jobs) if jobs and jobs > 1 else InProcess()

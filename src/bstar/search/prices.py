@@ -14,11 +14,11 @@ and where its figures were seen:
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.errors import BstarError
 
 
@@ -47,10 +47,7 @@ class PriceTable:
 
 
 def parse_prices(text: str, where: str = "price file") -> PriceTable:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise BstarError(f"{where}: not valid TOML ({e})") from None
+    data = safeio.parse_toml(text, where)
     as_of = data.get("as_of")
     if not as_of or isinstance(as_of, dict | list):
         raise BstarError(f"{where}: say when the prices were read: as_of = \"YYYY-MM-DD\"")
@@ -73,11 +70,4 @@ def parse_prices(text: str, where: str = "price file") -> PriceTable:
 
 def load_prices(path: str | Path) -> PriceTable:
     p = Path(path)
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except OSError as e:
-        raise BstarError(f"{p}: cannot read price file ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a price file is TOML"
-                         ) from None
-    return parse_prices(text, str(p))
+    return parse_prices(safeio.read_text(p, what="price file (TOML)"), str(p))

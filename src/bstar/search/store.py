@@ -61,7 +61,7 @@ _WHAT = "search DB"
 class SearchStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.db = open_db(self.path, _WHAT, _OWN_TABLES, _SCHEMA)
+        self.db = open_db(self.path, _WHAT, _OWN_TABLES, _SCHEMA, need=_OWN_TABLES)
 
     def _guard(self, fn: Callable[..., T], *a: Any) -> T:
         with errors(self.path, _WHAT):

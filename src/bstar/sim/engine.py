@@ -35,7 +35,11 @@ from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
 from bstar.units import GiB
 
-MAX_REQUESTS = 1_000_000
+# Each request is simulated step by step, and `bstar simulate` runs a level's workload
+# several more times to find its capacity: `simulate --rate 10 --num-requests 10000` took
+# 6.6 s of CPU on the 2-core development machine, so the documented 1,000,000 took over ten
+# minutes; 100,000 take about one.
+MAX_REQUESTS = 100_000
 # Every pass of the simulator's loop moves a token, a request or the clock: a run that
 # takes more passes than this many per token (prompt and output, plus one per request) is
 # stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).

@@ -6,11 +6,11 @@ knee advice (`run_study`). The command only maps its flags onto `StudyOptions`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.specs.gpu import MAX_MEMORY_BYTES
 from bstar.units import GiB
 
 
@@ -72,10 +72,9 @@ def _arrivals(o: StudyOptions) -> Any:
         raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
                          "or --trace FILE")
     if o.trace is not None:
-        try:
-            text = Path(o.trace).read_bytes()
-        except OSError as e:
-            raise BstarError(f"cannot read --trace {o.trace}: {e.strerror}") from None
+        from bstar import safeio
+
+        text = safeio.read_bytes(o.trace, safeio.MAX_TRACE_BYTES, "trace")
         try:
             return parse_trace(text)
         except BstarError as e:
@@ -98,8 +97,9 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
                                                         f"{d.gpu.id} {d.gpu.name}")
     levels = sorted(set(o.max_num_seqs or [default_seqs]))
     tokens = o.max_num_batched_tokens or default_tokens
-    if o.swap_space_gib < 0:
-        raise BstarError("--swap-space-gib must not be negative")
+    if not 0 <= o.swap_space_gib * GiB <= MAX_MEMORY_BYTES:
+        raise BstarError(f"--swap-space-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
+                         f"GiB, got {o.swap_space_gib:g}")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
                     max_sim_time_s=o.max_sim_time_s)

@@ -6,7 +6,6 @@ Memory is exact bytes as the device reports it (nvidia-smi's MiB x 2**20): datas
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from bstar import safeio
 from bstar.errors import BstarError, closest
 
 # Bounds of a GPU file's figures, far past any accelerator (an H200: 141 GB, 4.8e12 B/s,
@@ -23,6 +23,9 @@ from bstar.errors import BstarError, closest
 # ("ridge 0.0"). GpuSpec itself only asks for finite positive figures (calibration scales
 # them).
 MAX_MEMORY_BYTES = 2**50
+# The smallest rate (B/s, FLOP/s) a figure may state, far below any accelerator's (and any
+# CPU's): a typo, not a slow device.
+MIN_RATE = 1e6
 _MAX_RATE = {"hbm_bandwidth_bytes_s": 1e16, "interconnect_bytes_s": 1e16,
              "bf16_flops": 1e19, "fp16_flops": 1e19, "fp8_flops": 1e19, "int8_ops": 1e19}
 
@@ -65,6 +68,13 @@ class GpuSpec:
             if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
                 raise BstarError(f"GPU {self.id!r}: {k} must be a finite number, not "
                                  f"negative, got {v!r}")
+        for k in _MAX_RATE:
+            v = getattr(self, k)
+            # A rate that is not 0 (unknown) is at least MIN_RATE: a subnormal one (5e-324)
+            # halves to 0.0 in the all-reduce price and divides by zero.
+            if v and v < MIN_RATE:
+                raise BstarError(f"GPU {self.id!r}: {k} must be 0 (unknown) or at least "
+                                 f"{MIN_RATE:g}, got {v!r}")
 
     def peak_flops(self, compute: str) -> float:
         """Dense tensor rate for a compute dtype, falling back to 16-bit where the
@@ -134,17 +144,9 @@ def gpu_catalog() -> dict[str, GpuSpec]:
 def load_gpu_file(path: Path) -> GpuSpec:
     """A user GPU file: TOML or JSON, one table in the catalog's schema (optionally under
     its id, as in the catalog)."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except OSError as e:
-        raise BstarError(f"{path}: cannot read GPU file ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise BstarError(f"{path}: not UTF-8 text (byte {e.start}); a GPU file is TOML or "
-                         "JSON") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
-        raise BstarError(f"{path}: not valid {path.suffix.lstrip('.') or 'TOML'} ({e})") from None
+    text = safeio.read_text(path, what="GPU file (TOML or JSON)")
+    data = (safeio.parse_json(text, str(path)) if path.suffix == ".json"
+            else safeio.parse_toml(text, str(path)))
     if not isinstance(data, dict):
         raise BstarError(f"{path}: expected a table of GPU fields")
     if "name" not in data and len(data) == 1 and isinstance(next(iter(data.values())), dict):

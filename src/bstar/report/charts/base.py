@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bstar import safeio
 from bstar.errors import BstarError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,6 +58,7 @@ STYLE: dict[str, Any] = {
     "legend.fontsize": 8.5, "legend.frameon": False, "svg.fonttype": "path",
     "figure.facecolor": "white", "savefig.facecolor": "white", "lines.linewidth": 2.0,
     "svg.hashsalt": "bstar",  # stable ids: the same input gives the same SVG
+    "text.usetex": False,  # names from servers and files are text (`literal_texts`)
 }
 
 
@@ -88,18 +90,52 @@ class Chart:
     def svg(self) -> str:
         """The figure as an SVG document with a `<title>` tooltip on every marked point."""
         buf = io.BytesIO()
+        literal_texts(self.fig)
         with _style():
-            self.fig.savefig(buf, format="svg", metadata={"Date": None})
+            self.fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "bstar"})
         return add_svg_tooltips(buf.getvalue(), self.tips)
 
     def png(self, dpi: int = 144) -> bytes:
         buf = io.BytesIO()
+        literal_texts(self.fig)
         with _style():
-            self.fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+            self.fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": "bstar"})
         return buf.getvalue()
 
     def save(self, path: str | Path) -> Path:
         return save(self, path)
+
+
+def literal_texts(fig: Figure) -> None:
+    """Every text of `fig` but its tick labels drawn as literal characters: no mathtext (a model id
+    `$\\bogus$` raised a ParseException), each control character (ESC) shown as an escape
+    and each line bounded (report/text/_common.clean_text)."""
+    from matplotlib.text import Text
+
+    from bstar.report.text._common import clean_text
+
+    ticks = {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in (*axis.majorTicks, *axis.minorTicks)
+             for label in (tick.label1, tick.label2)}
+    for t in fig.findobj(Text):
+        if id(t) in ticks:
+            continue  # numbers from the axis' formatter (a log axis' 10^k is mathtext)
+        t.set_parse_math(False)
+        text = t.get_text()
+        lines = [clean_text(x, TEXT_CHARS) for x in text.split("\n")]
+        if "\n".join(lines) != text:
+            t.set_text("\n".join(lines))
+
+
+TEXT_CHARS = 200  # a line of a chart's text (titles name a model and a GPU)
+
+
+def literal(name: object, limit: int = TEXT_CHARS) -> str:
+    """A name for a text that keeps mathtext on (a tick label): control characters shown
+    as escapes, bounded, and each `$` escaped so that it never opens math."""
+    from bstar.report.text._common import clean_text
+
+    return clean_text(name, limit).replace("$", r"\$")
 
 
 def save(chart: Chart, path: str | Path) -> Path:
@@ -110,8 +146,7 @@ def save(chart: Chart, path: str | Path) -> Path:
     if p.parent and not p.parent.exists():
         raise BstarError(f"folder {str(p.parent)!r} does not exist")
     data = chart.svg().encode() if suffix == ".svg" else chart.png()
-    p.write_bytes(data)
-    return p
+    return safeio.write_output(p, data, "--plot")
 
 
 _SVG_NS = "http://www.w3.org/2000/svg"
@@ -120,6 +155,8 @@ _SVG_NS = "http://www.w3.org/2000/svg"
 def add_svg_tooltips(svg: bytes, tips: dict[str, str]) -> str:
     """Insert `<title>` as first child of each group whose id has a tip (the way the
     matplotlib gallery's SVG tooltip example does it, without the script)."""
+    from bstar.report.text._common import clean_text
+
     ET.register_namespace("", _SVG_NS)
     ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
     root = ET.fromstring(svg)
@@ -128,7 +165,8 @@ def add_svg_tooltips(svg: bytes, tips: dict[str, str]) -> str:
             text = tips.get(el.get("id", ""))
             if text is not None:
                 t = ET.Element(f"{{{_SVG_NS}}}title")
-                t.text = text
+                # XML 1.0 has no control characters: an ESC in a name would void the SVG.
+                t.text = "\n".join(clean_text(x, 400) for x in text.split("\n"))
                 el.insert(0, t)
     return ET.tostring(root, encoding="unicode")
 

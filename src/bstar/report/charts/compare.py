@@ -12,6 +12,7 @@ from bstar.report.charts.base import (
     _plain_log_y,
     _style,
     _Tips,
+    literal,
 )
 from bstar.report.words import words
 
@@ -76,6 +77,7 @@ def compare_chart(rows: list[dict[str, Any]]) -> Chart:
 
 def _row_group(r: dict[str, Any]) -> str:
     gpu = f"{r['num_gpus']}x{r['gpu']}" if r.get("num_gpus", 1) > 1 else r["gpu"]
-    return f"{r['model']}\n{gpu}"
+    # A tick label: set at draw time, after literal_texts ran, so made literal here.
+    return f"{literal(r['model'])}\n{literal(gpu)}"
 
 

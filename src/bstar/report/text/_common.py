@@ -5,6 +5,7 @@ at import; rich loads inside the functions that draw with it."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,41 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 Styler = Callable[[str, str], str]
+
+# Untrusted text (a server's model id, a name or path from a file, a stored run's fields):
+# C0/C1 control characters (ESC starts ANSI and OSC sequences: colours, titles, hyperlinks),
+# DEL and the bidirectional overrides that reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+NAME_CHARS = 120  # a name printed in a line or a table cell
+
+
+def _visible(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch in "\t\n\r":
+        return " "
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def clean_text(value: object, limit: int = NAME_CHARS) -> str:
+    """`value` as text that is safe to print or draw: one line, each control character
+    shown as an escape (`\\x1b`) instead of acting on the terminal, and at most `limit`
+    characters, a longer one cut with the count of the rest (a 100 kB model id took `runs
+    show` 40 s to lay out). Rich markup is not escaped here: see `markup_text`."""
+    s = str(value)
+    # Only the head can be shown: cleaning a bounded slice keeps a huge value cheap.
+    head = _CONTROL.sub(_visible, s[:limit + 1])
+    if len(s) > limit or len(head) > limit:
+        rest = len(s) - limit
+        head = head[:limit] + (f"… (+{rest:,} characters)" if rest > 0 else "…")
+    return head
+
+
+def markup_text(value: object, limit: int = NAME_CHARS) -> str:
+    """`clean_text` escaped for rich markup: a `[/]` or `[link=...]` in a server's model id
+    prints as itself, never as a style, a hyperlink or a MarkupError."""
+    from rich.markup import escape
+
+    return escape(clean_text(value, limit))
 
 
 def console() -> Console:
@@ -45,6 +81,27 @@ def ansi_styler(stream: Any) -> Styler:
     def style(text: str, name: str) -> str:
         return f"\x1b[{codes[name]}m{text}\x1b[0m" if on and name in codes else text
     return style
+
+
+# A terminal table shows its first and last rows and says how many it left out; --json (or
+# `runs export`) has every row. Printing 20,000 rows took 90% of an 11 s `bstar fit`.
+TABLE_HEAD_ROWS = 20
+TABLE_TAIL_ROWS = 10
+
+
+def elided(n: int, head: int = TABLE_HEAD_ROWS, tail: int = TABLE_TAIL_ROWS
+           ) -> list[int | None]:
+    """The row indices a terminal table shows of `n` rows: all of them when few, else the
+    first `head`, None where the rest were left out, and the last `tail`."""
+    if n <= head + tail + 1:
+        return list(range(n))
+    return [*range(head), None, *range(n - tail, n)]
+
+
+def gap_row(n: int, head: int = TABLE_HEAD_ROWS, tail: int = TABLE_TAIL_ROWS,
+            where: str = "--json") -> str:
+    """The text of the row that stands for the rows `elided` left out."""
+    return f"... {n - head - tail:,} more rows ({where} has all {n:,})"
 
 
 def fmt_b_star(b: float) -> str:

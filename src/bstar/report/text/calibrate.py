@@ -22,7 +22,10 @@ def print_calibration(c: Any, profile: Path | None, spread: list[dict[str, Any]]
                       checks: list[tuple[str, str, list[Any], float, float]]) -> None:
     """A `calibrate.Calibration`, the profile written (`profile`), the repeated batches'
     spread, and per check (run, model, points, median |error| calibrated and not)."""
-    print(f"calibration of {c.model} on {c.gpu} (weights {c.weight_dtype}, KV {c.kv_dtype})"
+    from bstar.report.text._common import clean_text
+
+    print(f"calibration of {clean_text(c.model)} on {clean_text(c.gpu)} "
+          f"(weights {c.weight_dtype}, KV {c.kv_dtype})"
           f"{', ' + c.engine if c.engine else ''} {c.engine_version}".rstrip())
     print(f"  {'parameter':<20}{'value':>12}  {'1 sigma':<18}prior")
     for k, p in c.params.items():

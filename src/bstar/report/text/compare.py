@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bstar.report.text._common import Column, console, fmt_b_star, table_to_width
+from bstar.report.text._common import markup_text as mt
 from bstar.units import GB, KiB, MiB
 
 if TYPE_CHECKING:
@@ -25,12 +26,13 @@ def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> Non
     for r in rows:
         if not r["fits"]:
             need = r.get("min_num_gpus")
-            c.print(f"[red]{r['model']} on {r['num_gpus']} x {r['gpu']} at "
+            c.print(f"[red]{mt(r['model'])} on {r['num_gpus']} x {mt(r['gpu'])} at "
                     f"{r['context_tokens']} tokens does not fit[/]: "
                     + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
                        if need else "no tensor-parallel size up to 64 fits"))
         for w in r.get("warnings") or ():
-            c.print(f"[yellow]warning ({r['model']}, {r['context_tokens']} tokens): {w}[/]")
+            c.print(f"[yellow]warning ({mt(r['model'])}, {r['context_tokens']} tokens): "
+                    f"{mt(w, 400)}[/]")
     c.print("[dim]GB = 1e9 bytes; KiB/MiB = 2^10/2^20. crossover: batch where compute "
             "overtakes memory ('-': never). Columns that do not fit the terminal are left "
             "out; --json has them all.[/]")
@@ -39,7 +41,7 @@ def print_compare(rows: list[dict[str, Any]], out: Console | None = None) -> Non
 def compare_cells(r: dict[str, Any]) -> list[str]:
     """One row's cells (rich markup): sizes, then B*, B_mem and the recommendation, or
     'no fit' and the GPU count that holds one sequence."""
-    sizes = [r["model"], f"{r['num_gpus']}x{r['gpu']}", r["attention"],
+    sizes = [mt(r["model"]), f"{r['num_gpus']}x{mt(r['gpu'])}", r["attention"],
              f"{r['weight_bytes'] / GB:.2f}", f"{r['kv_bytes_per_token'] / KiB:.0f}",
              str(r["context_tokens"]), f"{r['kv_bytes_per_seq'] / MiB:.0f}"]
     if not r["fits"]:

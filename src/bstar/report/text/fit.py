@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bstar.report.text._common import console
+from bstar.report.text._common import console, elided, gap_row
+from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def print_fit(r: Any, spec: dict[str, Any] | None = None) -> None:
     c = console()
     p, pts = r.params, r.points
     lo, hi = INTERVAL_PCT
-    c.print(f"[bold]bstar fit[/] {pts.source}: {len(pts)} points; step(B) = "
+    c.print(f"[bold]bstar fit[/] {mt(pts.source, 400)}: {len(pts)} points; step(B) = "
             + ("d + " if r.fit_overhead else "") + "max(a + b*B, c*B), robust "
             f"({LOSS} on log step time, scale {LOSS_SCALE:g}); intervals are the "
             f"{lo:g}th-{hi:g}th percentiles of {r.n_bootstrap} bootstrap refits (seed {r.seed})")
@@ -77,16 +78,21 @@ def print_fit_tables(c: Console, r: Any) -> None:
     from bstar.fit import INTERVAL_PCT
 
     pts = r.points
+    outliers = set(r.outliers)
     lo, hi = INTERVAL_PCT
     t = Table(title="measured points and the fit", show_edge=False)
     for col in ("batch", "throughput\ntok/s", "TPOT ms\n(per request)", "fitted\nTPOT ms",
                 "residual", "regime"):
         t.add_column(col, justify="left" if col == "regime" else "right")
-    for i, b in enumerate(pts.batch):
+    for i in elided(len(pts.batch)):
+        if i is None:
+            t.add_row("", "", "", "", "", f"[dim]{gap_row(len(pts.batch))}[/]")
+            continue
+        b = pts.batch[i]
         d = pts.derived[i]
         star_t = "*" if d == "throughput_tok_s" else ""
         star_p = "*" if d == "tpot_ms" else ""
-        flag = " outlier" if b in r.outliers else ""
+        flag = " outlier" if b in outliers else ""
         t.add_row(str(b), f"{pts.throughput_tok_s[i]:,.0f}{star_t}",
                   f"{pts.tpot_ms[i]:.4g}{star_p}", f"{r.fitted_tpot_ms[i]:.4g}",
                   f"{r.residual_pct[i]:+.1f}%{flag}", r.regimes[i])
@@ -97,7 +103,11 @@ def print_fit_tables(c: Console, r: Any) -> None:
     t = Table(title=f"predictions ({lo:g}-{hi:g}% interval)", show_edge=False)
     for col in ("batch", "throughput tok/s", "TPOT ms (per request)", "regime", "note"):
         t.add_column(col, justify="left" if col in ("regime", "note") else "right")
-    for pr in r.predictions:
+    for j in elided(len(r.predictions)):
+        if j is None:
+            t.add_row("", "", "", "", f"[dim]{gap_row(len(r.predictions))}[/]")
+            continue
+        pr = r.predictions[j]
         note = ""
         if pr.bound == "tpot_lower_bound":
             note = ("roof unknown: TPOT at least this, throughput at most; high = roof at "

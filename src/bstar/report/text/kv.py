@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 def print_kv_check(d: Deployment, c: KvCheck) -> None:
     """The deployment in one line, then `format_kv_check`."""
-    print(f"{d.model.name} on {d.gpu.name} (KV {d.kv.name})")
+    from bstar.report.text._common import clean_text
+
+    print(f"{clean_text(d.model.name)} on {clean_text(d.gpu.name)} (KV {d.kv.name})")
     print(format_kv_check(c))
 
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bstar.report.text._common import Styler, ansi_styler, fmt_b_star, plain_columns
+from bstar.report.text._common import (
+    Styler,
+    ansi_styler,
+    clean_text,
+    elided,
+    fmt_b_star,
+    gap_row,
+    plain_columns,
+)
 from bstar.units import GiB, KiB, fmt_bytes, fmt_count, fmt_ms, sparkline
 
 if TYPE_CHECKING:
@@ -43,10 +51,11 @@ def deployment_lines(plan: Plan, st: Styler) -> list[str]:
     """The model on the GPUs: weights, KV per token, the memory sum, rates and priors."""
     d = plan.deployment
     m, g, e = d.model, d.gpu, d.eff
-    out = [st(m.name, "bold") + f" ({fmt_count(m.num_params)} params"
+    # Names from a config.json or a GPU file: printed as data (clean_text).
+    out = [st(clean_text(m.name), "bold") + f" ({fmt_count(m.num_params)} params"
            + (f", {fmt_count(m.num_active_params)} active" if m.is_moe else "")
            + f", {m.attention_kind}, {m.num_layers} layers) on "
-           + st(f"{d.num_gpus} x {g.name}", "bold") + f" ({g.id})",
+           + st(f"{d.num_gpus} x {clean_text(g.name)}", "bold") + f" ({clean_text(g.id)})",
            f"  weights W        {fmt_bytes(plan.weight_bytes)} in {d.weight.name}"
            + (f"; {fmt_bytes(plan.weight_bytes_per_gpu)} per GPU" if d.num_gpus > 1 else ""),
            f"  KV per token     {plan.kv_bytes_per_token:,} bytes "
@@ -111,7 +120,10 @@ def curve_lines(cp: ContextPlan, st: Styler) -> tuple[bool, list[str]]:
     cv = cp.curve
     queued = False
     rows: list[list[tuple[str, str]]] = []
-    for i in range(cv.batch.size):
+    for i in elided(cv.batch.size):
+        if i is None:  # a long --batch list: its middle rows left out (--json has them)
+            rows.append([("", "")] * 5 + [(gap_row(cv.batch.size), "dim")])
+            continue
         r = cv.regime[i]
         b, run = int(cv.batch[i]), int(cv.running_batch[i])
         if b > run:

@@ -10,7 +10,10 @@ from bstar.units import GiB
 
 def print_probe(result: Any, gpu: Any, output: Path) -> None:
     """A `probe.ProbeResult` and the GpuSpec read back from the file it wrote."""
-    print(f"{gpu.name} ({result.device}, {result.threads} threads), {result.elapsed_s:.1f} s")
+    from bstar.report.text._common import clean_text
+
+    print(f"{clean_text(gpu.name)} ({result.device}, {result.threads} threads), "
+          f"{result.elapsed_s:.1f} s")
     print(f"  memory     {gpu.memory_bytes / GiB:.1f} GiB ({result.memory_how})")
     print(f"  bandwidth  {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s  (filed: the larger of)")
     for m in (result.bandwidth, result.read_bandwidth):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bstar.report.text._common import console
+from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_num
 
 
@@ -45,7 +46,7 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
     shown = [r for r in s["candidates"] if r["status"] == "ok" and r["rank"] <= top]
     for r in shown:
         mark = " *" if r["pareto_cost"] or r["pareto_throughput"] else ""
-        tab.add_row(f"{r['rank']}{mark}", r["model"], r["gpu"], str(r["num_gpus"]),
+        tab.add_row(f"{r['rank']}{mark}", mt(r["model"]), mt(r["gpu"]), str(r["num_gpus"]),
                     str(r["tensor_parallel"]), str(r["data_parallel"]),
                     str(r["max_num_seqs"]), str(r["max_num_batched_tokens"]),
                     num_or_dash(r["rate_per_replica_req_s"], 2), str(r["gpus_total"]),
@@ -62,7 +63,7 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
     for model, w in s["winners"].items():
         cost = (f", {num_or_dash(w['cost_per_mtok'], 3)} {s['prices']['currency']} per "
                 "million output tokens" if w["cost_per_mtok"] is not None else "")
-        c.print(f"[bold green]{model}[/]: {w['gpus_total']} x {w['gpu']} ({w['instances']} "
+        c.print(f"[bold green]{mt(model)}[/]: {w['gpus_total']} x {mt(w['gpu'])} ({w['instances']} "
                 f"instance(s) of {w['num_gpus']} GPUs, TP {w['tensor_parallel']} x DP "
                 f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
         c.print(f"  {w['flags']['vllm']}")

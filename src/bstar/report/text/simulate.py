@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bstar.report.text._common import console
+from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_bytes, fmt_num, sparkline
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ def print_simulation(study: Study) -> None:
     args, tokens = study.options, study.max_num_batched_tokens
     first = rows[0]
     inp, out = parse_lengths(args.input_len), parse_lengths(args.output_len)
-    c.print(f"[bold]{d.model.name}[/] on [bold]{d.num_gpus} x {d.gpu.name}[/] ({d.gpu.id}): "
+    c.print(f"[bold]{mt(d.model.name)}[/] on [bold]{d.num_gpus} x {mt(d.gpu.name)}[/] "
+            f"({mt(d.gpu.id)}): "
             f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU = {first.kv_blocks:,} blocks "
             f"of {first.block_size} tokens ({first.kv_blocks * first.block_size:,} tokens)")
     lengths = "lengths from the trace" if args.trace is not None else \

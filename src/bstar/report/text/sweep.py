@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bstar.report.text._common import rich_table, wide_console
+from bstar.report.text._common import elided, gap_row, rich_table, wide_console
+from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_ms, sparkline
 
 if TYPE_CHECKING:
@@ -57,7 +58,11 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
                      else "model tok/s decode-only (err)", justify="right")
         t.add_column("model TPOT ms (err)", justify="right")
     t.add_column("status")
-    for lv in levels:
+    for k in elided(len(levels)):
+        if k is None:
+            t.add_row(f"[dim]{gap_row(len(levels), where='--json or runs export')}[/]")
+            continue
+        lv = levels[k]
         row = [
             level_name(lv), str(lv["requests"]), str(lv["errors"]) if lv["errors"] else "0",
             f"{lv['throughput_tok_s']:.1f}" if lv.get("throughput_tok_s") else "-",
@@ -86,7 +91,7 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
             else:
                 row += ["-", "-"]
         st = lv["status"]
-        row.append(st if st == "completed" else f"[yellow]{st}[/]")
+        row.append(st if st == "completed" else f"[yellow]{mt(st)}[/]")
         t.add_row(*row)
     return t
 
@@ -94,9 +99,10 @@ def levels_table(result: SweepResult, title: str | None = None) -> Table:
 def print_result(result: SweepResult, console: Console | None = None) -> None:
     console = console or wide_console()
     d = result.to_dict()
-    head = f"run {d['run_id']}  {d['url']}  model {d['served_model'] or '?'}"
+    # The model id and version are the server's words, the rest the DB's: data, not markup.
+    head = f"run {mt(d['run_id'])}  {mt(d['url'])}  model {mt(d['served_model'] or '?')}"
     if d.get("server_version"):
-        head += f"  ({d['server_version']})"
+        head += f"  ({mt(d['server_version'])})"
     console.print(f"[bold]{head}[/]")
     console.print(levels_table(result))
     done = [lv for lv in d["levels"] if lv.get("throughput_tok_s")]
@@ -107,7 +113,8 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
     seen_caps: set[tuple[Any, Any]] = set()
     for lv in d["levels"]:
         if (lv.get("status_detail") and lv["status"] != "completed") or lv["errors"]:
-            console.print(f"  [yellow]{level_name(lv)}[/]: {lv.get('status_detail') or ''}")
+            console.print(f"  [yellow]{level_name(lv)}[/]: "
+                          f"{mt(lv.get('status_detail') or '', 400)}")
         cap = lv.get("kv_capacity_seqs")
         pred = lv.get("predicted") or {}
         if cap is not None and (cap, pred.get("b_mem")) not in seen_caps:
@@ -145,7 +152,8 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
                       f"{rec['reason']}")
     status = d.get("status")
     if status and status != "completed":
-        console.print(f"[yellow]run status: {status}[/] {d.get('status_detail') or ''}")
+        console.print(f"[yellow]run status: {mt(status)}[/] "
+                      f"{mt(d.get('status_detail') or '', 400)}")
 
 
 class Progress:
@@ -173,7 +181,7 @@ class Progress:
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "run_start":
-            self.console.print(f"run {data['run_id']} -> {data['db']}")
+            self.console.print(f"run {mt(data['run_id'])} -> {mt(data['db'], 400)}")
         elif kind == "server_start":
             self.console.print(f"starting server: {data['cmd']}  (log {data['log']})")
         elif kind == "server_ready":
@@ -191,20 +199,21 @@ class Progress:
         elif kind == "level_end":
             lv = data["level"]
             if data["status"] != "completed" and data.get("detail"):
-                self.console.print(f"[yellow]level {lv}: {data['status']}[/] {data['detail']}")
+                self.console.print(f"[yellow]level {lv}: {data['status']}[/] "
+                                   f"{mt(data['detail'], 400)}")
 
 
 def print_runs(runs: list[dict[str, Any]], title: str, out: Console) -> None:
     """`bstar runs list`: one row per stored run, newest first."""
     if not runs:
-        out.print(f"no runs in {title}")
+        out.print(f"no runs in {mt(title, 400)}")
         return
-    t = rich_table(show_edge=False, pad_edge=False, title=title, title_justify="left")
+    t = rich_table(show_edge=False, pad_edge=False, title=mt(title, 400), title_justify="left")
     for c in ("run", "when (UTC)", "status", "url", "model", "levels done"):
         t.add_column(c)
     for r in runs:
-        t.add_row(r["id"], r["created_at"], r["status"], r["url"],
-                  r["served_model"] or "-", str(r["levels_done"]))
+        t.add_row(mt(r["id"]), mt(r["created_at"]), mt(r["status"]), mt(r["url"]),
+                  mt(r["served_model"] or "-"), mt(r["levels_done"]))
     out.print(t)
 
 
@@ -215,7 +224,7 @@ def print_runs_compare(cmp: dict[str, Any], out: Console) -> None:
     t = rich_table(show_edge=False, pad_edge=False)
     t.add_column("level")
     for run_id in names:
-        t.add_column(f"{run_id}\ntok/s | TPOT p50 | TTFT p99", justify="right")
+        t.add_column(f"{mt(run_id)}\ntok/s | TPOT p50 | TTFT p99", justify="right")
     if len(names) == 2:
         t.add_column("tok/s ratio", justify="right")
     for row in cmp["levels"]:
@@ -239,5 +248,5 @@ def print_runs_compare(cmp: dict[str, Any], out: Console) -> None:
         t.add_row(*cells)
     out.print(t)
     for run_id, rec in zip(names, cmp["recommendations"], strict=True):
-        out.print(f"{run_id}: " + (f"max_num_seqs = {rec['max_num_seqs']} ({rec['bound']})"
+        out.print(f"{mt(run_id)}: " + (f"max_num_seqs = {rec['max_num_seqs']} ({rec['bound']})"
                                    if rec else "no verdict"))

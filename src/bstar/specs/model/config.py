@@ -258,13 +258,10 @@ def _from_opt(cfg: Mapping[str, Any], name: str, where: str, assume: bool) -> Mo
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
+    from bstar import safeio
+
     p = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BstarError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BstarError(f"{p}: not valid JSON ({e})") from None
+    data = safeio.load_json(p, what="config.json")
     if not isinstance(data, dict):
         raise BstarError(f"{p}: config must be a JSON object")
     return data

@@ -189,7 +189,11 @@ def vision_tensors(cfg: Mapping[str, Any], where: str) -> tuple[Tensor, ...]:
             v("post_layernorm", h, 1, 2 * (1 + cls), "vector")]
     if cls:
         # Llama-4: a class token, the pixel-shuffle MLP and the projector into the text model.
-        ratio = float(vc.get("pixel_shuffle_ratio", 0.5))
+        ratio = vc.get("pixel_shuffle_ratio", 0.5)
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (
+                0.01 <= ratio <= 1):
+            raise BstarError(f"{vw}: pixel_shuffle_ratio must be a number in [0.01, 1] "
+                             f"(Llama-4's is 0.5), got {ratio!r}")
         shuffled = round(h / (ratio * ratio))
         proj_in = integer(vc, vw, "projector_input_dim")
         proj_out = integer(vc, vw, "projector_output_dim")

@@ -93,8 +93,64 @@ def _patterns(q: Mapping[str, Any], where: str, *keys: str) -> tuple[str, ...]:
             v = [v]
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise BstarError(f"{where}: quantization_config {k!r} must be a list of names")
+        for x in v:
+            if x.startswith("re:"):
+                check_regex(x[3:], f"{where}: quantization_config {k!r}")
         out += v
     return tuple(out)
+
+
+MAX_REGEX_REPEATS = 4
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def check_regex(pattern: str, where: str) -> None:
+    """Refuse a pattern Python's backtracking `re` could take exponential time on: a repeat
+    inside a repeat (`([a-z_.0-9]+)+#`), alternatives under a repeat (`(a|ab)*`) or a
+    backreference. The ignore patterns checkpoints ship (`re:.*lm_head`,
+    `re:model.layers.\\d+.mlp.gate$`) have none of these: each repeat is one character class,
+    which matches in time linear in the module path per starting point."""
+    import re
+    from re import _parser  # type: ignore[attr-defined]
+
+    if len(pattern) > 1000:
+        raise BstarError(f"{where}: regex of {len(pattern)} characters (at most 1000)")
+    try:
+        tree = _parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise BstarError(f"{where}: not a valid regex {pattern[:80]!r} ({e})") from None
+
+    repeats = [0]
+
+    def walk(sub: Any, in_repeat: bool) -> None:
+        for op, av in sub:
+            name = str(op)
+            if name in _REPEATS:
+                _lo, hi, body = av
+                if in_repeat and hi != 1:
+                    _refuse("a repeat inside a repeat")
+                repeats[0] += hi != 1
+                if repeats[0] > MAX_REGEX_REPEATS:
+                    # k repeats in a row try ~C(n + k, k) splits of an n-character path.
+                    _refuse(f"more than {MAX_REGEX_REPEATS} repeats")
+                walk(body, in_repeat or hi != 1)
+            elif name == "BRANCH":
+                if in_repeat:
+                    _refuse("alternatives under a repeat")
+                for b in av[1]:
+                    walk(b, in_repeat)
+            elif name in ("GROUPREF", "GROUPREF_EXISTS"):
+                _refuse("a backreference")
+            elif name == "SUBPATTERN":
+                walk(av[3], in_repeat)
+            elif name in ("ASSERT", "ASSERT_NOT", "ATOMIC_GROUP"):
+                walk(av[1] if name != "ATOMIC_GROUP" else av, in_repeat)
+
+    def _refuse(why: str) -> None:
+        raise BstarError(f"{where}: regex {pattern[:80]!r} has {why}, which Python's re can "
+                         "take exponential time to match; write it without one")
+
+    walk(tree, False)
 
 
 def _compressed_tensors(q: Mapping[str, Any], where: str) -> str | None:
