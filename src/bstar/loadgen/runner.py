@@ -23,6 +23,7 @@ from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive, run_loop, steady_gc
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
+from bstar.redact import clip
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
 # rule or its time limit still measured what it measured; re-running would not change why.
@@ -113,7 +114,9 @@ class _Runner:
                f"level{lv.idx}-mns{lv.max_num_seqs}-a{attempt}.log")
         self.store.set_level_log(level_id, str(log))
         url = f"http://127.0.0.1:{port}"
-        self.emit("server_start", level=lv.idx, cmd=cmd, log=str(log))
+        from bstar.redact import redact
+
+        self.emit("server_start", level=lv.idx, cmd=redact(cmd), log=str(log))
         self.server = ManagedServer(shlex.split(cmd), health_url=url + "/health",
                                     timeout_s=cfg.health_timeout_s, log_path=log, url=url)
         self.server.start()
@@ -158,7 +161,7 @@ class _Runner:
                     # requests are in the store, and its row says how many.
                     duration_s, stats = self._partial(level_id)
                     self.store.finish_level(level_id, status=status,
-                                            status_detail=f"{type(e).__name__}: {e}"[:300],
+                                            status_detail=clip(f"{type(e).__name__}: {e}", 300),
                                             duration_s=duration_s, stats=stats)
                 raise
             finally:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bstar.redact import clip
+
 _SAMPLE = re.compile(
     r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -311,7 +313,7 @@ class Scraper:
         if status != 200:
             if status == 404:
                 self._absent = True
-            return None, f"/metrics: HTTP {status}" if status else str(text)[:200]
+            return None, f"/metrics: HTTP {status}" if status else clip(str(text), 200)
         return await asyncio.to_thread(read_snapshot, text), None
 
     async def _scrape_once(self) -> None:
@@ -319,9 +321,7 @@ class Scraper:
             return
         snap, error = await self._read()
         if snap is None:
-            from bstar.redact import redact
-
-            self._stats.error = redact(error or "")[:300]
+            self._stats.error = clip(error or "", 300)
             return
         st = self._stats
         st.scrapes += 1
