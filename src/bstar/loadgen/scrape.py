@@ -29,7 +29,7 @@ _ENGINES = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llamacpp", "tgi_
 # their ITL p99), and the scraper reads it off the event loop within METRICS_TIMEOUT_S.
 METRICS_MAX_BYTES = 4 * 1024 * 1024
 METRICS_TIMEOUT_S = 5.0
-# Label values read as integers (block counts, bytes) are exact below 2**53.
+# Label values read as integers (block counts, bytes) and counts are exact below 2**53.
 _MAX_LABEL_INT = 2**53
 
 # The metrics a snapshot reads, per figure: the first name present wins (counters with or
@@ -130,7 +130,9 @@ def _label_int(labels: dict[str, str], key: str) -> int | None:
 
 
 def _nonneg(v: float | None) -> float | None:
-    return v if v is None or v >= 0 else None
+    """A count or gauge as bstar reads it: None when negative or past 2**53 (no engine
+    counts that far; a float there is no longer an exact count)."""
+    return v if v is None or 0 <= v < _MAX_LABEL_INT else None
 
 
 @dataclass(frozen=True, slots=True)
