@@ -52,10 +52,8 @@ _NAMES: dict[str, tuple[str, ...]] = {
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",
                                    "vllm:prefix_cache_queries"),
     "max_total_tokens": ("sglang:max_total_num_tokens",),
-    # Engine steps and the tokens they processed: vLLM's histogram of tokens per step
-    # (prompt tokens included); llama.cpp's llama_decode calls (its tokens: predicted +
-    # prompt, below).
-    "step_tokens_total": ("vllm:iteration_tokens_total_sum",),
+    # Engine steps: vLLM's count of its tokens-per-step histogram, llama.cpp's
+    # llama_decode calls.
     "steps_total": ("vllm:iteration_tokens_total_count", "llamacpp:n_decode_total"),
     "llamacpp_prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
 }
@@ -159,10 +157,8 @@ class Snapshot:
     # The pool's size in tokens where the engine exports it apart from vLLM's blocks
     # (SGLang's max_total_num_tokens, TGI's batch token budget).
     max_total_tokens: int | None = None
-    # Engine steps so far and the tokens they processed (vLLM: iteration_tokens_total's
-    # count and sum; llama.cpp: n_decode_total, and tokens predicted + prompt tokens).
+    # Engine steps so far (vLLM: iteration_tokens_total's count; llama.cpp: n_decode_total).
     steps_total: float | None = None
-    step_tokens_total: float | None = None
 
 
 def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
@@ -188,14 +184,10 @@ def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
     if kv is not None and kv > 1.0 + 1e-9:
         kv = None  # neither a fraction nor a percent
     hits, queries = fig["prefix_cache_hits_total"], fig["prefix_cache_queries_total"]
-    step_tokens = fig["step_tokens_total"]
     if engine == "llamacpp":
         processed = fig["llamacpp_prompt_tokens_total"]
         if queries is None and hits is not None and processed is not None:
             queries = processed + hits
-        gen = fig["generation_tokens_total"]
-        if step_tokens is None and gen is not None and processed is not None:
-            step_tokens = gen + processed
     max_tokens = fig["max_total_tokens"]
     return Snapshot(
         engine=engine,
@@ -213,7 +205,6 @@ def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
         max_total_tokens=(int(max_tokens) if max_tokens is not None
                           and max_tokens < _MAX_LABEL_INT else None),
         steps_total=fig["steps_total"],
-        step_tokens_total=step_tokens,
     )
 
 
@@ -252,9 +243,11 @@ class LevelServerStats:
     kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
     kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
     slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
-    # The level's engine steps and the mean tokens one processed (the engine's own count
-    # of its batch: vLLM's iteration_tokens_total, llama.cpp's n_decode_total; None: not
-    # exported). Unlike throughput, CPU contention cannot change what a step holds.
+    # The level's engine steps and the tokens they generated, per step: the decode batch
+    # the engine ran, on average, by its own counters (vLLM: iteration_tokens_total's count,
+    # llama.cpp: n_decode_total; None: not exported). At most one token per running
+    # sequence a step (no speculative decoding), and unlike a throughput, a busy CPU does
+    # not change what a step holds.
     engine_steps: int | None = None
     tokens_per_step: float | None = None
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
@@ -385,7 +378,8 @@ class Scraper:
                     st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
                                                 / st.prefix_cache_query_tokens)
             s0, s1 = self._first.steps_total, self._last.steps_total
-            k0, k1 = self._first.step_tokens_total, self._last.step_tokens_total
+            k0, k1 = (self._first.generation_tokens_total,
+                      self._last.generation_tokens_total)
             if s0 is not None and s1 is not None and s1 >= s0:
                 st.engine_steps = round(s1 - s0)
                 if st.engine_steps > 0 and k0 is not None and k1 is not None and k1 >= k0:
