@@ -211,3 +211,28 @@ def test_plan_sends_no_hub_token_on_a_cross_host_redirect(
         assert hub.seen[0][1].get("Authorization") == f"Bearer {token}"
         assert [h.get("Authorization") for _, h in other.seen] == [None]
     assert token not in out + err
+
+
+def test_model_ids_that_are_not_text_are_skipped(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # /v1/models with objects and numbers where ids go: only a string is a model id (the
+    # first object was taken as the model before, and sent back in every request).
+    def models(h: Handler, body: dict[str, Any], n: int) -> None:
+        h.send_json(200, {"data": [{"id": {"x": 1}}, {"id": 5}, {"id": "tiny"}]})
+
+    def version(h: Handler, body: dict[str, Any], n: int) -> None:
+        h.send_json(200, {"version": "v" * 100_000})
+
+    argv = sweep("", tmp_path / "r.db")
+    argv[1:5] = []  # no --url/--served-model: both come from here
+    with HostileServer({"/v1/models": models, "/version": version}) as s:
+        rc, out, err = run(["sweep", "--url", s.url, *argv[1:]], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["served_model"] == "tiny" and d["levels"][0]["errors"] == 0
+    assert len(d["server_version"]) <= 200
+
+
+def test_kv_url_that_is_not_a_url_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _out, err = run(kv_args("http://[::1"), capsys)
+    assert rc == 2 and err.startswith("bstar: error:") and len(err.splitlines()) == 1

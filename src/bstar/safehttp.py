@@ -84,7 +84,10 @@ class _Deadline:
 def _one(url: str, headers: dict[str, str], max_bytes: int, deadline: float
          ) -> tuple[int, bytes, str | None]:
     """One GET: (status, body, Location of a redirect or None)."""
-    p = urlsplit(url)
+    try:
+        p = urlsplit(url)
+    except ValueError as e:
+        raise FetchError(f"not a URL: {url} ({e})") from None
     if p.scheme not in ("http", "https") or not p.hostname:
         raise FetchError(f"not an http(s) URL: {url}")
     try:
@@ -140,9 +143,13 @@ def fetch(url: str, *, headers: dict[str, str] | None = None, max_bytes: int,
     hold an Authorization; either is sent only to the URL's origin. FetchError otherwise."""
     deadline = time.monotonic() + timeout_s
     hdrs = {"User-Agent": "bstar", "Accept-Encoding": "identity", **(headers or {})}
-    if not any(k.lower() == "authorization" for k in hdrs) and (auth := _basic(url)):
+    try:
+        auth = _basic(url)
+        start = origin(url)
+    except ValueError as e:  # 'http://[::1': urlsplit refuses it
+        raise FetchError(f"not a URL: {url} ({e})") from None
+    if auth and not any(k.lower() == "authorization" for k in hdrs):
         hdrs["Authorization"] = auth
-    start = origin(url)
     for _ in range(MAX_REDIRECTS + 1):
         try:
             status, body, location = _one(url, hdrs, max_bytes, deadline)
@@ -151,8 +158,12 @@ def fetch(url: str, *, headers: dict[str, str] | None = None, max_bytes: int,
                              ) from None
         if location is None:
             return Fetched(status, body, url)
-        url = urljoin(url, location)
-        if origin(url) != start:
+        try:
+            url = urljoin(url, location)
+            moved = origin(url) != start
+        except ValueError as e:
+            raise FetchError(f"a redirect to a bad URL: {location[:200]!r} ({e})") from None
+        if moved:
             # Another origin: it gets no credentials (neither ours nor the URL's userinfo).
             hdrs = {k: v for k, v in hdrs.items() if k.lower() != "authorization"}
     raise FetchError(f"more than {MAX_REDIRECTS} redirects from {_where(url)}")

@@ -201,7 +201,11 @@ class _Runner:
         if status in (401, 403):
             return f"HTTP {status} from /v1/models: check --api-key / OPENAI_API_KEY"
         if status == 200 and isinstance(body, dict):
-            ids = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
+            data = body.get("data")
+            # Model ids are the server's text: only strings count (an object or a number
+            # where an id goes is skipped, not sent back as the model).
+            ids = [m["id"] for m in (data if isinstance(data, list) else [])
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)]
             if self.served_model is None:
                 if not ids:
                     return "/v1/models lists no model; give --served-model"
@@ -218,11 +222,12 @@ class _Runner:
             version = None
             st, v = await client.get_json("/version")
             if st == 200 and isinstance(v, dict) and v.get("version"):
-                version = f"vllm {v['version']}" if "vllm" not in str(v) else str(v["version"])
+                version = clip(f"vllm {v['version']}" if "vllm" not in str(v)
+                               else str(v["version"]), 200)
             else:
                 st, p = await client.get_json("/props")
                 if st == 200 and isinstance(p, dict) and p.get("build_info"):
-                    version = f"llama.cpp {p['build_info']}"
+                    version = clip(f"llama.cpp {p['build_info']}", 200)
             if version:
                 self.store.update_run(self.run_id, server_version=version)
         return None

@@ -348,7 +348,9 @@ class Scraper:
         if status == 200 and isinstance(body, list):
             self._stats.slots = len(body)
             with contextlib.suppress(Exception):
-                self._stats.slot_ctx_tokens = int(body[0]["n_ctx"])
+                n_ctx = body[0]["n_ctx"]
+                if type(n_ctx) is int and 0 < n_ctx < 2**31:  # else not a context size
+                    self._stats.slot_ctx_tokens = n_ctx
         await self._scrape_once()
         self._task = asyncio.create_task(self._loop())
 
