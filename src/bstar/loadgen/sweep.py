@@ -65,7 +65,8 @@ class Terminated(KeyboardInterrupt):
 def _signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Terminated` while the sweep runs (once: a second signal
     during the clean-up is ignored so the clean-up finishes); the old handlers come back
-    after. Only the main thread can set handlers; elsewhere nothing changes."""
+    after. Only the main thread can set handlers; elsewhere, and for a signal the process
+    ignores, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -77,7 +78,10 @@ def _signals_as_interrupts() -> Iterator[None]:
             fired = True
             raise Terminated(signum)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # A signal ignored on purpose stays ignored (`nohup bstar sweep ...`: a closed terminal
+    # must not stop the run).
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
