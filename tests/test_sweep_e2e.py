@@ -1,19 +1,23 @@
 """End-to-end sweeps against real inference engines on the tiny model (127.0.0.1 only).
 
-- llama.cpp (quick): concurrency 1, 4, 8 against a server with 4 slots. Throughput must
-  rise from 1 to 4 streams (one step serves the whole batch) and stay flat past the slots,
-  where llama.cpp's /metrics shows requests deferred. llama.cpp's 2 threads spin-wait on
-  each other, so on a CPU shared with other busy processes its throughput collapses (this
-  test then fails for want of CPU, not for a wrong rule).
+- llama.cpp (quick): concurrency 1, 4, 8 against a server with 4 slots. The engine's own
+  counters say the batch grew from 1 to 4 streams and stopped at the slots: the tokens it
+  generated per decode step (`tokens_per_step`, from llama.cpp's /metrics) are at most 1
+  for one stream, well above 1 for four, at most the slots for eight, where /metrics shows
+  requests deferred.
 - vLLM-on-CPU (slow + vllm): `--server-cmd` restarts vLLM for --max-num-seqs 4, 16, 32 at
-  32 streams. Throughput rises from 4 to 16 and is flat (or falls) from 16 to 32: measured
-  on 2 cores, 81, 156, 284, 504, 449 tok/s at 1, 4, 8, 16, 32 streams (32 in / 32 out), the
-  compute roof of the CPU. /metrics gives KV usage, preemptions and cache_config_info.
+  32 streams. vllm:num_requests_running reaches each cap, and the tokens vLLM generated per
+  engine step rise with the cap and never pass it.
+
+Neither asserts a throughput: a busy CPU (a second test run, a build) moved those ratios
+("no rise from 1 to 4 streams: 51.0 -> 15.8 tok/s", "127.0 -> 104.1" at caps 4 -> 16)
+while the batches the engines ran stayed what the caps made them (issue 30).
 """
 
 from __future__ import annotations
 
 import json
+import os  # TEMP
 import shlex
 from pathlib import Path
 from typing import Any
@@ -25,12 +29,11 @@ from bstar.servers import LlamaCppServer, vllm_cpu_command, vllm_cpu_env
 
 pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
-# Rise: throughput grows by more than RISE over the rising part. Flattening: past the knee a
-# doubling of the batch buys less than BEND of what linear scaling would (2x): the curve
-# has bent. Loose on purpose: shared 2-core machines are noisy; uncontended, the physics
-# gives about 1.5-3x and 0.9-1.1x.
-RISE = 1.25
-BEND = 1.5
+# A batch "ran" when the engine generated more than this many tokens per step on average:
+# half the 4 slots (a closed loop refills a slot one round trip after its request ends, so
+# a step holds a little under the streams; measured ~3.5 at 4 streams).
+BATCHED = 2.0
+EPS = 1e-9
 
 
 @pytest.mark.slow
@@ -53,9 +56,14 @@ def test_llamacpp_sweep_rises_then_flattens(llamacpp_server: LlamaCppServer, tmp
         assert lv["token_source"] == "usage"
         for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             assert set(lv[key]) == {"p50", "p90", "p99", "mean"}
-    t1, t4, t8 = (lv["throughput_tok_s"] for lv in levels)
-    assert t4 > RISE * t1, f"no rise from 1 to 4 streams: {t1:.1f} -> {t4:.1f} tok/s"
-    assert t8 < BEND * t4, f"no plateau past the 4 slots: {t4:.1f} -> {t8:.1f} tok/s"
+    # The engine's own counters: one sequence a step at one stream, a batch at four, never
+    # more than the slots at eight.
+    tps = [lv["server"]["tokens_per_step"] for lv in levels]
+    os.write(2, f"TEMP llamacpp tokens_per_step {tps}\n".encode())
+    assert all(t is not None for t in tps), [lv["server"] for lv in levels]
+    assert tps[0] <= 1 + EPS, f"one stream, {tps[0]:.2f} tokens a step"
+    assert tps[1] > BATCHED, f"no batch at 4 streams: {tps[1]:.2f} tokens a step"
+    assert tps[2] <= LLAMACPP_SLOTS + EPS, f"past the slots: {tps[2]:.2f} tokens a step"
     # The server says why: at 8 streams only 4 run, the others wait for a slot.
     assert levels[2]["running_max"] <= LLAMACPP_SLOTS
     assert levels[2]["waiting_max"] >= 1
@@ -101,13 +109,14 @@ def test_vllm_max_num_seqs_sweep(vllm_python: str, tiny_model: Any, tmp_path: Pa
         assert lv["kv_cache_usage_max"] is not None and lv["kv_cache_usage_max"] > 0
         assert srv["num_gpu_blocks"] and srv["block_size"]
         assert lv["kv_capacity_seqs"] and lv["kv_capacity_seqs"] >= 32
-        assert lv["running_max"] <= lv["max_num_seqs"]
+        # 32 streams against each cap: vLLM's own gauge shows the cap reached, never passed.
+        assert lv["running_max"] == lv["max_num_seqs"], srv
         assert Path(lv["server_log"]).is_file()
         assert lv["predicted"] and lv["predicted"]["throughput_tok_s"] > 0
-    t4, t16, t32 = (lv["throughput_tok_s"] for lv in levels)
-    assert t16 > RISE * t4, f"no rise from max_num_seqs 4 to 16: {t4:.1f} -> {t16:.1f}"
-    # Doubling the seats cannot more than double the throughput (a step of 32 is no faster
-    # than a step of 16). The knee's bend (< 1.5x) held alone but missed once (1.52x) in a
-    # full CI run on this 2-core machine: a timing margin, not physics, so the bound is 2x.
-    assert t32 < 2.0 * t16, f"more than 2x from 16 to 32 seats: {t16:.1f} -> {t32:.1f}"
+        tps = srv["tokens_per_step"]
+        os.write(2, f"TEMP vllm {lv['max_num_seqs']} {srv['running_max']} {tps}\n".encode())
+        assert tps is not None and tps <= lv["max_num_seqs"] + EPS, srv
+    # The batch a step generates rises with the cap (a monotone trend over the levels).
+    tps = [lv["server"]["tokens_per_step"] for lv in levels]
+    assert tps[0] > BATCHED and tps[0] < tps[1] < tps[2], tps
     assert levels[0]["waiting_max"] >= 1  # 32 streams, 4 seats: the queue shows

@@ -90,10 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
-    from bstar.redact import redact, register_secret
+    from bstar.redact import redact, register_command, register_secret, register_url
 
-    # The key in use is masked wherever it shows up: stored, printed, in --json.
+    # The key in use is masked wherever it shows up: stored, printed, in --json; so are a
+    # URL's password and the keys a --server-cmd passes its server.
     register_secret(getattr(args, "api_key", None))
+    register_url(getattr(args, "url", None))
+    register_command(getattr(args, "server_cmd", None))
     module, func = args._run.split(":")
     run = getattr(importlib.import_module(f"bstar.commands.{module}"), func)
     try:

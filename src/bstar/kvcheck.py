@@ -25,7 +25,6 @@ Pure: no HTTP here except `fetch_metrics` (standard library, used by `bstar kv -
 from __future__ import annotations
 
 import math
-import urllib.request
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,23 +32,27 @@ from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.kv_pool import KvLayout, kv_layout
-from bstar.loadgen.scrape import Snapshot, parse_prometheus, snapshot
+from bstar.loadgen.scrape import METRICS_MAX_BYTES, Snapshot, parse_prometheus, snapshot
 from bstar.units import GiB, fmt_bytes_binary
 
 DISAGREE = 0.10  # a relative B_mem difference above this is flagged
 
 
 def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> str:
-    """The server's Prometheus text (`GET {url}/metrics`)."""
-    req = urllib.request.Request(url.rstrip("/") + "/metrics")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    """The server's Prometheus text (`GET {url}/metrics`): at most `METRICS_MAX_BYTES`,
+    within `timeout_s` whatever the server does, the key sent to its origin only
+    (bstar.safehttp)."""
+    from bstar.safehttp import FetchError, fetch
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        with opener.open(req, timeout=timeout_s) as r:
-            return str(r.read().decode("utf-8", "replace"))
-    except (OSError, ValueError) as e:  # ValueError: a malformed URL ('http://[::1')
+        got = fetch(url.rstrip("/") + "/metrics", headers=headers,
+                    max_bytes=METRICS_MAX_BYTES, timeout_s=timeout_s)
+    except FetchError as e:
         raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
+    if got.status != 200:
+        raise BstarError(f"could not read {url.rstrip('/')}/metrics: HTTP {got.status}")
+    return got.body.decode("utf-8", "replace")
 
 
 def b_mem_blocks(num_blocks: int, block_size: int, tokens_per_seq: int) -> int:

@@ -6,7 +6,9 @@ so the store, `--json` and error lines all pass their text through `redact` (or
 `redact_obj` for a JSON-able value) instead of trusting each source. Two nets:
 
 - the values registered with `register_secret` (the `--api-key` / `$OPENAI_API_KEY` in use;
-  `$OPENAI_API_KEY` is always included), replaced wherever they appear;
+  `$OPENAI_API_KEY`, `$HF_TOKEN` and `$HUGGING_FACE_HUB_TOKEN` are always included), a
+  URL's password (`register_url`) and the keys a `--server-cmd` passes its server
+  (`register_command`), replaced wherever they appear;
 - patterns: `user:password@` in a URL, `Bearer <token>` / `Basic <token>`, `sk-...` style
   keys and `api_key=...`-style pairs.
 
@@ -49,13 +51,71 @@ def register_secret(value: str | None) -> None:
         _registered.add(value)
 
 
+def register_url(url: str | None) -> None:
+    """Register a URL's credentials (`http://user:PW@host`): the password (or a token given
+    as the user), and both as the Basic auth header carries them, base64-encoded."""
+    if not isinstance(url, str) or "@" not in url:
+        return
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        user, password = parts.username, parts.password
+    except ValueError:
+        return
+    if user is None:
+        return
+    secret = password if password is not None else user
+    register_secret(secret)
+    register_secret(unquote(secret))
+    import base64
+
+    pair = f"{unquote(user)}:{unquote(password or '')}"
+    register_secret(base64.b64encode(pair.encode()).decode())
+
+
+# Flags and variables whose value is a secret in a server's command line (vLLM's
+# --api-key, SGLang's --api-key, TGI's --api-key, tokens for the Hub).
+_SECRET_FLAG = re.compile(r"(?i)^--?(?:api[-_]?key|token|hf[-_]token|password|secret"
+                          r"|auth[-_]token|access[-_]token)$")
+_SECRET_VAR = re.compile(r"(?i)^[A-Z0-9_]*(?:API_KEY|TOKEN|PASSWORD|SECRET)$")
+
+
+def register_command(cmd: str | None) -> None:
+    """Register the secrets a command line passes (`--api-key K`, `--api-key=K`,
+    `OPENAI_API_KEY=K ...`): `--server-cmd` is echoed, stored and logged."""
+    if not isinstance(cmd, str) or not cmd:
+        return
+    import shlex
+
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        words = cmd.split()
+    for i, w in enumerate(words):
+        name, eq, value = w.partition("=")
+        if _SECRET_FLAG.match(name):
+            if eq:
+                register_secret(value)
+            elif i + 1 < len(words):
+                register_secret(words[i + 1])
+        elif eq and _SECRET_VAR.match(name):
+            register_secret(value)
+        elif "://" in w:
+            register_url(w)
+
+
+_ENV_SECRETS = ("OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
 def _secrets() -> list[str]:
-    """The registered secrets and $OPENAI_API_KEY, each also as it reads inside a JSON
-    string (escaped), longest first."""
+    """The registered secrets and the environment's keys, each also as it reads inside a
+    JSON string (escaped), longest first."""
     out = set(_registered)
-    env = os.environ.get("OPENAI_API_KEY")
-    if env and len(env) >= 4:
-        out.add(env)
+    for var in _ENV_SECRETS:
+        env = os.environ.get(var)
+        if env and len(env) >= 4:
+            out.add(env)
     out |= {json.dumps(s)[1:-1] for s in out}
     return sorted(out, key=len, reverse=True)
 
@@ -93,6 +153,14 @@ def redact(text: str, *, patterns: bool = True, secrets: list[str] | None = None
     if any(w in lower for w in _PAIR_WORDS):
         text = _PAIR.sub(lambda m: f"{m.group('key')}{MASK}", text)
     return text
+
+
+def clip(text: str, n: int) -> str:
+    """`text` masked, then cut to `n` characters: in that order, since a key cut in two is
+    no longer one `redact` recognises (an error body cut at 300 characters kept 17 of a
+    40-character key)."""
+    text = redact(text)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def redact_opt(text: str | None) -> str | None:

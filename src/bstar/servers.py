@@ -138,7 +138,10 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:
-            log.write(f"$ {' '.join(self.cmd)}\n".encode())
+            from bstar.redact import redact
+
+            # The command as run, its secrets masked (a --server-cmd's --api-key K).
+            log.write(f"$ {redact(' '.join(self.cmd))}\n".encode())
             log.flush()
             # start_new_session: the child leads a new process group, so stop() can
             # signal everything it spawns without touching our own group.

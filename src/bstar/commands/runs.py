@@ -171,7 +171,7 @@ def _export(args: argparse.Namespace, store: Any) -> int:
             cols += [k for k in r if k not in cols]
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(_csv_cells(r) for r in rows)
         text = buf.getvalue()
     if args.output:
         try:
@@ -193,3 +193,15 @@ def _compare(args: argparse.Namespace, store: Any) -> int:
         raise BstarError("compare needs at least two runs")
     cmp = compare_results([load_result(store, r) for r in args.runs])
     return emit(args, lambda: cmp, lambda: print_runs_compare(cmp, wide_console()))
+
+
+# A cell a spreadsheet would run as a formula (OWASP's "CSV injection" list): a server's
+# text (an error body, a model id) must stay text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for `runs export --format csv`: text cells that start like a formula get a
+    leading apostrophe (numbers stay numbers)."""
+    return {k: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v
+            for k, v in row.items()}

@@ -124,14 +124,17 @@ def run_sweep(args: argparse.Namespace) -> int:
     from bstar.report.text import Progress, print_result, wide_console
 
     err = Console(stderr=True)
+    # --server-cmd with --resume: the command again (a stored one has its secrets masked).
+    resume_cmd = args.server_cmd if args.resume else None
     try:
         if args.quiet or (args.json and not sys.stderr.isatty()):
             result = sw.run_sweep(cfg, db=args.db, api_key=api_key, resume=args.resume,
-                                  deployment=deployment)
+                                  deployment=deployment, server_cmd=resume_cmd)
         else:
             with Progress(err) as prog:
                 result = sw.run_sweep(cfg, db=args.db, api_key=api_key, resume=args.resume,
-                                      on_event=prog, deployment=deployment)
+                                      on_event=prog, deployment=deployment,
+                                      server_cmd=resume_cmd)
     except sw.SweepInterrupted as e:
         print(f"bstar: {e}", file=sys.stderr)  # one unwrapped line: it holds a command
         return 130

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from bstar.loadgen.stream import Connection
 
 Endpoint = Literal["completions", "chat"]
+# The most bytes a small JSON answer (/v1/models, /tokenize, /version, /slots) may hold.
+JSON_BODY_BYTES = 8 * 1024 * 1024
 
 # Error kinds a record can carry (the `error_kind` column); documented in docs/sweep.md.
 ERROR_KINDS = (
@@ -41,6 +43,8 @@ ERROR_KINDS = (
     "reset",  # connection dropped mid-response
     "malformed_sse",  # a data line that is not JSON
     "server_error",  # an SSE event carrying {"error": ...}
+    "invalid_value",  # a value that cannot be what it says: a negative, fractional or huge
+    # token count, more chunks or bytes than the request's max_tokens allows (stream.py)
     "incomplete",  # the stream ended without [DONE] and without the tokens asked for
     "timeout",  # the per-request timeout passed
     "time_limit",  # the level's time limit passed while the request was in flight
@@ -137,6 +141,17 @@ class OpenAIClient:
             lines.append(f"Authorization: {auth}")
         return ("\r\n".join(lines) + "\r\nContent-Length: %d\r\n\r\n").encode()
 
+    @property
+    def injected(self) -> bool:
+        """Whether requests go through a session the caller gave (a test's fake)."""
+        return not self._own_session
+
+    def auth_headers(self) -> dict[str, str]:
+        """The key's header, for a read outside this client (bstar.safehttp; credentials
+        in the URL go with the URL)."""
+        auth = self._headers.get("Authorization")
+        return {"Authorization": auth} if auth else {}
+
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIClient({self.base_url!r}, model={self.model!r}, endpoint={self.endpoint!r})"
 
@@ -171,12 +186,16 @@ class OpenAIClient:
                 method, self.base_url + path, json=body, headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
-                text = await resp.text()
+                data = await _read_capped(resp, JSON_BODY_BYTES)
+                if data is None:
+                    return resp.status, (f"the answer to {method} {path} passed "
+                                         f"{JSON_BODY_BYTES} bytes: not read")
+                text = data.decode("utf-8", "replace")
                 if not as_json:
                     return resp.status, text
                 try:
                     return resp.status, json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested past the stack
                     return resp.status, text
         except TimeoutError:
             return 0, (f"no answer to {method} {path} within {timeout_s:g} s (the "
@@ -245,7 +264,7 @@ class OpenAIClient:
         by_level = deadline is not None and deadline < own_deadline
         body = json.dumps(self.body_for(spec)).encode()
         t0 = perf_counter()
-        events = SseEvents(rec, t0)
+        events = SseEvents(rec, t0, spec.max_tokens)
         end: float | None = None
         try:
             async with asyncio.timeout_at(
@@ -312,6 +331,23 @@ class OpenAIClient:
                     return
                 if events.feed(data, t):
                     return
+
+
+async def _read_capped(resp: Any, cap: int) -> bytes | None:
+    """A small answer's body, or None once it passes `cap` bytes (what a server sends is
+    untrusted: an endless /v1/models must not fill memory)."""
+    read = getattr(resp.content, "readany", None)
+    if read is None:  # an injected session's response (a test's fake)
+        data = (await resp.text()).encode()
+        return data if len(data) <= cap else None
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await read():
+        size += len(chunk)
+        if size > cap:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def aiohttp_session(connect_timeout_s: float) -> Any:

@@ -41,6 +41,7 @@ from typing import Any
 from bstar.errors import BstarError
 from bstar.fit.steps import Point
 from bstar.loadgen.client import OpenAIClient, RequestSpec
+from bstar.redact import clip
 
 CSV_COLUMNS = ("kind", "batch", "context_tokens", "chunk_tokens", "chunk_start", "step_ms",
                "samples", "min_ms", "median_ms", "max_ms")
@@ -187,7 +188,7 @@ async def _decode_stream(client: OpenAIClient, spec: RequestSpec, st: _Stream,
         async with session.post(client.base_url + client.path, data=body,
                                 headers=headers) as resp:
             if resp.status != 200:
-                st.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                st.error = clip(f"HTTP {resp.status}: {await resp.text()}", 200)
                 return
             async for raw in resp.content:
                 if stop.is_set():

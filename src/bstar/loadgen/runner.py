@@ -23,6 +23,7 @@ from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive, run_loop, steady_gc
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
+from bstar.redact import clip
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
 # rule or its time limit still measured what it measured; re-running would not change why.
@@ -113,7 +114,9 @@ class _Runner:
                f"level{lv.idx}-mns{lv.max_num_seqs}-a{attempt}.log")
         self.store.set_level_log(level_id, str(log))
         url = f"http://127.0.0.1:{port}"
-        self.emit("server_start", level=lv.idx, cmd=cmd, log=str(log))
+        from bstar.redact import redact
+
+        self.emit("server_start", level=lv.idx, cmd=redact(cmd), log=str(log))
         self.server = ManagedServer(shlex.split(cmd), health_url=url + "/health",
                                     timeout_s=cfg.health_timeout_s, log_path=log, url=url)
         self.server.start()
@@ -158,7 +161,7 @@ class _Runner:
                     # requests are in the store, and its row says how many.
                     duration_s, stats = self._partial(level_id)
                     self.store.finish_level(level_id, status=status,
-                                            status_detail=f"{type(e).__name__}: {e}"[:300],
+                                            status_detail=clip(f"{type(e).__name__}: {e}", 300),
                                             duration_s=duration_s, stats=stats)
                 raise
             finally:
@@ -198,7 +201,11 @@ class _Runner:
         if status in (401, 403):
             return f"HTTP {status} from /v1/models: check --api-key / OPENAI_API_KEY"
         if status == 200 and isinstance(body, dict):
-            ids = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
+            data = body.get("data")
+            # Model ids are the server's text: only strings count (an object or a number
+            # where an id goes is skipped, not sent back as the model).
+            ids = [m["id"] for m in (data if isinstance(data, list) else [])
+                   if isinstance(m, dict) and isinstance(m.get("id"), str)]
             if self.served_model is None:
                 if not ids:
                     return "/v1/models lists no model; give --served-model"
@@ -215,11 +222,12 @@ class _Runner:
             version = None
             st, v = await client.get_json("/version")
             if st == 200 and isinstance(v, dict) and v.get("version"):
-                version = f"vllm {v['version']}" if "vllm" not in str(v) else str(v["version"])
+                version = clip(f"vllm {v['version']}" if "vllm" not in str(v)
+                               else str(v["version"]), 200)
             else:
                 st, p = await client.get_json("/props")
                 if st == 200 and isinstance(p, dict) and p.get("build_info"):
-                    version = f"llama.cpp {p['build_info']}"
+                    version = clip(f"llama.cpp {p['build_info']}", 200)
             if version:
                 self.store.update_run(self.run_id, server_version=version)
         return None

@@ -16,9 +16,48 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bstar.redact import clip
+
 _SAMPLE = re.compile(
     r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ENGINE = re.compile(r"^(vllm:|sglang:|llamacpp:|tgi_)", re.M)
+_ENGINES = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llamacpp", "tgi_": "tgi"}
+
+# The most of /metrics read (vLLM's for one model is ~50 kB, tests/fixtures/metrics): a
+# larger one is not parsed (a 20 MB /metrics parsed beside the measured streams wrecked
+# their ITL p99), and the scraper reads it off the event loop within METRICS_TIMEOUT_S.
+METRICS_MAX_BYTES = 4 * 1024 * 1024
+METRICS_TIMEOUT_S = 5.0
+# Label values read as integers (block counts, bytes) and counts are exact below 2**53.
+_MAX_LABEL_INT = 2**53
+
+# The metrics a snapshot reads, per figure: the first name present wins (counters with or
+# without `_total`, renamed gauges across versions and engines).
+_NAMES: dict[str, tuple[str, ...]] = {
+    "preemptions_total": ("vllm:num_preemptions_total", "vllm:num_preemptions",
+                          "sglang:num_retracted_requests_total",
+                          "sglang:num_retracted_reqs_total"),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                       "sglang:token_usage"),
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs",
+                "llamacpp:requests_processing", "tgi_batch_current_size"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs",
+                "llamacpp:requests_deferred", "tgi_queue_size"),
+    "generation_tokens_total": ("vllm:generation_tokens_total",
+                                "sglang:generation_tokens_total",
+                                "llamacpp:tokens_predicted_total"),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
+                                "llamacpp:prompt_tokens_cached_total"),
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total",
+                                   "vllm:prefix_cache_queries"),
+    "max_total_tokens": ("sglang:max_total_num_tokens",),
+    # Engine steps: vLLM's count of its tokens-per-step histogram, llama.cpp's
+    # llama_decode calls.
+    "steps_total": ("vllm:iteration_tokens_total_count", "llamacpp:n_decode_total"),
+    "llamacpp_prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
+}
+WANTED = frozenset({"vllm:cache_config_info", *(n for v in _NAMES.values() for n in v)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +67,23 @@ class Sample:
     value: float
 
 
-def parse_prometheus(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition; comments and bad lines are skipped."""
+def parse_prometheus(text: str, names: frozenset[str] | None = None) -> list[Sample]:
+    """Samples of a Prometheus text exposition; comments, bad lines and values that are
+    not finite numbers (NaN, +Inf) are skipped. `names`: only those samples (a line's name
+    is checked before its labels and value are parsed: most of vLLM's lines are histogram
+    buckets bstar does not read)."""
     out: list[Sample] = []
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
+        if names is not None:
+            cut = len(line)
+            for sep in "{ \t":
+                i = line.find(sep, 0, cut)
+                if i >= 0:
+                    cut = i
+            if line[:cut] not in names:
+                continue
         m = _SAMPLE.match(line)
         if not m:
             continue
@@ -41,9 +91,17 @@ def parse_prometheus(text: str) -> list[Sample]:
             value = float(m.group("value"))
         except ValueError:
             continue
+        if not math.isfinite(value):
+            continue
         labels = dict(_LABEL.findall(m.group("labels") or ""))
         out.append(Sample(m.group("name"), labels, value))
     return out
+
+
+def detect_engine(text: str) -> str | None:
+    """The engine whose metric names come first in a /metrics text."""
+    m = _ENGINE.search(text)
+    return _ENGINES[m.group(1)] if m else None
 
 
 def _sum(samples: Iterable[Sample], *names: str) -> float | None:
@@ -55,6 +113,24 @@ def _sum(samples: Iterable[Sample], *names: str) -> float | None:
         if vals:
             return float(sum(vals))
     return None
+
+
+def _label_int(labels: dict[str, str], key: str) -> int | None:
+    """A label read as a non-negative integer (vLLM writes "1024" or "1024.0"); None when
+    absent or not one (NaN, inf, negative, past 2**53, text)."""
+    try:
+        v = float(labels[key])
+    except (KeyError, ValueError):
+        return None
+    if not (math.isfinite(v) and 0 <= v < _MAX_LABEL_INT):
+        return None
+    return int(v)
+
+
+def _nonneg(v: float | None) -> float | None:
+    """A count or gauge as bstar reads it: None when negative or past 2**53 (no engine
+    counts that far; a float there is no longer an exact count)."""
+    return v if v is None or 0 <= v < _MAX_LABEL_INT else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,62 +157,60 @@ class Snapshot:
     # The pool's size in tokens where the engine exports it apart from vLLM's blocks
     # (SGLang's max_total_num_tokens, TGI's batch token budget).
     max_total_tokens: int | None = None
+    # Engine steps so far (vLLM: iteration_tokens_total's count; llama.cpp: n_decode_total).
+    steps_total: float | None = None
 
 
-def snapshot(samples: list[Sample]) -> Snapshot:
-    names = {s.name for s in samples}
-    engine = None
-    if any(n.startswith("vllm:") for n in names):
-        engine = "vllm"
-    elif any(n.startswith("sglang:") for n in names):
-        engine = "sglang"
-    elif any(n.startswith("llamacpp:") for n in names):
-        engine = "llamacpp"
-    elif any(n.startswith("tgi_") for n in names):
-        engine = "tgi"
+def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
+    """The figures of one scrape. Values a server cannot mean (a negative gauge or counter,
+    a KV usage past 100%, a block count that is not an integer) are left out (None)."""
+    if engine is None:
+        names = {s.name for s in samples}
+        for prefix, name in _ENGINES.items():
+            if any(n.startswith(prefix) for n in names):
+                engine = name
+                break
     blocks = block_size = kv_mem = kv_tokens = None
     for s in samples:
         if s.name == "vllm:cache_config_info":
-            with contextlib.suppress(KeyError, ValueError):
-                blocks = int(float(s.labels["num_gpu_blocks"]))
-            with contextlib.suppress(KeyError, ValueError):
-                block_size = int(float(s.labels["block_size"]))
-            with contextlib.suppress(KeyError, ValueError):
-                kv_mem = int(float(s.labels["kv_cache_memory_bytes"]))
-            with contextlib.suppress(KeyError, ValueError):
-                kv_tokens = int(float(s.labels["kv_cache_size_tokens"]))
-    max_tokens = _sum(samples, "sglang:max_total_num_tokens")
-    kv = _sum(samples, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-              "sglang:token_usage")
+            blocks = _label_int(s.labels, "num_gpu_blocks")
+            block_size = _label_int(s.labels, "block_size") or None
+            kv_mem = _label_int(s.labels, "kv_cache_memory_bytes")
+            kv_tokens = _label_int(s.labels, "kv_cache_size_tokens")
+    fig = {k: _nonneg(_sum(samples, *names)) for k, names in _NAMES.items()}
+    kv = fig["kv_cache_usage"]
     if kv is not None and kv > 1.0 + 1e-9:
         kv = kv / 100.0  # some versions export percent, not a fraction
-    hits = _sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
-                "llamacpp:prompt_tokens_cached_total")
-    queries = _sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-    if queries is None and engine == "llamacpp" and hits is not None:
-        processed = _sum(samples, "llamacpp:prompt_tokens_total")
-        queries = None if processed is None else processed + hits
+    if kv is not None and kv > 1.0 + 1e-9:
+        kv = None  # neither a fraction nor a percent
+    hits, queries = fig["prefix_cache_hits_total"], fig["prefix_cache_queries_total"]
+    if engine == "llamacpp":
+        processed = fig["llamacpp_prompt_tokens_total"]
+        if queries is None and hits is not None and processed is not None:
+            queries = processed + hits
+    max_tokens = fig["max_total_tokens"]
     return Snapshot(
         engine=engine,
-        preemptions_total=_sum(samples, "vllm:num_preemptions_total", "vllm:num_preemptions",
-                               "sglang:num_retracted_requests_total",
-                               "sglang:num_retracted_reqs_total"),
+        preemptions_total=fig["preemptions_total"],
         kv_cache_usage=kv,
-        running=_sum(samples, "vllm:num_requests_running", "sglang:num_running_reqs",
-                     "llamacpp:requests_processing", "tgi_batch_current_size"),
-        waiting=_sum(samples, "vllm:num_requests_waiting", "sglang:num_queue_reqs",
-                     "llamacpp:requests_deferred", "tgi_queue_size"),
+        running=fig["running"],
+        waiting=fig["waiting"],
         num_gpu_blocks=blocks,
         block_size=block_size,
-        generation_tokens_total=_sum(samples, "vllm:generation_tokens_total",
-                                     "sglang:generation_tokens_total",
-                                     "llamacpp:tokens_predicted_total"),
+        generation_tokens_total=fig["generation_tokens_total"],
         prefix_cache_hits_total=hits,
         prefix_cache_queries_total=queries,
         kv_cache_memory_bytes=kv_mem,
         kv_cache_size_tokens=kv_tokens,
-        max_total_tokens=int(max_tokens) if max_tokens is not None else None,
+        max_total_tokens=(int(max_tokens) if max_tokens is not None
+                          and max_tokens < _MAX_LABEL_INT else None),
+        steps_total=fig["steps_total"],
     )
+
+
+def read_snapshot(text: str) -> Snapshot:
+    """One /metrics text to its snapshot, reading only the lines bstar uses."""
+    return snapshot(parse_prometheus(text, WANTED), detect_engine(text))
 
 
 def kv_capacity_seqs(num_gpu_blocks: int | None, block_size: int | None,
@@ -169,6 +243,13 @@ class LevelServerStats:
     kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
     kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
     slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
+    # The level's engine steps and the tokens they generated, per step: the decode batch
+    # the engine ran, on average, by its own counters (vLLM: iteration_tokens_total's count,
+    # llama.cpp: n_decode_total; None: not exported). At most one token per running
+    # sequence a step (no speculative decoding), and unlike a throughput, a busy CPU does
+    # not change what a step holds.
+    engine_steps: int | None = None
+    tokens_per_step: float | None = None
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -200,16 +281,43 @@ class Scraper:
         self._absent = False
         self._gpu = GpuTelemetry.create()
 
-    async def _scrape_once(self) -> None:
-        if self._absent:
-            return
-        status, text = await self.client.get_text("/metrics", timeout_s=5.0)
+    async def _read(self) -> tuple[Snapshot | None, str | None]:
+        """One scrape, fetched and parsed off the event loop (a thread: the measured
+        streams' bytes are stamped on the loop) within METRICS_MAX_BYTES and
+        METRICS_TIMEOUT_S: (snapshot, None) or (None, why not)."""
+        c = self.client
+        if getattr(c, "injected", False):  # a test's in-process fake: its session
+            status, text = await c.get_text("/metrics", timeout_s=METRICS_TIMEOUT_S)
+            if status == 200 and len(text) > METRICS_MAX_BYTES:
+                self._absent = True
+                return None, f"/metrics over {METRICS_MAX_BYTES} bytes: not read"
+        else:
+            from bstar.safehttp import FetchError, TooLarge, fetch
+
+            def get() -> tuple[int, str]:
+                got = fetch(c.base_url + "/metrics", headers=c.auth_headers(),
+                            max_bytes=METRICS_MAX_BYTES, timeout_s=METRICS_TIMEOUT_S)
+                return got.status, got.body.decode("utf-8", "replace")
+
+            try:
+                status, text = await asyncio.to_thread(get)
+            except FetchError as e:
+                # Too large: read once, not every interval (a slow one is tried again).
+                self._absent = isinstance(e, TooLarge)
+                return None, f"/metrics: {e}"
         if status != 200:
             if status == 404:
                 self._absent = True
-            self._stats.error = f"/metrics: HTTP {status}" if status else str(text)[:200]
+            return None, f"/metrics: HTTP {status}" if status else clip(str(text), 200)
+        return await asyncio.to_thread(read_snapshot, text), None
+
+    async def _scrape_once(self) -> None:
+        if self._absent:
             return
-        snap = snapshot(parse_prometheus(text))
+        snap, error = await self._read()
+        if snap is None:
+            self._stats.error = clip(error or "", 300)
+            return
         st = self._stats
         st.scrapes += 1
         st.engine = snap.engine
@@ -240,7 +348,9 @@ class Scraper:
         if status == 200 and isinstance(body, list):
             self._stats.slots = len(body)
             with contextlib.suppress(Exception):
-                self._stats.slot_ctx_tokens = int(body[0]["n_ctx"])
+                n_ctx = body[0]["n_ctx"]
+                if type(n_ctx) is int and 0 < n_ctx < 2**31:  # else not a context size
+                    self._stats.slot_ctx_tokens = n_ctx
         await self._scrape_once()
         self._task = asyncio.create_task(self._loop())
 
@@ -257,7 +367,7 @@ class Scraper:
         st = self._stats
         if self._first is not None and self._last is not None:
             a, b = self._first.preemptions_total, self._last.preemptions_total
-            if a is not None and b is not None:
+            if a is not None and b is not None and b >= a:
                 st.preemptions = round(b - a)
             h0, h1 = self._first.prefix_cache_hits_total, self._last.prefix_cache_hits_total
             q0, q1 = (self._first.prefix_cache_queries_total,
@@ -269,6 +379,13 @@ class Scraper:
                 if st.prefix_cache_query_tokens > 0 and st.prefix_cache_hit_tokens is not None:
                     st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
                                                 / st.prefix_cache_query_tokens)
+            s0, s1 = self._first.steps_total, self._last.steps_total
+            k0, k1 = (self._first.generation_tokens_total,
+                      self._last.generation_tokens_total)
+            if s0 is not None and s1 is not None and s1 >= s0:
+                st.engine_steps = round(s1 - s0)
+                if st.engine_steps > 0 and k0 is not None and k1 is not None and k1 >= k0:
+                    st.tokens_per_step = (k1 - k0) / st.engine_steps
         st.kv_capacity_seqs = kv_capacity_seqs(st.num_gpu_blocks, st.block_size,
                                                self.tokens_per_seq)
         if self._gpu is not None:

@@ -26,8 +26,32 @@ from urllib.parse import unquote, urlsplit
 if TYPE_CHECKING:
     from bstar.loadgen.record import RequestRecord
 
+from bstar.redact import redact
+
 _scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, no wrapper
 ERROR_BODY_BYTES = 64 * 1024  # the most of a non-200 body kept for its error text
+# What one response may hold (a server's values are untrusted data, docs/sweep.md "What a
+# server may send"): an SSE line (an event is a few hundred bytes; logprobs make it kB),
+# and per token the request asked for, content chunks and body bytes. A runaway stream
+# (endless chunks for max_tokens=4) ends as that request's error instead of filling memory
+# with ITL samples until the request timeout.
+MAX_LINE_BYTES = 1024 * 1024
+CHUNKS_PER_TOKEN = 4  # a token's text may come in pieces (a multi-byte character split)
+CHUNK_SLACK = 64
+BODY_BYTES_PER_CHUNK = 64 * 1024
+# A prompt or completion count no model reaches (2**31 tokens): a larger one is not a count.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def chunk_cap(max_tokens: int) -> int:
+    """The most content chunks one response may carry for `max_tokens` asked."""
+    return CHUNKS_PER_TOKEN * max(0, max_tokens) + CHUNK_SLACK
+
+
+def bad_count(value: Any, cap: int) -> bool:
+    """Whether a server's token count is not one: not a JSON integer (bools, floats,
+    strings, objects), negative, or over `cap`."""
+    return type(value) is not int or not 0 <= value <= cap
 
 
 def loads(data: bytes) -> Any:
@@ -39,13 +63,27 @@ def loads(data: bytes) -> Any:
         obj, end = _scan_json(text, 0)
     except StopIteration:
         raise ValueError("expecting a JSON value") from None
+    except RecursionError:  # [[[[... nested past the interpreter's depth
+        raise ValueError("JSON nested too deep") from None
     if end != len(text):
         raise ValueError("extra data after the JSON value")
     return obj
 
 
 def short(text: str, n: int = 300) -> str:
-    text = " ".join(text.split())
+    """`text` on one line, its secrets masked (before the cut: a key cut in two is no
+    longer recognised), at most `n` characters."""
+    text = " ".join(redact(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def brief(value: Any, n: int) -> str:
+    """A server's JSON value as text for an error message, at most `n` characters (a value
+    too deep or too long to write back gives its type)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        return f"(a JSON {type(value).__name__})"
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
@@ -64,11 +102,14 @@ def has_content(choices: Any) -> bool:
 class SseEvents:
     """One response's SSE stream into its record. `feed(bytes, t)` with `t` the bytes'
     arrival (perf_counter); every token in one arrival carries that time. True once the
-    stream is over: `[DONE]` seen, or an error recorded (then nothing more is read)."""
+    stream is over: `[DONE]` seen, or an error recorded (then nothing more is read).
+    `max_tokens`, what the request asked for, bounds what the response may hold
+    (`chunk_cap`); past it the record fails with "invalid_value"."""
 
-    __slots__ = ("done", "finished", "last", "rec", "t0", "tail", "usage_tokens")
+    __slots__ = ("body_cap", "cap", "done", "finished", "last", "nbytes", "rec", "t0", "tail",
+                 "usage_tokens")
 
-    def __init__(self, rec: RequestRecord, t0: float) -> None:
+    def __init__(self, rec: RequestRecord, t0: float, max_tokens: int = 1 << 20) -> None:
         self.rec = rec
         self.t0 = t0
         self.last: float | None = None
@@ -76,11 +117,20 @@ class SseEvents:
         self.usage_tokens: int | None = None
         self.done = False
         self.finished = False
+        self.cap = chunk_cap(max_tokens)
+        self.body_cap = self.cap * BODY_BYTES_PER_CHUNK
+        self.nbytes = 0
 
     def feed(self, data: bytes, t: float) -> bool:
         if self.finished:
             return True
+        self.nbytes += len(data)
+        if self.nbytes > self.body_cap:
+            return self._fail("invalid_value", f"the response passed {self.body_cap} bytes "
+                              f"({BODY_BYTES_PER_CHUNK} per chunk the request may get)")
         if self.tail:
+            if len(self.tail) > MAX_LINE_BYTES:
+                return self._fail("malformed_sse", f"an SSE line over {MAX_LINE_BYTES} bytes")
             data = self.tail + data
         lines = data.split(b"\n")
         self.tail = lines.pop()
@@ -111,7 +161,8 @@ class SseEvents:
                 if type(event) is not dict:
                     return self._fail("malformed_sse", "SSE data is not a JSON object")
                 if event.get("error"):
-                    return self._fail("server_error", short(json.dumps(event["error"])))
+                    return self._fail("server_error",
+                                      short(brief(event["error"], 2 * MAX_LINE_BYTES)))
                 choices = event.get("choices")
                 if choices and has_content(choices):
                     if self.last is None:
@@ -120,18 +171,42 @@ class SseEvents:
                         rec.itl_s.append(t - self.last)
                     self.last = t
                     rec.chunks += 1
+                    if rec.chunks > self.cap:
+                        return self._fail("invalid_value", f"more than {self.cap} content "
+                                          f"chunks for max_tokens={rec.expected_output_tokens}")
                 usage = event.get("usage")
-                if usage:
-                    self.usage_tokens = usage.get("completion_tokens")
-                    rec.prompt_tokens = usage.get("prompt_tokens")
-                    details = usage.get("prompt_tokens_details")
-                    if isinstance(details, dict) and isinstance(
-                            details.get("cached_tokens"), int):
-                        rec.cached_prompt_tokens = details["cached_tokens"]
+                if usage and self._usage(usage):
+                    return True
         except (ValueError, TypeError, AttributeError, KeyError) as e:
             # An odd server (events of the wrong shape) must cost one record, not a stream.
             return self._fail("malformed_sse",
                               short(f"unexpected event shape: {type(e).__name__}: {e}"))
+        return False
+
+    def _usage(self, usage: Any) -> bool:
+        """The usage block's counts into the record, each checked (True: one was invalid,
+        the record fails with "invalid_value")."""
+        if type(usage) is not dict:
+            return self._fail("invalid_value", "usage is not a JSON object")
+        rec = self.rec
+        out = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if type(details) is dict else None
+        for name, value, cap in (("completion_tokens", out, self.cap),
+                                 ("prompt_tokens", prompt, MAX_TOKEN_COUNT),
+                                 ("prompt_tokens_details.cached_tokens", cached,
+                                  MAX_TOKEN_COUNT)):
+            if value is not None and bad_count(value, cap):
+                return self._fail("invalid_value", short(
+                    f"usage.{name} is {brief(value, 80)}: not a token count "
+                    f"(an integer 0..{cap})"))
+        if out is not None:
+            self.usage_tokens = out
+        if prompt is not None:
+            rec.prompt_tokens = prompt
+        if cached is not None:
+            rec.cached_prompt_tokens = cached
         return False
 
     def _fail(self, kind: str, error: str) -> bool:
@@ -143,11 +218,17 @@ class SseEvents:
         """The record's token count and verdict, once the stream is over."""
         rec = self.rec
         if self.usage_tokens is not None:
-            rec.output_tokens = int(self.usage_tokens)
+            rec.output_tokens = self.usage_tokens
             rec.token_source = "usage"
         else:
             rec.output_tokens = rec.chunks
         if rec.error_kind is not None:
+            return
+        if rec.output_tokens < rec.chunks:
+            # Every content chunk carries at least one token: a smaller count is not one.
+            rec.error_kind = "invalid_value"
+            rec.error = (f"usage.completion_tokens is {rec.output_tokens} but "
+                         f"{rec.chunks} chunks carried text")
             return
         if self.done or self.usage_tokens is not None or rec.chunks >= max_tokens:
             rec.ok = rec.chunks > 0

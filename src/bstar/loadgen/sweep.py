@@ -20,7 +20,10 @@ too) and exported here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,18 +34,59 @@ from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.runner import DONE_STATUSES, EventFn, _Runner, predict_level
 from bstar.loadgen.store import LevelRow, Store, utc_now
 from bstar.recommend import Recommendation, SloBound
+from bstar.redact import clip
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
            "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
 
 
 class SweepInterrupted(Exception):
-    """Ctrl-C: what was measured is stored; `bstar sweep --resume RUN_ID` finishes."""
+    """Ctrl-C, SIGTERM or SIGHUP: what was measured is stored, the server bstar started is
+    stopped; `bstar sweep --resume RUN_ID` finishes."""
 
     def __init__(self, run_id: str, db: str) -> None:
         self.run_id = run_id
         self.db = db
         super().__init__(f"interrupted; resume with: bstar sweep --resume {run_id} --db {db}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a sweep, raised where Ctrl-C's KeyboardInterrupt would be,
+    so both take one path: the level and the run are stored as interrupted and the
+    `--server-cmd` process group is stopped (with the default action the process died on
+    the spot, its server left running under init and its run "running")."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(self.signal_name)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Terminated` while the sweep runs (once: a second signal
+    during the clean-up is ignored so the clean-up finishes); the old handlers come back
+    after. Only the main thread can set handlers; elsewhere, and for a signal the process
+    ignores, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, _frame: object) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Terminated(signum)
+
+    # A signal ignored on purpose stays ignored (`nohup bstar sweep ...`: a closed terminal
+    # must not stop the run).
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -227,17 +271,34 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
               api_key: str | None = None, resume: str | None = None,
               on_event: EventFn | None = None, deployment: Any = None,
               bstar_version: str | None = None,
-              session_factory: Callable[[], Any] | None = None) -> SweepResult:
+              session_factory: Callable[[], Any] | None = None,
+              server_cmd: str | None = None) -> SweepResult:
     """Run (or resume) a sweep; every request is stored as it finishes. `deployment`: the
     cost model's, to predict each level; `session_factory`: the HTTP session each client
-    uses (None: aiohttp; tests pass an in-process fake server's).
+    uses (None: aiohttp; tests pass an in-process fake server's); `server_cmd`: on resume,
+    the command to start the server with instead of the stored one (whose secrets were
+    masked before it was stored).
 
-    Raises SweepInterrupted on Ctrl-C (the run is marked interrupted and can be resumed).
+    Raises SweepInterrupted on Ctrl-C, SIGTERM or SIGHUP (the run is marked interrupted,
+    the server bstar started is stopped, and the run can be resumed).
     """
+    with _signals_as_interrupts():
+        return _run_sweep(cfg, db, api_key, resume, on_event, deployment, bstar_version,
+                          session_factory, server_cmd)
+
+
+def _run_sweep(cfg: SweepConfig | None, db: str | Path | None, api_key: str | None,
+               resume: str | None, on_event: EventFn | None, deployment: Any,
+               bstar_version: str | None, session_factory: Callable[[], Any] | None,
+               server_cmd: str | None) -> SweepResult:
     from bstar import __version__
-    from bstar.redact import register_secret
+    from bstar.redact import MASK, register_command, register_secret, register_url
 
     register_secret(api_key)  # masked in everything stored (loadgen/store.py) and printed
+    if cfg is not None:
+        register_url(cfg.url)
+        register_command(cfg.server_cmd)
+    register_command(server_cmd)
     store = Store(db)
     pool: Any = None
     try:
@@ -247,6 +308,13 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
                 raise BstarError(f"no run {resume!r} in {store.path}")
             run_id = run["id"]
             cfg = SweepConfig.from_options(run["options"] or {})
+            if server_cmd:
+                import dataclasses
+
+                cfg = dataclasses.replace(cfg, server_cmd=server_cmd)
+            elif cfg.server_cmd and MASK in cfg.server_cmd:
+                raise BstarError("the stored --server-cmd had a secret masked before it was "
+                                 "stored: give --server-cmd again with --resume")
             store.update_run(run_id, status="running", status_detail="resumed",
                              finished_at=None)
         else:
@@ -276,13 +344,14 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
             if pool is not None:
                 pool.start()
             runner.run(levels)
-        except (KeyboardInterrupt, asyncio.CancelledError):
+        except (KeyboardInterrupt, asyncio.CancelledError) as e:
+            why = e.signal_name if isinstance(e, Terminated) else "Ctrl-C"
             store.update_run(run_id, status="interrupted", finished_at=utc_now(),
-                             status_detail="interrupted (Ctrl-C); resume with --resume")
+                             status_detail=f"interrupted ({why}); resume with --resume")
             raise SweepInterrupted(run_id, str(store.path)) from None
         except BaseException as e:
             store.update_run(run_id, status="failed", finished_at=utc_now(),
-                             status_detail=f"{type(e).__name__}: {e}"[:500])
+                             status_detail=clip(f"{type(e).__name__}: {e}", 500))
             raise
         status, detail = _run_status(store.levels(run_id), levels, runner.fatal)
         store.update_run(run_id, status=status, status_detail=detail, finished_at=utc_now())

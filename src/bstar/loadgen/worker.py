@@ -77,6 +77,22 @@ class Sender(Protocol):
         ...
 
 
+async def _send(sender: Sender, spec: RequestSpec, deadline: float | None) -> RequestRecord:
+    """One request's record, whatever its send raised: a failure the client did not turn
+    into a record (a bug, an odd server) is stored as error kind "client" instead of
+    ending the stream and losing the request unseen."""
+    try:
+        return await sender.send(spec, deadline=deadline)
+    except Exception as e:
+        from bstar.loadgen.stream import short
+
+        return RequestRecord(index=spec.index, ok=False, start_s=time.time(),
+                             warmup=spec.warmup, error_kind="client",
+                             error=short(f"{type(e).__name__}: {e}"),
+                             expected_prompt_tokens=spec.expected_prompt_tokens,
+                             expected_output_tokens=spec.max_tokens)
+
+
 async def drive(
     sender: Sender,
     requests: Iterable[RequestSpec],
@@ -113,7 +129,7 @@ async def drive(
                 spec = next(it, None)
                 if spec is None:
                     return
-                queue.put_nowait(await sender.send(spec, deadline=deadline))
+                queue.put_nowait(await _send(sender, spec, deadline))
         finally:
             queue.put_nowait(None)
 
@@ -125,7 +141,7 @@ async def drive(
 
         async def one(spec: RequestSpec) -> None:
             try:
-                queue.put_nowait(await sender.send(spec, deadline=deadline))
+                queue.put_nowait(await _send(sender, spec, deadline))
             finally:
                 if cap is not None:
                     cap.release()

@@ -42,6 +42,7 @@ from typing import Any
 
 from bstar.errors import BstarError
 from bstar.loadgen.client import OpenAIClient, RequestRecord, RequestSpec
+from bstar.redact import clip
 
 POLL_S = 0.05  # how often the sweep collects records from its workers
 START_MARGIN_S = 0.2  # the common start instant, this far after every worker is warm
@@ -204,7 +205,7 @@ class LoadWorker:
             except asyncio.CancelledError:
                 error = "aborted"
             except Exception as e:  # a worker's failure is reported, never silent
-                error = f"{type(e).__name__}: {e}"[:300]
+                error = clip(f"{type(e).__name__}: {e}", 300)
         self._done = WorkerDone(duration_s=time.monotonic() - t0,
                                 cpu_s=time.process_time() - cpu0, error=error)
 
@@ -261,7 +262,7 @@ async def _serve(conn: Any, parent_pid: int) -> None:
             try:
                 reply: Any = ("ok", await getattr(worker, method)(*args))
             except Exception as e:
-                reply = ("error", f"{type(e).__name__}: {e}"[:300])
+                reply = ("error", clip(f"{type(e).__name__}: {e}", 300))
             conn.send(reply)
     finally:
         await worker.close()

@@ -19,6 +19,7 @@ from typing import Any
 from bstar import safeio
 from bstar.errors import BstarError
 from bstar.loadgen.client import OpenAIClient, RequestSpec
+from bstar.redact import clip
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 _MAX_FIT_STEPS = 12
@@ -137,7 +138,7 @@ class TokenCounter:
         if status != 200 or not isinstance(resp, dict) or not resp.get("usage"):
             raise BstarError(
                 f"cannot count prompt tokens: {path} answered HTTP {status} "
-                f"without usage ({str(resp)[:200]})")
+                f"without usage ({clip(str(resp), 200)})")
         return int(resp["usage"]["prompt_tokens"])
 
     async def setup(self, chat: bool) -> None:

@@ -267,21 +267,30 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+HUB_CONFIG_MAX_BYTES = 16 * 1024 * 1024  # a config.json is kilobytes; more is not one
+
+
 def fetch_hub_config(repo_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """Hub ids work only when online; never used by tests (they run offline)."""
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise BstarError(f"{repo_id!r} is not a preset or a local path, and HF_HUB_OFFLINE=1")
-    import urllib.error
-    import urllib.request
+    from bstar.redact import register_secret
+    from bstar.safehttp import FetchError, fetch
 
-    url = f"https://huggingface.co/{repo_id}/resolve/main/config.json"
-    req = urllib.request.Request(url)
+    # HF_ENDPOINT: the Hub's address, as huggingface_hub reads it (a mirror, a local fake).
+    hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{hub}/{repo_id}/resolve/main/config.json"
+    headers = {}
     if token := os.environ.get("HF_TOKEN"):
-        req.add_header("Authorization", f"Bearer {token}")
+        register_secret(token)  # masked wherever an error quotes it
+        # Sent to huggingface.co only: safehttp drops it on a redirect to another origin.
+        headers["Authorization"] = f"Bearer {token}"
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            data = json.loads(r.read())
-    except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as e:
+        got = fetch(url, headers=headers, max_bytes=HUB_CONFIG_MAX_BYTES, timeout_s=timeout_s)
+        if got.status != 200:
+            raise FetchError(f"HTTP {got.status}")
+        data = json.loads(got.body)
+    except (FetchError, ValueError, RecursionError) as e:
         raise BstarError(f"{repo_id!r} is not a preset or local path, and its config could not "
                          f"be fetched from the hub ({e})") from None
     if not isinstance(data, dict):
