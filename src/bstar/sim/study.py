@@ -127,11 +127,13 @@ def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len
               prefix_cached_tokens: int = 0) -> dict[str, Any]:
     """The largest rate this level sustains for requests like the study's (its capacity:
     bstar.sim.capacity, the definition `bstar search` uses) and the latencies of a Poisson
-    load at SUSTAINED_FRACTION of it."""
+    load at SUSTAINED_FRACTION of it, on the capacity probes' sample of the requests (the
+    first `sample_size(max_num_seqs)`): at a steady rate more requests only narrow the
+    percentiles, and the level's own run above has all of them."""
     import numpy as np
 
     from bstar.sim import Poisson, Workload, make_workload, simulate, summarize
-    from bstar.sim.capacity import capacity
+    from bstar.sim.capacity import capacity, head, sample_size
 
     rng = np.random.default_rng(seed)
     unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
@@ -142,8 +144,9 @@ def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len
     if cap.capacity_req_s <= 0:
         return out | {"at_rate_req_s": None}
     rate = SUSTAINED_FRACTION * cap.capacity_req_s
-    w = Workload(unit.prompt_tokens, unit.output_tokens,
-                 Poisson(rate).arrivals(rng, unit.num_requests), cached_tokens=unit.cached_tokens)
+    part = head(unit, sample_size(cfg.scheduler.max_num_seqs))
+    w = Workload(part.prompt_tokens, part.output_tokens,
+                 Poisson(rate).arrivals(rng, part.num_requests), cached_tokens=part.cached_tokens)
     s = summarize(simulate(d, cfg, w), slo)
     return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
