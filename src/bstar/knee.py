@@ -206,7 +206,8 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
              reference_batch: float = DEFAULT_BCA_REFERENCE_BATCH) -> Knee:
     """Batching Configuration Advisor (Recasens et al. 2025, arXiv:2503.08311): B_opt is the
     first batch at which the throughput gain per added sequence, dT/dB, falls under epsilon
-    (and stays under it: a flat slope followed by one of epsilon or more is a blip) while per-request latency stays within `latency_factor` x its value at the reference batch
+    (and stays under it: a flat slope followed by one of epsilon or more is a blip) while
+    per-request latency stays within `latency_factor` x its value at the reference batch
     (the point nearest `reference_batch` in log2 distance).
 
     dT/dB at B_i is the slope to the next point, (T_{i+1} - T_i)/(B_{i+1} - B_i), as in the
@@ -280,15 +281,21 @@ def slo_knee(batch: npt.ArrayLike, latency_ms: npt.ArrayLike, limit_ms: float,
 
 def all_knees(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
               tpot_ms: npt.ArrayLike | None = None, *, step: float = DEFAULT_STEP,
+              doubling_grid: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
               doubling: float = DEFAULT_DOUBLING, max_tpot_ms: float | None = None,
               bca_epsilon_tok_s: float | None = None,
               bca_epsilon_fraction: float = DEFAULT_BCA_EPSILON_FRACTION,
               bca_latency_factor: float = DEFAULT_BCA_LATENCY_FACTOR,
               bca_reference_batch: float = DEFAULT_BCA_REFERENCE_BATCH) -> dict[str, Knee]:
-    """Every rule that applies: step and doubling always; BCA when TPOT is given; SLA when
-    TPOT and `max_tpot_ms` are given. Keyed by rule name, in that order."""
+    """The knee set of a curve, assembled here only (the plan's predicted curve, a sweep's
+    measured one, the fit's fitted and measured ones, the simulator's levels, validation's
+    curves): step and doubling always; BCA when TPOT is given; SLA when TPOT and
+    `max_tpot_ms` are given. Keyed by rule name, in that order. `doubling_grid` (batch,
+    throughput): where the curve can be read at any batch (the plan's), seed 004's rule reads
+    this finer grid instead, so its knee need not be a power of two."""
+    db, dt = doubling_grid if doubling_grid is not None else (batch, throughput_tok_s)
     out = {"step": step_knee(batch, throughput_tok_s, step),
-           "doubling": doubling_knee(batch, throughput_tok_s, doubling)}
+           "doubling": doubling_knee(db, dt, doubling)}
     if tpot_ms is not None:
         out["bca"] = bca_knee(batch, throughput_tok_s, tpot_ms,
                               epsilon_tok_s=bca_epsilon_tok_s,

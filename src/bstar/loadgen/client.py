@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from bstar.errors import BstarError
 from bstar.loadgen.stream import ConnectionPool, SseEvents, Target
 from bstar.loadgen.stream import short as _short
+from bstar.stats import per_request_tpot
 
 if TYPE_CHECKING:
     from bstar.loadgen.stream import Connection
@@ -88,7 +89,7 @@ class RequestRecord:
         """vLLM's per-request TPOT: (E2E - TTFT) / (output_tokens - 1)."""
         if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
             return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+        return float(per_request_tpot(self.e2e_s, self.ttft_s, self.output_tokens))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -159,6 +159,7 @@ def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tok
     request `prompt_tokens` in and `output_tokens` out: what a sweep of those levels would
     measure if the cost model were right, scheduling and queueing included. One simulate
     JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
+    from bstar.fit.points import level_batch
     from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, simulate_levels
     from bstar.sim.traffic import parse_lengths
 
@@ -167,5 +168,5 @@ def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tok
         r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(prompt_tokens)),
                             parse_lengths(str(output_tokens)), num_requests, seed,
                             SimConfig(SchedulerConfig(cap)))[0].to_dict()
-        rows.append({"batch": min(users, cap), **r})
+        rows.append({"batch": level_batch({"concurrency": users, "max_num_seqs": cap}), **r})
     return rows
