@@ -35,6 +35,7 @@ class StudyOptions:
     slo: str | None = None
     max_sim_time_s: float = 24 * 3600.0
     prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
+    capacity: bool = True  # each level's capacity line (`sustained`); off: the levels alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
     advice = advise(rows, slo) if len(rows) > 1 else None
     caps = [sustained(d, replace(cfg, scheduler=replace(cfg.scheduler, max_num_seqs=m)),
                       arrivals, parse_lengths(o.input_len), parse_lengths(o.output_len),
-                      num_requests, o.seed, slo, o.prefix_cached_tokens) for m in levels]
+                      num_requests, o.seed, slo, o.prefix_cached_tokens)
+            for m in levels] if o.capacity else None
     return Study(d, o, rows, advice, arrivals, tokens, caps)
 
 
