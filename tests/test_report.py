@@ -615,7 +615,12 @@ def test_demo_report_recommended_line_is_at_its_level(demo_run: dict[str, Any]) 
     tips = _tips(root)
     point = next(g for t, g in tips if t.startswith(f"concurrency {rec}: "))
     x_point = float(next(point.iter(f"{SVG}use")).get("x"))
-    for kind in ("rec", "knee"):
+    # The stored demo curve (14.1, 23.5, 28.8, 19.7, 45.5 tok/s) has a blip at 8 that 16
+    # outgrows: no knee rule fires, the recommendation is the last level and no knee is drawn.
+    marked = demo_run["sweep"]["recommendation"].get("knee")
+    knee_lines = [g for g in root.iter(f"{SVG}g") if g.get("id") == "mark-knee"]
+    assert len(knee_lines) == (2 if marked else 0)
+    for kind in ("rec", "knee") if marked else ("rec",):
         lines = [g for g in root.iter(f"{SVG}g") if g.get("id") == f"mark-{kind}"]
         assert len(lines) == 2, kind  # on the TPOT and the throughput panel
         d = next(lines[1].iter(f"{SVG}path")).get("d").split()
@@ -629,11 +634,15 @@ def test_demo_report_measured_knee_is_the_sweeps_recommendation_knee(
     (`Recommendation.knee`: the rule it followed), one of the sweep's own rule picks."""
     sweep = demo_run["sweep"]
     rec = sweep["recommendation"]
-    k = rec["knee"]
-    assert k == sweep["knee"]["rules"][k["rule"]]
-    if rec["bound"] == "knee":
-        assert k["batch"] == rec["max_num_seqs"]
-    assert demo_run["views"]["signature"]["measured_knee"] == k["batch"]
+    k = rec.get("knee")
+    if k is None:  # the stored demo curve: a blip at 8 that 16 outgrows, no rule fires
+        assert all(sweep["knee"]["rules"][r]["batch"] is None for r in ("step", "doubling"))
+        assert demo_run["views"]["signature"]["measured_knee"] is None
+    else:
+        assert k == sweep["knee"]["rules"][k["rule"]]
+        if rec["bound"] == "knee":
+            assert k["batch"] == rec["max_num_seqs"]
+        assert demo_run["views"]["signature"]["measured_knee"] == k["batch"]
     # The plan drawn beside it marks the plan's own knee, not one of the picture's.
     plan = demo_run["views"]["signature"]["plan"]
     assert plan["knee"] == plan["recommendation"]["knee"]

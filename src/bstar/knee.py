@@ -16,6 +16,10 @@ words, so a caller can print it as is.
                    L x the latency at a reference batch (their B = 32, L = 5).
     slo_knee       the largest batch whose per-request TPOT (or E2E, or any latency) meets a limit.
 
+Every throughput rule skips a blip: a step (or doubling, or BCA slope) that fails its threshold
+counts only if no later one still gains it, on a measured curve as on a predicted one (a
+concave predicted curve never has one; a noisy measured curve often does). docs/fit.md "Knees".
+
 The rules depend on the grid they are given (a 5% step between 64 and 128 is not a 5% step
 between 64 and 65); the seeds use powers of two, and `pow2_grid` makes one.
 """
@@ -98,26 +102,51 @@ def _b(x: float) -> str:
     return f"{x:g}"
 
 
+def _later_max(values: FloatArray) -> FloatArray:
+    """later[i]: the largest of values[i+1:] (-inf for the last): a rule's gains after step i,
+    so a step that fails a threshold can ask whether a later one still passes it (a blip)."""
+    later = np.full(values.size, -np.inf)
+    if values.size > 1:
+        later[:-1] = np.maximum.accumulate(values[::-1])[::-1][1:]
+    return later
+
+
 def step_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
               threshold: float = DEFAULT_STEP) -> Knee:
     """Seed 000: "the point where TPOT improvement drops below 5% compared to the previous step
     is the practical B*". Its TPOT curve is the amortized one, step / B = 1/throughput, so the
     improvement at B_i is 1 - A_i/A_{i-1} = 1 - T_{i-1}/T_i. Returns that B_i (as the seed says:
-    "set max_num_seqs to that value")."""
+    "set max_num_seqs to that value"). A step under the threshold counts only if no later step
+    still improves by the threshold or more: a small step followed by a large one is a blip
+    (noise on a measured curve), not the plateau, and the reason names the blips skipped."""
     b, t = _curve(batch, throughput_tok_s)
     amort = 1.0 / t
-    for i in range(1, b.size):
-        gain = 1.0 - amort[i] / amort[i - 1]
-        if gain < threshold:
+    gains = 1.0 - amort[1:] / amort[:-1]
+    later = _later_max(gains)
+    skipped = []
+    for n, gain in enumerate(gains):
+        i = n + 1
+        if gain < threshold and later[n] < threshold:
             return Knee("step", int(b[i]),
                         f"amortized time per token at B={_b(b[i])} improves "
                         f"{gain * 100:.1f}% on B={_b(b[i - 1])} (< {threshold * 100:g}% per "
-                        "step, seed 000)")
-    last = 1.0 - amort[-1] / amort[-2]
+                        f"step, seed 000){_blips(skipped, 'step')}")
+        if gain < threshold:
+            skipped.append(f"B={_b(b[i])} ({gain * 100:.1f}%)")
+    last = float(gains[-1])
+    every = "the last step improves" if skipped else "every step improves"
     return Knee("step", None,
-                f"every step improves amortized time per token by >= {threshold * 100:g}% "
-                f"(last: {last * 100:.1f}% from B={_b(b[-2])} to {_b(b[-1])}); the knee lies "
-                "past the curve")
+                f"{every} amortized time per token by >= {threshold * 100:g}% "
+                f"(last: {last * 100:.1f}% from B={_b(b[-2])} to {_b(b[-1])})"
+                f"{_blips(skipped, 'step')}; the knee lies past the curve")
+
+
+def _blips(skipped: list[str], what: str) -> str:
+    """The words for steps under a threshold that a later step outgrew (not the knee)."""
+    if not skipped:
+        return ""
+    return (f"; {', '.join(skipped)} fell under it but a later {what} still gains it "
+            "(a blip, skipped)")
 
 
 def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
@@ -177,7 +206,8 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
              reference_batch: float = DEFAULT_BCA_REFERENCE_BATCH) -> Knee:
     """Batching Configuration Advisor (Recasens et al. 2025, arXiv:2503.08311): B_opt is the
     first batch at which the throughput gain per added sequence, dT/dB, falls under epsilon
-    while per-request latency stays within `latency_factor` x its value at the reference batch
+    (and stays under it: a flat slope followed by one of epsilon or more is a blip) while
+    per-request latency stays within `latency_factor` x its value at the reference batch
     (the point nearest `reference_batch` in log2 distance).
 
     dT/dB at B_i is the slope to the next point, (T_{i+1} - T_i)/(B_{i+1} - B_i), as in the
@@ -200,9 +230,10 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
     lim_txt = (f"TPOT <= {latency_factor:g} x {lat[r]:.3g} ms at reference B={_b(b[r])} "
                f"= {limit:.3g} ms")
     slope = np.diff(t) / np.diff(b)
+    later = _later_max(slope)  # a flat slope counts only if no later one gains epsilon
     ok = lat <= limit * (1 + 1e-12)
     for i in range(b.size - 1):
-        if slope[i] < eps and ok[i]:
+        if slope[i] < eps and later[i] < eps and ok[i]:
             return Knee("bca", int(b[i]),
                         f"past B={_b(b[i])} throughput gains {slope[i]:,.3g} tok/s per added "
                         f"sequence (< epsilon, {eps_txt}) and {lim_txt} holds there "
@@ -250,15 +281,21 @@ def slo_knee(batch: npt.ArrayLike, latency_ms: npt.ArrayLike, limit_ms: float,
 
 def all_knees(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
               tpot_ms: npt.ArrayLike | None = None, *, step: float = DEFAULT_STEP,
+              doubling_grid: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
               doubling: float = DEFAULT_DOUBLING, max_tpot_ms: float | None = None,
               bca_epsilon_tok_s: float | None = None,
               bca_epsilon_fraction: float = DEFAULT_BCA_EPSILON_FRACTION,
               bca_latency_factor: float = DEFAULT_BCA_LATENCY_FACTOR,
               bca_reference_batch: float = DEFAULT_BCA_REFERENCE_BATCH) -> dict[str, Knee]:
-    """Every rule that applies: step and doubling always; BCA when TPOT is given; SLA when
-    TPOT and `max_tpot_ms` are given. Keyed by rule name, in that order."""
+    """The knee set of a curve, assembled here only (the plan's predicted curve, a sweep's
+    measured one, the fit's fitted and measured ones, the simulator's levels, validation's
+    curves): step and doubling always; BCA when TPOT is given; SLA when TPOT and
+    `max_tpot_ms` are given. Keyed by rule name, in that order. `doubling_grid` (batch,
+    throughput): where the curve can be read at any batch (the plan's), seed 004's rule reads
+    this finer grid instead, so its knee need not be a power of two."""
+    db, dt = doubling_grid if doubling_grid is not None else (batch, throughput_tok_s)
     out = {"step": step_knee(batch, throughput_tok_s, step),
-           "doubling": doubling_knee(batch, throughput_tok_s, doubling)}
+           "doubling": doubling_knee(db, dt, doubling)}
     if tpot_ms is not None:
         out["bca"] = bca_knee(batch, throughput_tok_s, tpot_ms,
                               epsilon_tok_s=bca_epsilon_tok_s,

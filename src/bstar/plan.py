@@ -13,7 +13,7 @@ from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
 from bstar.engine_defaults import RULE as VLLM_RULE
 from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
-from bstar.knee import Knee
+from bstar.knee import Knee, slo_knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
@@ -262,8 +262,8 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
         if max_tpot_ms is not None:
             grid = np.arange(1, bm + 1)
             tp = rl.curve(d, grid, ctx).tpot_s * 1e3
-            ok = np.flatnonzero(tp <= max_tpot_ms)
-            sla_b = int(grid[ok[-1]]) if ok.size else None
+            # knee.slo_knee: the batch below the first violation (the one SLO-batch rule)
+            sla_b = slo_knee(grid, tp, max_tpot_ms).batch
             tpot1 = float(tp[0])
         knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
         rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
@@ -300,13 +300,13 @@ def predicted_knees(d: Deployment, context_tokens: int, b_mem: int) -> dict[str,
     """Knees of the predicted throughput curve at one context: seed 004's doubling rule on
     a fine grid (four points per doubling, up to twice B_mem, where the running batch stops
     growing and throughput flattens), and seed 000's 5%-per-step rule on powers of two."""
-    from bstar.knee import doubling_knee, step_knee
+    from bstar.knee import all_knees
 
     top = max(2, 2 * b_mem)
     fine = np.unique(np.round(2.0 ** (np.arange(0, 4 * np.log2(top) + 1) / 4)).astype(int))
     pow2 = 2 ** np.arange(0, int(np.log2(top)) + 1)
-    return {"doubling": doubling_knee(fine, rl.curve(d, fine, context_tokens).throughput_tok_s),
-            "step": step_knee(pow2, rl.curve(d, pow2, context_tokens).throughput_tok_s)}
+    return all_knees(pow2, rl.curve(d, pow2, context_tokens).throughput_tok_s,
+                     doubling_grid=(fine, rl.curve(d, fine, context_tokens).throughput_tok_s))
 
 
 def compare(options: DeploymentOptions, models: list[str] | None = None,

@@ -153,7 +153,7 @@ class Recommendation:
             reason = words["end"].format(top=batches[-1], step=step.reason if step else "")
         all_knees = dict(knees)
         if sla:
-            tight = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch)
+            tight = tightest(sla)
             if tight.knee.batch is None:
                 return cls(batches[0], words["sla_unmet"].format(
                     label=tight.label, reason=tight.knee.reason), "sla-unmet", all_knees, "sla",
@@ -214,6 +214,12 @@ class SloBound:
 
     knee: Knee
     label: str = ""
+
+
+def tightest(sla: Sequence[SloBound]) -> SloBound:
+    """The SLO bound that binds: the smallest SLO batch, one that no batch meets first (the
+    one rule for the tightest bound: `from_curve`, `loadgen/sweep.verdict`)."""
+    return min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch)
 
 
 def recommend(b_star: float, b_mem: int, compute_crossover: float | None = None,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bstar.errors import BstarError
 from bstar.fit.points import read_columns
+from bstar.stats import per_request_tpot
 
 REQUIRED = ("stage", "model", "gpu", "num_gpus", "engine", "max_num_seqs",
             "max_num_batched_tokens", "arrival", "duration_s", "prompt_len_p50",
@@ -175,7 +176,7 @@ def stages_from_csv(text: str, where: str = "table", base_dir: Path | None = Non
         assert ttft is not None and e2e is not None
         tpot = _float(r, "tpot_mean_ms", at)
         if tpot is None and output_len > 1:
-            tpot = (e2e - ttft) / (output_len - 1)
+            tpot = per_request_tpot(e2e, ttft, output_len)
         eos = _cell(r, "ignore_eos").lower()
         if eos not in ("", "true", "false", "1", "0", "yes", "no"):
             raise BstarError(f"{at}: ignore_eos {eos!r} is not true or false")

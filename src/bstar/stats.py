@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -68,3 +69,11 @@ def weighted_percentiles(values: npt.ArrayLike, weights: npt.ArrayLike) -> Stats
         out[f"p{p}"] = float(v_lo + (pos - lo) * (v_hi - v_lo))
     out["mean"] = float((v * w).sum() / n)
     return out
+
+
+def per_request_tpot(e2e: Any, ttft: Any, output_tokens: Any) -> Any:
+    """vLLM's per-request TPOT: (E2E - TTFT) / (output_tokens - 1), in the unit of E2E and
+    TTFT; a request of one token has none (the caller leaves it out). Scalars or numpy arrays
+    (elementwise). The one definition: the client's measured request, the simulator's
+    requests, the simulated load stages and a stages table row without its own TPOT."""
+    return (e2e - ttft) / (output_tokens - 1)

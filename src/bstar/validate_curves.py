@@ -364,7 +364,7 @@ def knee_scores(rows: Sequence[CurveRow]) -> list[KneeScore]:
     """Measured vs predicted knee (seed 004's doubling rule) on each curve with >= 4 batch
     sizes and a throughput (measured, or B / step for decode-step curves)."""
     from bstar.engines import get_engine
-    from bstar.knee import doubling_knee
+    from bstar.knee import all_knees
 
     curves: dict[tuple[Any, ...], list[CurveRow]] = defaultdict(list)
     for r in rows:
@@ -391,8 +391,8 @@ def knee_scores(rows: Sequence[CurveRow]) -> list[KneeScore]:
                 break
         else:
             grid = [r.batch for r in rs]
-            km = doubling_knee(grid, meas).batch
-            kp = doubling_knee(grid, pred).batch
+            km = all_knees(grid, meas)["doubling"].batch
+            kp = all_knees(grid, pred)["doubling"].batch
 
             def idx(k: int | None, grid: list[int] = grid) -> int:
                 return len(grid) - 1 if k is None else int(np.argmin([abs(g - k)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bstar.stats import per_request_tpot
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -37,7 +39,7 @@ class RequestRecord:
         """vLLM's per-request TPOT: (E2E - TTFT) / (output_tokens - 1)."""
         if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
             return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+        return float(per_request_tpot(self.e2e_s, self.ttft_s, self.output_tokens))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,16 +18,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from bstar.fit.points import level_batch
 from bstar.roofline import REGIMES
 
 KV_FULL = 0.95  # KV usage at or above this counts as full
 REGIME3 = REGIMES[3]  # "memory-exhausted"
-
-
-def _x(lv: dict[str, Any]) -> int | None:
-    v = lv.get("max_num_seqs") if lv.get("max_num_seqs") is not None else lv.get(
-        "concurrency")
-    return int(v) if v is not None else None
 
 
 def classify_level(lv: dict[str, Any], predicted_regime: str | None = None
@@ -84,7 +79,7 @@ def analyze(sweep: dict[str, Any], predicted_regimes: dict[int, str] | None = No
     per_level = []
     for i, lv in enumerate(sweep.get("levels") or []):
         c = classify_level(lv, (predicted_regimes or {}).get(i))
-        per_level.append({"idx": i, "x": _x(lv), **c})
+        per_level.append({"idx": i, "x": level_batch(lv), **c})
     srv = next((lv["server"] for lv in reversed(levels)
                 if (lv.get("server") or {}).get("num_gpu_blocks")
                 or (lv.get("server") or {}).get("kv_cache_size_tokens")

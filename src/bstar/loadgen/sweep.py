@@ -33,7 +33,7 @@ from bstar.fit.points import level_batch
 from bstar.loadgen.config import LevelPlan, SweepConfig
 from bstar.loadgen.runner import DONE_STATUSES, EventFn, _Runner, predict_level
 from bstar.loadgen.store import LevelRow, Store, utc_now
-from bstar.recommend import Recommendation, SloBound
+from bstar.recommend import Recommendation, SloBound, tightest
 from bstar.redact import clip
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
@@ -245,7 +245,7 @@ def verdict(levels: list[LevelResult], slo: dict[str, float]) -> tuple[dict[str,
         sla.append(SloBound(knee_mod.slo_knee(batches, vals, slo[key],
                                               what=f"p99 {key.upper()}")))
     if sla:
-        bound = min(sla, key=lambda s: -1 if s.knee.batch is None else s.knee.batch).knee
+        bound = tightest(sla).knee
         out["rules"]["sla"] = bound.to_dict()
         out["sla_batch"] = bound.batch
     rec = Recommendation.from_curve("measured", batches, knees, sla)

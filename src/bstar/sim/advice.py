@@ -29,14 +29,12 @@ def advise(levels: list[SimSummary], slo: Slo | None = None) -> Recommendation:
     rows = sorted(levels, key=lambda s: s.max_num_seqs)
     batch = [s.max_num_seqs for s in rows]
     by_batch = {s.max_num_seqs: s for s in rows}
-    knees: dict[str, knee.Knee] = {}
     if len(rows) < 2:
         s = rows[0]
         return Recommendation(s.max_num_seqs, "one level simulated: give several "
-                              "--max-num-seqs to find a knee", "single-level", knees)
+                              "--max-num-seqs to find a knee", "single-level", {})
     thr = [max(s.throughput_tok_s, 1e-12) for s in rows]
-    knees["step"] = knee.step_knee(batch, thr)
-    knees["doubling"] = knee.doubling_knee(batch, thr)
+    knees = knee.all_knees(batch, thr)
     sla: list[SloBound] = []
     for key, what, limit in (("tpot_ms", "p99 TPOT", slo.tpot_ms),
                              ("e2e_ms", "p99 E2E", slo.e2e_ms)):

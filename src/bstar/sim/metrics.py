@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from bstar.sim.engine import SimRun
 from bstar.slo import SLO_KEYS, Slo, parse_slo
-from bstar.stats import percentiles_ms, weighted_percentiles
+from bstar.stats import per_request_tpot, percentiles_ms, weighted_percentiles
 
 __all__ = ["SLO_KEYS", "SimSummary", "Slo", "parse_slo", "summarize"]
 
@@ -85,7 +85,7 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
     ttft = r.first_token_s[done] - arrival
     e2e = r.finish_s[done] - arrival
     multi = out_tok > 1
-    tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    tpot = per_request_tpot(e2e[multi], ttft[multi], out_tok[multi])
     duration = run.duration_s
     n_done = int(done.sum())
     good: float | None = None

@@ -35,6 +35,7 @@ class StudyOptions:
     slo: str | None = None
     max_sim_time_s: float = 24 * 3600.0
     prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
+    capacity: bool = True  # each level's capacity line (`sustained`); off: the levels alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
     advice = advise(rows, slo) if len(rows) > 1 else None
     caps = [sustained(d, replace(cfg, scheduler=replace(cfg.scheduler, max_num_seqs=m)),
                       arrivals, parse_lengths(o.input_len), parse_lengths(o.output_len),
-                      num_requests, o.seed, slo, o.prefix_cached_tokens) for m in levels]
+                      num_requests, o.seed, slo, o.prefix_cached_tokens)
+            for m in levels] if o.capacity else None
     return Study(d, o, rows, advice, arrivals, tokens, caps)
 
 
@@ -127,11 +129,13 @@ def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len
               prefix_cached_tokens: int = 0) -> dict[str, Any]:
     """The largest rate this level sustains for requests like the study's (its capacity:
     bstar.sim.capacity, the definition `bstar search` uses) and the latencies of a Poisson
-    load at SUSTAINED_FRACTION of it."""
+    load at SUSTAINED_FRACTION of it, on the capacity probes' sample of the requests (the
+    first `sample_size(max_num_seqs)`): at a steady rate more requests only narrow the
+    percentiles, and the level's own run above has all of them."""
     import numpy as np
 
     from bstar.sim import Poisson, Workload, make_workload, simulate, summarize
-    from bstar.sim.capacity import capacity
+    from bstar.sim.capacity import capacity, head, sample_size
 
     rng = np.random.default_rng(seed)
     unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
@@ -142,8 +146,9 @@ def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len
     if cap.capacity_req_s <= 0:
         return out | {"at_rate_req_s": None}
     rate = SUSTAINED_FRACTION * cap.capacity_req_s
-    w = Workload(unit.prompt_tokens, unit.output_tokens,
-                 Poisson(rate).arrivals(rng, unit.num_requests), cached_tokens=unit.cached_tokens)
+    part = head(unit, sample_size(cfg.scheduler.max_num_seqs))
+    w = Workload(part.prompt_tokens, part.output_tokens,
+                 Poisson(rate).arrivals(rng, part.num_requests), cached_tokens=part.cached_tokens)
     s = summarize(simulate(d, cfg, w), slo)
     return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}
@@ -156,6 +161,7 @@ def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tok
     request `prompt_tokens` in and `output_tokens` out: what a sweep of those levels would
     measure if the cost model were right, scheduling and queueing included. One simulate
     JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
+    from bstar.fit.points import level_batch
     from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, simulate_levels
     from bstar.sim.traffic import parse_lengths
 
@@ -164,5 +170,5 @@ def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tok
         r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(prompt_tokens)),
                             parse_lengths(str(output_tokens)), num_requests, seed,
                             SimConfig(SchedulerConfig(cap)))[0].to_dict()
-        rows.append({"batch": min(users, cap), **r})
+        rows.append({"batch": level_batch({"concurrency": users, "max_num_seqs": cap}), **r})
     return rows

@@ -13,7 +13,7 @@ import numpy as np
 from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.stages_table import Stage
-from bstar.stats import percentiles_ms
+from bstar.stats import per_request_tpot, percentiles_ms
 
 if TYPE_CHECKING:
     from bstar.sim.traffic import Workload
@@ -210,7 +210,7 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     out_tok = r.output_tokens[keep]
     ttft, e2e = first - arrival, finish - arrival
     multi = out_tok > 1
-    tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    tpot = per_request_tpot(e2e[multi], ttft[multi], out_tok[multi])
     t, e, p = percentiles_ms(ttft), percentiles_ms(e2e), percentiles_ms(tpot)
     window = float(arrival.max() - arrival.min()) if arrival.size > 1 else 0.0
     span = float(finish.max() - arrival.min()) if arrival.size else 0.0
