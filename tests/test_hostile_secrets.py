@@ -223,3 +223,18 @@ def test_no_key_crosses_an_origin_on_the_sweeps_paths(
     assert ("/v1/completions", f"Bearer {KEY}") in sent
     assert {p for p, _ in got} >= {"/v1/models", "/metrics"}
     assert all(auth is None for _, auth in got), got
+
+
+def test_the_progress_display_masks_a_url_password(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # The progress display (stderr, no --quiet) printed a level's detail as it was: a level
+    # where every request got a 404 names the URL it tried, credentials included.
+    def missing(h: Handler, body: dict[str, Any], n: int) -> None:
+        h.send_json(404, {"error": {"message": "no such route"}})
+
+    with HostileServer({"/v1/completions": missing}) as s:
+        url = s.url.replace("http://", f"http://u:{PASSWORD}@")
+        rc = main(sweep(url, tmp_path / "r.db"))
+    err = capsys.readouterr().err
+    assert rc == 1 and "404" in err
+    assert leaks(PASSWORD, err) == []
