@@ -200,3 +200,41 @@ def test_sigterm_stops_the_server_and_resume_completes(sig: int, tmp_path: Path)
                            "ORDER BY idx").fetchall()
     assert status == "completed" and done == [(0, "completed"), (1, "completed")]
     assert not _port_open(port)
+
+
+def test_no_key_crosses_an_origin_on_the_sweeps_paths(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every HTTP path of a sweep with --api-key: /v1/models and /version (aiohttp) and
+    # /metrics (bstar.safehttp, off the loop) each redirect to another origin (another
+    # port), which must get no Authorization; the completions themselves go to the server.
+    # A guard, not a reproducer: aiohttp already dropped the header, and the sweep's
+    # /metrics went through aiohttp before it moved to safehttp.
+    with HostileServer() as other:
+        moved = {p: (lambda h, b, n, p=p: h.redirect(other.url + p))
+                 for p in ("/v1/models", "/version", "/metrics")}
+        with HostileServer(moved) as first:
+            rc = main(["sweep", "--url", first.url, "--concurrency", "1", "--input-len", "8",
+                       "--output-len", "4", "--num-requests", "2", "--warmup-requests", "0",
+                       "--api-key", KEY, "--db", str(tmp_path / "r.db"), "--json",
+                       "--quiet"])
+            assert rc == 0, capsys.readouterr().err
+            sent = [(p, h.get("Authorization")) for p, h in first.seen]
+        got = [(p, h.get("Authorization")) for p, h in other.seen]
+    assert ("/v1/completions", f"Bearer {KEY}") in sent
+    assert {p for p, _ in got} >= {"/v1/models", "/metrics"}
+    assert all(auth is None for _, auth in got), got
+
+
+def test_the_progress_display_masks_a_url_password(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # The progress display (stderr, no --quiet) printed a level's detail as it was: a level
+    # where every request got a 404 names the URL it tried, credentials included.
+    def missing(h: Handler, body: dict[str, Any], n: int) -> None:
+        h.send_json(404, {"error": {"message": "no such route"}})
+
+    with HostileServer({"/v1/completions": missing}) as s:
+        url = s.url.replace("http://", f"http://u:{PASSWORD}@")
+        rc = main(sweep(url, tmp_path / "r.db"))
+    err = capsys.readouterr().err
+    assert rc == 1 and "404" in err
+    assert leaks(PASSWORD, err) == []

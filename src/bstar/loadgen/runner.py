@@ -23,7 +23,7 @@ from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive, run_loop, steady_gc
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
 from bstar.loadgen.workload import TokenCounter, Workload, build_requests
-from bstar.redact import clip
+from bstar.redact import clip, redact_obj
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
 # rule or its time limit still measured what it measured; re-running would not change why.
@@ -98,6 +98,10 @@ class _Runner:
 
     def emit(self, kind: str, **data: Any) -> None:
         with contextlib.suppress(Exception):  # a display error must not lose a run
+            if kind != "request":  # a request's event holds numbers and an error kind only
+                # Printed as it is (the progress display): a detail may quote the URL with
+                # its credentials or a server's text with a key.
+                data = redact_obj(data)
             self.on_event(kind, data)
 
     def _start_server(self, lv: LevelPlan, level_id: int, attempt: int) -> str:
@@ -114,9 +118,7 @@ class _Runner:
                f"level{lv.idx}-mns{lv.max_num_seqs}-a{attempt}.log")
         self.store.set_level_log(level_id, str(log))
         url = f"http://127.0.0.1:{port}"
-        from bstar.redact import redact
-
-        self.emit("server_start", level=lv.idx, cmd=redact(cmd), log=str(log))
+        self.emit("server_start", level=lv.idx, cmd=cmd, log=str(log))
         self.server = ManagedServer(shlex.split(cmd), health_url=url + "/health",
                                     timeout_s=cfg.health_timeout_s, log_path=log, url=url)
         self.server.start()
