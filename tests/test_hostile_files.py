@@ -347,3 +347,23 @@ def test_long_tables_show_head_tail_and_count(tmp_path: Path) -> None:
     status, out, _ = run(["fit", str(p), "--bootstrap", "0", "--json"])
     assert status == 0 and len(json.loads(out)["points"]) == 20_000
 
+
+
+@pytest.mark.slow  # ~1.5 s: a leave-one-out calibration
+def test_validate_prints_file_names_as_data(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model folder named with an OSC sequence in a validation table reached the
+    terminal raw (the rows table prints each row's model)."""
+    folder = tmp_path / "m\x1b]0;T\x07"
+    folder.mkdir()
+    shutil.copy(PRESETS / "llama-3-8b.json", folder / "config.json")
+    table = tmp_path / "rows.csv"
+    head = "model,gpu,num_gpus,engine,input_len,output_len,batch,metric,value,source\n"
+    table.write_text(head + "".join(
+        f"{m},h100-sxm,1,vllm,512,128,{b},throughput_tok_s,{v},x\n"
+        for m, b, v in (("llama-3-8b", 8, 900), (folder.name, 8, 900),
+                        ("llama-3-8b", 16, 1500))))
+    monkeypatch.chdir(tmp_path)  # a short relative name: its ESC within the printed 12
+    status, out, err = run(["validate", str(table)])
+    assert status == 0, err[-800:]
+    assert "\x1b" not in out and "\\x1b" in out

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Names in a validation table come from the user's file: printed as data.
+from bstar.report.text._common import clean_text as ct
+
 if TYPE_CHECKING:
     from bstar.validate import Validation
     from bstar.validate_curves import CurvesValidation
@@ -35,7 +38,7 @@ def print_curves_validation(v: CurvesValidation, num_rows: int) -> None:
     for g in v.groups:
         for k, m in g.metrics.items():
             d: dict[str, Any] = m.to_dict()
-            print(f"  {Path(g.gpu).name[-27:]:<28}{g.engine:<12}{k:<18}{d['rows']:>5}"
+            print(f"  {ct(Path(g.gpu).name)[-27:]:<28}{ct(g.engine):<12}{k:<18}{d['rows']:>5}"
                   f"{pct(d['generic']):>9}{pct(d['uncalibrated']):>9}{pct(d['lomo']):>8}")
         for mdl, errs in g.model_uncalibrated.items():
             lomo = g.model_lomo.get(mdl, {})
@@ -52,7 +55,7 @@ def print_curves_validation(v: CurvesValidation, num_rows: int) -> None:
         print("knees (seed 004's doubling rule on measured vs predicted throughput, same "
               "grid; profile predictions)")
         for k in v.knees:
-            print(f"  {k.curve:<42.42} {Path(k.gpu).name[-27:]:<28} measured "
+            print(f"  {ct(k.curve):<42.42} {ct(Path(k.gpu).name)[-27:]:<28} measured "
                   f"{k.measured_knee if k.measured_knee is not None else '-':>5}  predicted "
                   f"{k.predicted_knee if k.predicted_knee is not None else '-':>5}  "
                   f"{k.grid_steps_apart} grid step(s) apart")
@@ -60,7 +63,7 @@ def print_curves_validation(v: CurvesValidation, num_rows: int) -> None:
         print(f"  curves whose measured throughput has a knee: {n}; predicted knee within "
               f"one grid step on {within}")
     for s in v.skipped:
-        print(f"  skipped {s['model']} on {s['gpu']}: {s['reason']}")
+        print(f"  skipped {ct(s['model'])} on {ct(s['gpu'])}: {ct(s['reason'], 400)}")
 
 
 # ---- load stages ------------------------------------------------------------------------
@@ -169,7 +172,8 @@ def print_rows_validation(v: Validation) -> None:
         row = r.row
         cal = f"{r.calibrated:>10.4g}{r.calibrated_error:>+7.0%}" if r.calibrated else \
             f"{'-':>10}{'':>7}"
-        print(f"{row.model:<12.12}{row.gpu:<15.15}{row.num_gpus:>3} {row.engine:<19.19}"
+        print(f"{ct(row.model):<12.12}{ct(row.gpu):<15.15}{row.num_gpus:>3} "
+              f"{ct(row.engine):<19.19}"
               f"{row.input_len:>5}{row.output_len:>5}{row.batch:>6}  {row.metric:<25}"
               f"{row.value:>10.4g}{r.uncalibrated:>10.4g}{r.uncalibrated_error:>+7.0%}{cal}")
     cal_med = v.calibrated_median_abs_error
@@ -177,7 +181,7 @@ def print_rows_validation(v: Validation) -> None:
           f"(leave-one-out per GPU x engine, fitting {','.join(v.fit)}) "
           + (f"{cal_med:.1%}" if cal_med is not None else "n/a"))
     for (gpu, engine), eff in v.group_eff.items():
-        print(f"  {gpu} x {engine}: bandwidth {eff.bandwidth:.2f}, compute {eff.compute:.2f} "
-              "(all rows)")
+        print(f"  {ct(gpu)} x {ct(engine)}: bandwidth {eff.bandwidth:.2f}, compute "
+              f"{eff.compute:.2f} (all rows)")
     for n in v.notes:
         print(f"  note: {n}")
