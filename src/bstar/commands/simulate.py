@@ -39,8 +39,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--concurrency", type=positive_int, default=None,
                       help="closed loop: this many users, each with one request in flight")
     load.add_argument("--trace", default=None, metavar="FILE",
-                      help="replay arrivals and lengths: CSV (arrival_s,prompt_tokens,"
-                           "output_tokens) or JSON lines")
+                      help="replay arrivals and lengths: bstar's CSV or JSON lines "
+                           "(arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens,"
+                           "hash_ids]), Mooncake JSON lines, Azure LLM inference or BurstGPT "
+                           "CSV, told by the header (docs/simulate.md)")
     t.add_argument("--think-time-s", type=non_negative_float, default=0.0,
                    help="closed loop: mean pause between a response and the user's next "
                         "request (exponential; default 0)")
@@ -53,6 +55,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens at the start of every prompt that the prefix cache already "
                         "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
                         "prefill computes only the rest, in whole KV blocks (default 0)")
+    add_prompt_sharing_arguments(t)
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "1,000,000)")
@@ -96,7 +99,34 @@ def study_options(args: argparse.Namespace) -> Any:
         trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
         output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
         slo=args.slo, max_sim_time_s=args.max_sim_time_s,
-        prefix_cached_tokens=args.prefix_cached_tokens)
+        prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=prompt_shape(args),
+        prefix_caching=not args.no_prefix_caching)
+
+
+def add_prompt_sharing_arguments(t: Any) -> None:
+    """Which prompts share which tokens (bstar.sim.prefix), and the engine's cache switch."""
+    t.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                   help="every prompt starts with its group's N-token system prompt, on top "
+                        "of its --input-len draw; the prefix cache finds the hits (default 0)")
+    t.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
+                   help="G distinct system prompts, request i in group i mod G (default 1)")
+    t.add_argument("--distinct-prompts", type=int, default=0, metavar="K",
+                   help="send K prompts in turn: request i repeats prompt i mod K, lengths "
+                        "and all (default 0: every prompt its own)")
+    t.add_argument("--multi-turn", type=int, default=0, metavar="T",
+                   help="T-turn conversations: each turn's prompt is the previous prompt, its "
+                        "answer and a new --input-len question (default 0: single turn)")
+    t.add_argument("--no-prefix-caching", action="store_true",
+                   help="simulate the engine with prefix caching off (vLLM's flag)")
+
+
+def prompt_shape(args: argparse.Namespace) -> Any:
+    """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
+    from bstar.sim.prefix import PromptShape
+
+    shape = PromptShape(args.shared_prefix_tokens, args.prefix_groups, args.distinct_prompts,
+                        args.multi_turn)
+    return shape if shape.active else None
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:

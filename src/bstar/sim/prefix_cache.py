@@ -52,6 +52,10 @@ class CachingBlockManager(BlockManager):
         self.hit_tokens = 0
         self.query_tokens = 0
         self.num_evicted = 0
+        # Bumped by whatever can change a lookup or its free hits: a key indexed or evicted, a
+        # cached block taken or freed; `admission` reuses its answer while it stands.
+        self.epoch = 0
+        self._memo: tuple[int, int, int, list[int], int] = (-1, -1, -1, [], 0)
 
     # ---- keys and lookups ---------------------------------------------------------------------
     def _keys(self, rid: int) -> list[int]:
@@ -65,9 +69,10 @@ class CachingBlockManager(BlockManager):
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
         """Blocks of the longest cached chain of the request's first num_tokens - 1 tokens."""
         hit: list[int] = []
-        index = self.index
-        for key in self._keys(rid)[:(num_tokens - 1) // self.block_size]:
-            b = index.get(key)
+        get = self.index.get
+        keys = self._keys(rid)
+        for j in range(min((num_tokens - 1) // self.block_size, len(keys))):
+            b = get(keys[j])
             if b is None:
                 break
             hit.append(b)
@@ -77,12 +82,15 @@ class CachingBlockManager(BlockManager):
                   budget: int) -> tuple[list[int], int, int, int]:
         """(hit blocks, computed tokens, tokens to schedule, blocks it takes from the free
         queue) for a waiting request: a lookup when nothing of it is computed."""
-        hit = self.lookup(rid, num_tokens) if computed == 0 else []
+        m_rid, m_tokens, m_epoch, hit, free_hits = self._memo
+        if (m_rid, m_tokens, m_epoch) != (rid, num_tokens, self.epoch) or computed:
+            hit = self.lookup(rid, num_tokens) if computed == 0 else []
+            ref = self.ref
+            free_hits = sum([ref[b] == 0 for b in hit])
+            self._memo = (rid, num_tokens, self.epoch, hit, free_hits)
         c = computed + len(hit) * self.block_size
         n = min(num_tokens - c, budget)
-        ref = self.ref
-        need = -(-(c + n) // self.block_size) - len(hit) + sum(1 for b in hit if ref[b] == 0)
-        return hit, c, n, need
+        return hit, c, n, -(-(c + n) // self.block_size) - len(hit) + free_hits
 
     # ---- allocation ---------------------------------------------------------------------------
     def admit(self, rid: int, hit: list[int], total_blocks: int, cached_upto: int) -> None:
@@ -92,6 +100,7 @@ class CachingBlockManager(BlockManager):
         for b in hit:
             if ref[b] == 0:
                 del free_q[b]
+                self.epoch += 1
             ref[b] += 1
         self.num_free = len(free_q)
         self.req_blocks[rid] = list(hit)
@@ -118,6 +127,7 @@ class CachingBlockManager(BlockManager):
                         del index[key]
                     key_of[b] = None
                     self.num_evicted += 1
+                    self.epoch += 1
                 ref[b] = 1
                 blocks.append(b)
             self.num_free = len(free_q)
@@ -138,6 +148,7 @@ class CachingBlockManager(BlockManager):
                 b = blocks[j]
                 index[key] = b
                 key_of[b] = key
+                self.epoch += 1
         self.req_cached[rid] = max(done, full)
 
     def grow_many(self, ids: IntArray, need: IntArray, upto: IntArray) -> None:
@@ -158,6 +169,8 @@ class CachingBlockManager(BlockManager):
             ref[b] -= 1
             if ref[b] == 0:
                 free_q[b] = None
+                if self.key_of[b] is not None:
+                    self.epoch += 1
         self.num_free = len(free_q)
         return len(blocks)
 
