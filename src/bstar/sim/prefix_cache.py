@@ -23,6 +23,7 @@ Two blocks with one key (computed apart) keep the first in the index: vLLM index
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 
 import numpy as np
 
@@ -52,10 +53,10 @@ class CachingBlockManager(BlockManager):
         self.hit_tokens = 0
         self.query_tokens = 0
         self.num_evicted = 0
-        # Bumped by whatever can change a lookup or its free hits: a key indexed or evicted, a
-        # cached block taken or freed; `admission` reuses its answer while it stands.
-        self.epoch = 0
-        self._memo: tuple[int, int, int, list[int], int] = (-1, -1, -1, [], 0)
+        # The last lookup (a blocked head is looked up every step), kept up to date from the
+        # blocks taken or freed since (`touched`) instead of walked again.
+        self._memo: _Lookup | None = None
+        self.touched: list[int] = []
 
     # ---- keys and lookups ---------------------------------------------------------------------
     def _keys(self, rid: int) -> list[int]:
@@ -68,29 +69,68 @@ class CachingBlockManager(BlockManager):
 
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
         """Blocks of the longest cached chain of the request's first num_tokens - 1 tokens."""
-        hit: list[int] = []
-        get = self.index.get
         keys = self._keys(rid)
-        for j in range(min((num_tokens - 1) // self.block_size, len(keys))):
-            b = get(keys[j])
-            if b is None:
-                break
-            hit.append(b)
-        return hit
+        m = (num_tokens - 1) // self.block_size
+        found = list(map(self.index.get, keys[:m] if m < len(keys) else keys))
+        try:
+            return found[:found.index(None)]  # type: ignore[return-value]
+        except ValueError:
+            return found  # type: ignore[return-value]
 
     def admission(self, rid: int, computed: int, num_tokens: int,
                   budget: int) -> tuple[list[int], int, int, int]:
         """(hit blocks, computed tokens, tokens to schedule, blocks it takes from the free
         queue) for a waiting request: a lookup when nothing of it is computed."""
-        m_rid, m_tokens, m_epoch, hit, free_hits = self._memo
-        if (m_rid, m_tokens, m_epoch) != (rid, num_tokens, self.epoch) or computed:
-            hit = self.lookup(rid, num_tokens) if computed == 0 else []
-            ref = self.ref
-            free_hits = sum([ref[b] == 0 for b in hit])
-            self._memo = (rid, num_tokens, self.epoch, hit, free_hits)
+        if computed:
+            hit, free_hits = [], 0
+        else:
+            hit, free_hits = self._lookup(rid, num_tokens)
         c = computed + len(hit) * self.block_size
         n = min(num_tokens - c, budget)
         return hit, c, n, -(-(c + n) // self.block_size) - len(hit) + free_hits
+
+    def _touch(self, blocks: list[int]) -> None:
+        self.touched += blocks
+        if len(self.touched) > self.num_blocks:  # cheaper to look up again
+            self.touched.clear()
+            self._memo = None
+
+    def _lookup(self, rid: int, num_tokens: int) -> tuple[list[int], int]:
+        """`lookup` and how many of the hit blocks are free, from the memo where it holds."""
+        memo, ref = self._memo, self.ref
+        if memo is None or memo.rid != rid or memo.num_tokens != num_tokens:
+            hit = self.lookup(rid, num_tokens)
+            memo = self._memo = _Lookup(rid, num_tokens, hit, {b: j for j, b in enumerate(hit)},
+                                        {b for b in hit if ref[b] == 0})
+        else:
+            keys, key_of, pos, free = self._keys(rid), self.key_of, memo.pos, memo.free
+            cut = len(memo.hit)
+            for b in set(self.touched):
+                j = pos.get(b)
+                if j is None:
+                    continue
+                if key_of[b] != keys[j]:  # evicted since
+                    cut = min(cut, j)
+                elif ref[b] == 0:
+                    free.add(b)
+                else:
+                    free.discard(b)
+            for b in memo.hit[cut:]:
+                del pos[b]
+                free.discard(b)
+            del memo.hit[cut:]
+            m = min((num_tokens - 1) // self.block_size, len(keys))
+            get = self.index.get
+            while len(memo.hit) < m:  # blocks cached since
+                b = get(keys[len(memo.hit)])
+                if b is None:
+                    break
+                pos[b] = len(memo.hit)
+                memo.hit.append(b)
+                if ref[b] == 0:
+                    free.add(b)
+        self.touched.clear()
+        return memo.hit, len(memo.free)  # read at once: the next lookup changes it
 
     # ---- allocation ---------------------------------------------------------------------------
     def admit(self, rid: int, hit: list[int], total_blocks: int, cached_upto: int) -> None:
@@ -100,7 +140,7 @@ class CachingBlockManager(BlockManager):
         for b in hit:
             if ref[b] == 0:
                 del free_q[b]
-                self.epoch += 1
+                self.touched.append(b)
             ref[b] += 1
         self.num_free = len(free_q)
         self.req_blocks[rid] = list(hit)
@@ -118,18 +158,22 @@ class CachingBlockManager(BlockManager):
             raise RuntimeError(f"allocating {n} blocks with {self.num_free} free")
         blocks = self.req_blocks.setdefault(rid, [])
         if n > 0:
-            free_q, key_of, ref, index = self.free_q, self.key_of, self.ref, self.index
-            for _ in range(n):
-                b = free_q.popitem(last=False)[0]
-                key = key_of[b]
-                if key is not None:
-                    if index.get(key) == b:
-                        del index[key]
-                    key_of[b] = None
-                    self.num_evicted += 1
-                    self.epoch += 1
+            free_q, key_of, ref = self.free_q, self.key_of, self.ref
+            taken = list(islice(free_q, n))
+            for b in taken:
+                del free_q[b]
                 ref[b] = 1
-                blocks.append(b)
+            keyed = [b for b in taken if key_of[b] is not None]
+            if keyed:  # evict what they cached
+                index = self.index
+                for b in keyed:
+                    key = key_of[b]
+                    if index.get(key) == b:  # type: ignore[arg-type]
+                        del index[key]  # type: ignore[arg-type]
+                    key_of[b] = None
+                self.num_evicted += len(keyed)
+            self._touch(taken)
+            blocks.extend(taken)
             self.num_free = len(free_q)
         self._cache(rid, cached_upto)
 
@@ -148,7 +192,6 @@ class CachingBlockManager(BlockManager):
                 b = blocks[j]
                 index[key] = b
                 key_of[b] = key
-                self.epoch += 1
         self.req_cached[rid] = max(done, full)
 
     def grow_many(self, ids: IntArray, need: IntArray, upto: IntArray) -> None:
@@ -164,16 +207,26 @@ class CachingBlockManager(BlockManager):
         and stay cached until taken. Returns the blocks the request held."""
         blocks = self.req_blocks.pop(rid, [])
         self.req_cached[rid] = 0
-        ref, free_q = self.ref, self.free_q
-        for b in reversed(blocks):
+        ref = self.ref
+        for b in blocks:
             ref[b] -= 1
-            if ref[b] == 0:
-                free_q[b] = None
-                if self.key_of[b] is not None:
-                    self.epoch += 1
-        self.num_free = len(free_q)
+        freed = [b for b in reversed(blocks) if ref[b] == 0]
+        if freed:
+            self.free_q.update(dict.fromkeys(freed))
+            self._touch(freed)
+        self.num_free = len(self.free_q)
         return len(blocks)
 
     def forget(self, rid: int) -> None:
         """Drop a finished request's keys (a preempted one keeps them for its lookup)."""
         self.req_keys.pop(rid, None)
+
+
+class _Lookup:
+    """One request's last lookup: its hit blocks, their positions, those free."""
+
+    __slots__ = ("free", "hit", "num_tokens", "pos", "rid")
+
+    def __init__(self, rid: int, num_tokens: int, hit: list[int], pos: dict[int, int],
+                 free: set[int]) -> None:
+        self.rid, self.num_tokens, self.hit, self.pos, self.free = rid, num_tokens, hit, pos, free
