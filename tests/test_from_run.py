@@ -62,3 +62,19 @@ def test_search_from_a_high_hit_rate_run_buys_fewer_gpus(
             assert "measured prefix-cache hit rate 90.0%" in err
             assert "shared prefix" in err
     assert gpus["cached"] < gpus["off"]
+
+
+def test_simulate_from_run_shows_measured_beside_simulated_hit_rate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stored_sweep(tmp_path / "runs.db", 0.9)
+    args = ["simulate", "--from-run", "run-hit", "--runs-db", str(tmp_path / "runs.db"),
+            "--rate", "2", "--num-requests", "60", "--max-num-seqs", "16"]
+    assert main([*args, "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["from_run"]["prefix_cache_hit_rate"] == pytest.approx(0.9, abs=1e-4)
+    # One shared prefix of 0.9 x the mean prompt: every request but the first hits it, in
+    # whole blocks.
+    assert obj["prefix_cache_hit_rate"] == pytest.approx(0.9, abs=0.03)
+    assert main(args) == 0
+    assert "prefix-cache hit rate at max_num_seqs 16: measured 90.0%, simulated" in \
+        capsys.readouterr().out

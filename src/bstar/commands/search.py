@@ -86,14 +86,10 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
                    help="tokens at the start of every prompt the prefix cache already holds "
                         "(a shared system prompt): prefill computes the rest (default 0)")
-    from bstar.commands.simulate import add_prompt_sharing_arguments
+    from bstar.commands.simulate import add_from_run_arguments, add_prompt_sharing_arguments
 
     add_prompt_sharing_arguments(t)
-    t.add_argument("--from-run", default=None, metavar="RUN",
-                   help="the traffic a stored sweep measured: its prompt and output lengths "
-                        "and its prefix-cache hit rate (docs/simulate.md)")
-    t.add_argument("--runs-db", default=None, metavar="FILE",
-                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
+    add_from_run_arguments(t)
     t.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the traffic (default 0)")
     t.add_argument("--draws", type=positive_int, default=3,

@@ -56,6 +56,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
                         "prefill computes only the rest, in whole KV blocks (default 0)")
     add_prompt_sharing_arguments(t)
+    add_from_run_arguments(t)
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "1,000,000)")
@@ -79,28 +80,60 @@ def run_simulate(args: argparse.Namespace) -> int:
     from bstar.report.text import print_simulation
 
     study = simulate_from_args(args)
+    measured = _measured(args)
 
     def data() -> Any:
         objs = study.to_objects()
+        if measured is not None:
+            for o in objs:
+                o["from_run"] = measured.to_dict()
         return objs[0] if len(objs) == 1 else objs
 
-    return emit(args, data, lambda: print_simulation(study),
-                lambda path: save_simulate_plot(study.to_objects(), path))
+    def text() -> None:
+        print_simulation(study)
+        if measured is not None:
+            print(f"traffic from {measured.describe()}")
+            for r in study.rows:
+                sim = r.prefix_cache_hit_rate
+                print(f"  prefix-cache hit rate at max_num_seqs {r.max_num_seqs}: measured "
+                      f"{_pct(measured.hit_rate)}, simulated {_pct(sim)}")
+
+    return emit(args, data, text, lambda path: save_simulate_plot(study.to_objects(), path))
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _measured(args: argparse.Namespace) -> Any:
+    """The stored sweep --from-run names (`bstar.loadgen.measured`), or None."""
+    if not getattr(args, "from_run", None):
+        return None
+    from bstar.loadgen.measured import measured_traffic
+
+    return measured_traffic(getattr(args, "runs_db", None), args.from_run)
 
 
 def study_options(args: argparse.Namespace) -> Any:
     """The simulate flags as `bstar.sim.study.StudyOptions`."""
     from bstar.sim.study import StudyOptions
 
+    shape = prompt_shape(args)
+    caching = not getattr(args, "no_prefix_caching", False)
+    input_len, output_len = args.input_len, args.output_len
+    measured = _measured(args)
+    if measured is not None:
+        input_len, output_len = measured.lengths(shared=caching and shape is None)
+        shape = shape or (measured.prompt_shape() if caching else None)
     return StudyOptions(
         max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
-        trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
-        output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
+        trace=args.trace, think_time_s=args.think_time_s, input_len=input_len,
+        output_len=output_len, num_requests=args.num_requests, seed=args.seed,
         slo=args.slo, max_sim_time_s=args.max_sim_time_s,
-        prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=prompt_shape(args),
-        prefix_caching=not args.no_prefix_caching)
+        prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=shape,
+        prefix_caching=caching)
 
 
 def add_prompt_sharing_arguments(t: Any) -> None:
@@ -120,12 +153,21 @@ def add_prompt_sharing_arguments(t: Any) -> None:
                    help="simulate the engine with prefix caching off (vLLM's flag)")
 
 
+def add_from_run_arguments(t: Any) -> None:
+    t.add_argument("--from-run", default=None, metavar="RUN",
+                   help="the traffic a stored sweep measured: its prompt and output lengths "
+                        "and its prefix-cache hit rate (docs/simulate.md)")
+    t.add_argument("--runs-db", default=None, metavar="FILE",
+                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
+
+
 def prompt_shape(args: argparse.Namespace) -> Any:
     """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
     from bstar.sim.prefix import PromptShape
 
-    shape = PromptShape(args.shared_prefix_tokens, args.prefix_groups, args.distinct_prompts,
-                        args.multi_turn)
+    shape = PromptShape(*(getattr(args, k, d) for k, d in (
+        ("shared_prefix_tokens", 0), ("prefix_groups", 1), ("distinct_prompts", 0),
+        ("multi_turn", 0))))
     return shape if shape.active else None
 
 
