@@ -26,13 +26,13 @@ def keys(tr, i: int, bs: int = 16) -> list[int]:  # type: ignore[no-untyped-def]
 def test_mooncake_hash_ids_share_their_leading_blocks() -> None:
     text = ('{"timestamp": 27482, "input_length": 1100, "output_length": 52, '
             '"hash_ids": [46, 47, 9]}\n'
-            '{"timestamp": 30535, "input_length": 1030, "output_length": 26, '
+            '{"timestamp": 30535, "input_length": 1090, "output_length": 26, '
             '"hash_ids": [46, 47, 10]}\n'
             '{"timestamp": 31000, "input_length": 600, "output_length": 5, "hash_ids": [7, 47]}\n')
     tr = parse_trace(text)
     assert tr.format == "mooncake"
     assert tr.arrival_s == pytest.approx((0.0, 3.053, 3.518))  # ms, from the first
-    assert tr.prompt_tokens == (1100, 1030, 600)
+    assert tr.prompt_tokens == (1100, 1090, 600)
     a, b, c = keys(tr, 0), keys(tr, 1), keys(tr, 2)
     shared = 2 * HASH_BLOCK_TOKENS // 16  # two 512-token ids: 64 blocks of 16
     assert a[:shared] == b[:shared] and a[shared] != b[shared]

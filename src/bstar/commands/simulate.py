@@ -90,19 +90,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         return objs[0] if len(objs) == 1 else objs
 
     def text() -> None:
+        from bstar.report.text.prefix import print_measured_hit_rates
+
         print_simulation(study)
         if measured is not None:
-            print(f"traffic from {measured.describe()}")
-            for r in study.rows:
-                sim = r.prefix_cache_hit_rate
-                print(f"  prefix-cache hit rate at max_num_seqs {r.max_num_seqs}: measured "
-                      f"{_pct(measured.hit_rate)}, simulated {_pct(sim)}")
+            print_measured_hit_rates(measured, study.rows)
 
     return emit(args, data, text, lambda path: save_simulate_plot(study.to_objects(), path))
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
 
 
 def _measured(args: argparse.Namespace) -> Any:
