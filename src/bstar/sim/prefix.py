@@ -23,6 +23,7 @@ Pure: lengths and ids in, ids out.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -107,7 +108,14 @@ class PromptIds:
 def block_keys(segments: Segments, output_id: int, output_tokens: int, block_size: int,
                limit_tokens: int) -> list[int]:
     """The key of every full block among the first `limit_tokens` tokens of prompt + answer:
-    the identity of the whole prefix that ends with the block (a hash chain over segments)."""
+    the identity of the whole prefix that ends with the block (a hash chain over segments).
+    Kept for the next simulation of the same requests (a capacity search runs many)."""
+    return list(_block_keys(segments, output_id, output_tokens, block_size, limit_tokens))
+
+
+@lru_cache(maxsize=8192)
+def _block_keys(segments: Segments, output_id: int, output_tokens: int, block_size: int,
+                limit_tokens: int) -> tuple[int, ...]:
     keys: list[int] = []
     chain = 0
     pos = 0
@@ -121,7 +129,7 @@ def block_keys(segments: Segments, output_id: int, output_tokens: int, block_siz
             break
         chain = hash((chain, sid, n))
         pos = seg_end
-    return keys
+    return tuple(keys)
 
 
 @dataclass(frozen=True, slots=True)
