@@ -28,11 +28,11 @@ OUTPUT_TOKENS = 4
 def trace(rng: np.random.Generator) -> tuple[list[list[int]], PromptIds]:
     """12 prompts: two 200-token system prompts, each followed by a question of its own
     (30-90 tokens); then 4 of them sent again whole. Token ids and the same identity."""
-    systems = [rng.integers(100, 20000, size=200).tolist() for _ in range(2)]
+    systems = [rng.integers(3, 250, size=200).tolist() for _ in range(2)]
     prompts: list[list[int]] = []
     segments = []
     for i in range(12):
-        q = rng.integers(100, 20000, size=int(rng.integers(30, 91))).tolist()
+        q = rng.integers(3, 250, size=int(rng.integers(30, 91))).tolist()
         prompts.append(systems[i % 2] + q)
         segments.append(((1 + i % 2, 200), (100 + i, len(q))))
     for i in (0, 3, 5, 10):
