@@ -250,9 +250,10 @@ def test_capacity_of_a_growing_stage() -> None:
 
 def test_shared_prefix_is_a_prefix_cache_hit() -> None:
     s = stage(shared_prefix_len=100)
-    assert (vs.stage_workload(s, 20).cached_tokens == 100).all()
-    assert vs.stage_workload(s, 20, prefix_cache=False).cached_tokens is None
-    assert vs.stage_workload(stage(), 20).cached_tokens is None  # no column, no hits
+    ids = vs.stage_workload(s, 20).prompt_ids
+    assert ids is not None and {seg[0] for seg in ids.segments} == {(1, 100)}
+    assert vs.stage_workload(s, 20, prefix_cache=False).prompt_ids is None
+    assert vs.stage_workload(stage(), 20).prompt_ids is None  # no column, no hits
     hit = vs.simulate_stage(s, max_window_s=20)
     cold = vs.simulate_stage(s, max_window_s=20, prefix_cache=False)
     assert hit.ttft_mean_ms < cold.ttft_mean_ms

@@ -89,6 +89,10 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
                    help="tokens at the start of every prompt the prefix cache already holds "
                         "(a shared system prompt): prefill computes the rest (default 0)")
+    from bstar.commands.simulate import add_from_run_arguments, add_prompt_sharing_arguments
+
+    add_prompt_sharing_arguments(t)
+    add_from_run_arguments(t)
     t.add_argument("--seed", type=seed_int, default=0,
                    help="random seed of the traffic (default 0)")
     t.add_argument("--draws", type=positive_int, default=3,
@@ -157,10 +161,21 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    traffic = Traffic(demand, parse_lengths(args.input_len, "--input-len"),
-                      parse_lengths(args.output_len, "--output-len"),
+    from bstar.commands.simulate import prompt_shape
+
+    input_len, output_len, shape = args.input_len, args.output_len, prompt_shape(args)
+    if args.from_run:
+        from bstar.loadgen.measured import measured_traffic
+
+        measured = measured_traffic(args.runs_db, args.from_run)
+        caching = not args.no_prefix_caching
+        input_len, output_len = measured.lengths(shared=caching and shape is None)
+        shape = shape or (measured.prompt_shape() if caching else None)
+        print(f"traffic from {measured.describe()}", file=sys.stderr)
+    traffic = Traffic(demand, parse_lengths(input_len, "--input-len"),
+                      parse_lengths(output_len, "--output-len"),
                       num_requests, args.seed, trace, args.draws,
-                      args.prefix_cached_tokens)
+                      args.prefix_cached_tokens, shape, not args.no_prefix_caching)
     from bstar.options import DeploymentOptions
 
     opts = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,

@@ -41,8 +41,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--concurrency", type=positive_int, default=None,
                       help="closed loop: this many users, each with one request in flight")
     load.add_argument("--trace", default=None, metavar="FILE",
-                      help="replay arrivals and lengths: CSV (arrival_s,prompt_tokens,"
-                           "output_tokens) or JSON lines")
+                      help="replay arrivals and lengths: bstar's CSV or JSON lines "
+                           "(arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens,"
+                           "hash_ids]), Mooncake JSON lines, Azure LLM inference or BurstGPT "
+                           "CSV, told by the header (docs/simulate.md)")
     t.add_argument("--think-time-s", type=non_negative_float, default=0.0,
                    help="closed loop: mean pause between a response and the user's next "
                         "request (exponential; default 0)")
@@ -55,6 +57,8 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens at the start of every prompt that the prefix cache already "
                         "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
                         "prefill computes only the rest, in whole KV blocks (default 0)")
+    add_prompt_sharing_arguments(t)
+    add_from_run_arguments(t)
     t.add_argument("--num-requests", type=int, default=None,
                    help="requests per level (default 1000, or the whole --trace; at most "
                         "100,000: docs/simulate.md)")
@@ -79,27 +83,89 @@ def run_simulate(args: argparse.Namespace) -> int:
     from bstar.report.text import print_simulation
 
     study = simulate_from_args(args)
+    measured = _measured(args)
 
     def data() -> Any:
         objs = study.to_objects()
+        if measured is not None:
+            for o in objs:
+                o["from_run"] = measured.to_dict()
         return objs[0] if len(objs) == 1 else objs
 
-    return emit(args, data, lambda: print_simulation(study),
-                lambda path: save_simulate_plot(study.to_objects(), path))
+    def text() -> None:
+        from bstar.report.text.prefix import print_measured_hit_rates
+
+        print_simulation(study)
+        if measured is not None:
+            print_measured_hit_rates(measured, study.rows)
+
+    return emit(args, data, text, lambda path: save_simulate_plot(study.to_objects(), path))
+
+
+def _measured(args: argparse.Namespace) -> Any:
+    """The stored sweep --from-run names (`bstar.loadgen.measured`), or None."""
+    if not getattr(args, "from_run", None):
+        return None
+    from bstar.loadgen.measured import measured_traffic
+
+    return measured_traffic(getattr(args, "runs_db", None), args.from_run)
 
 
 def study_options(args: argparse.Namespace) -> Any:
     """The simulate flags as `bstar.sim.study.StudyOptions`."""
     from bstar.sim.study import StudyOptions
 
+    shape = prompt_shape(args)
+    caching = not getattr(args, "no_prefix_caching", False)
+    input_len, output_len = args.input_len, args.output_len
+    measured = _measured(args)
+    if measured is not None:
+        input_len, output_len = measured.lengths(shared=caching and shape is None)
+        shape = shape or (measured.prompt_shape() if caching else None)
     return StudyOptions(
         max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
-        trace=args.trace, think_time_s=args.think_time_s, input_len=args.input_len,
-        output_len=args.output_len, num_requests=args.num_requests, seed=args.seed,
+        trace=args.trace, think_time_s=args.think_time_s, input_len=input_len,
+        output_len=output_len, num_requests=args.num_requests, seed=args.seed,
         slo=args.slo, max_sim_time_s=args.max_sim_time_s,
-        prefix_cached_tokens=args.prefix_cached_tokens)
+        prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=shape,
+        prefix_caching=caching)
+
+
+def add_prompt_sharing_arguments(t: Any) -> None:
+    """Which prompts share which tokens (bstar.sim.prefix), and the engine's cache switch."""
+    t.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                   help="every prompt starts with its group's N-token system prompt, on top "
+                        "of its --input-len draw; the prefix cache finds the hits (default 0)")
+    t.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
+                   help="G distinct system prompts, request i in group i mod G (default 1)")
+    t.add_argument("--distinct-prompts", type=int, default=0, metavar="K",
+                   help="send K prompts in turn: request i repeats prompt i mod K, lengths "
+                        "and all (default 0: every prompt its own)")
+    t.add_argument("--multi-turn", type=int, default=0, metavar="T",
+                   help="T-turn conversations: each turn's prompt is the previous prompt, its "
+                        "answer and a new --input-len question (default 0: single turn)")
+    t.add_argument("--no-prefix-caching", action="store_true",
+                   help="simulate the engine with prefix caching off (vLLM's flag)")
+
+
+def add_from_run_arguments(t: Any) -> None:
+    t.add_argument("--from-run", default=None, metavar="RUN",
+                   help="the traffic a stored sweep measured: its prompt and output lengths "
+                        "and its prefix-cache hit rate (docs/simulate.md)")
+    t.add_argument("--runs-db", default=None, metavar="FILE",
+                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
+
+
+def prompt_shape(args: argparse.Namespace) -> Any:
+    """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
+    from bstar.sim.prefix import PromptShape
+
+    shape = PromptShape(*(getattr(args, k, d) for k, d in (
+        ("shared_prefix_tokens", 0), ("prefix_groups", 1), ("distinct_prompts", 0),
+        ("multi_turn", 0))))
+    return shape if shape.active else None
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:

@@ -45,6 +45,10 @@ class Traffic:
     # 1/(K+1) (order statistics), where one draw would leave it at a coin flip.
     draws: int = 3
     prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
+    # Which prompts share which tokens (bstar.sim.prefix.PromptShape); None: none shared
+    # (a trace's own identity is kept either way, unless `prefix_caching` is off).
+    prompt_shape: Any = None
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.prefix_cached_tokens < 0:
@@ -67,8 +71,8 @@ class Traffic:
         """The requests at a mean arrival rate of 1 request/s (deterministic in the seed)."""
         rng = np.random.default_rng(self.seed if seed is None else seed)
         if self.trace is None:
-            return self._cached(make_workload(Poisson(1.0), self.input_len, self.output_len,
-                                              self.num_requests, rng))
+            return self._shaped(make_workload(Poisson(1.0), self.input_len,
+                                              self.output_len, self.num_requests, rng))
         w = make_workload(self.trace, self.input_len, self.output_len, self.num_requests, rng)
         assert w.arrival_s is not None
         a = w.arrival_s - w.arrival_s[0]
@@ -77,14 +81,27 @@ class Traffic:
             raise BstarError("a trace for search needs at least 2 requests at distinct times "
                              "(its arrival pattern is rescaled to each rate tried)")
         # n - 1 gaps over the span: a mean rate of 1 request/s.
-        return self._cached(Workload(w.prompt_tokens, w.output_tokens,
-                                     a * ((w.num_requests - 1) / span)))
+        return self._shaped(Workload(w.prompt_tokens, w.output_tokens,
+                                     a * ((w.num_requests - 1) / span),
+                                     prompt_ids=w.prompt_ids))
+
+    def _shaped(self, w: Workload) -> Workload:
+        from dataclasses import replace
+
+        from bstar.sim.prefix import shape_workload
+
+        if not self.prefix_caching:
+            return replace(w, prompt_ids=None)
+        if self.prompt_shape is not None:
+            w = shape_workload(w, self.prompt_shape)
+        return self._cached(w)
 
     def _cached(self, w: Workload) -> Workload:
         if not self.prefix_cached_tokens:
             return w
         return Workload(w.prompt_tokens, w.output_tokens, w.arrival_s,
-                        cached_tokens=np.minimum(w.prompt_tokens, self.prefix_cached_tokens))
+                        cached_tokens=np.minimum(w.prompt_tokens, self.prefix_cached_tokens),
+                        prompt_ids=w.prompt_ids)
 
     def describe(self) -> str:
         if self.trace is not None:
@@ -94,6 +111,19 @@ class Traffic:
                 f"{self.input_len.describe()}, output {self.output_len.describe()}")
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._to_dict()
+        # Added only when set: this dict is hashed into every stored search's name.
+        if self.prompt_shape is not None:
+            s = self.prompt_shape
+            d["prompt_shape"] = {"shared_prefix_tokens": s.shared_prefix_tokens,
+                                 "prefix_groups": s.prefix_groups,
+                                 "distinct_prompts": s.distinct_prompts,
+                                 "multi_turn": s.multi_turn}
+        if not self.prefix_caching:
+            d["prefix_caching"] = False
+        return d
+
+    def _to_dict(self) -> dict[str, Any]:
         return {"demand_req_s": self.demand_req_s, "input_len": _lengths_dict(self.input_len),
                 "output_len": _lengths_dict(self.output_len),
                 "num_requests": self.num_requests, "seed": self.seed, "draws": self.draws,
@@ -114,7 +144,7 @@ def at_rate(unit: Workload, rate_req_s: float) -> Workload:
     """`unit` (1 request/s) with its arrival times compressed to `rate_req_s`."""
     assert unit.arrival_s is not None
     return Workload(unit.prompt_tokens, unit.output_tokens, unit.arrival_s / rate_req_s,
-                    cached_tokens=unit.cached_tokens)
+                    cached_tokens=unit.cached_tokens, prompt_ids=unit.prompt_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import numpy as np
 from bstar.deployment import Deployment
 from bstar.sim.engine import SimConfig, SimRun, check_feasible, simulate
 from bstar.sim.metrics import SimSummary, Slo, parse_slo, summarize
+from bstar.sim.prefix import PromptShape, shape_workload
 from bstar.sim.scheduler import SchedulerConfig, vllm_server_defaults
 from bstar.sim.traffic import (
     Arrivals,
@@ -33,6 +34,7 @@ __all__ = [
     "ClosedLoop",
     "Lengths",
     "Poisson",
+    "PromptShape",
     "SchedulerConfig",
     "SimConfig",
     "SimRun",
@@ -55,7 +57,8 @@ __all__ = [
 def simulate_levels(d: Deployment, max_num_seqs: list[int], arrivals: Arrivals,
                     input_len: Lengths, output_len: Lengths, num_requests: int, seed: int,
                     config: SimConfig | None = None, slo: Slo | None = None,
-                    cached_prefix_tokens: int = 0) -> list[SimSummary]:
+                    cached_prefix_tokens: int = 0,
+                    prompts: PromptShape | None = None) -> list[SimSummary]:
     """The same requests (one draw from `seed`) under each max_num_seqs: the levels differ in
     the scheduler's cap only. Every level's settings are checked before any runs."""
     base = config or SimConfig(SchedulerConfig(max_num_seqs[0]))
@@ -63,6 +66,8 @@ def simulate_levels(d: Deployment, max_num_seqs: list[int], arrivals: Arrivals,
                       np.random.default_rng(seed))
     if cached_prefix_tokens:  # a shared prefix the prefix cache holds (whole blocks)
         w = replace(w, cached_tokens=np.minimum(w.prompt_tokens, cached_prefix_tokens))
+    if prompts is not None:  # which prompts share which tokens (bstar.sim.prefix)
+        w = shape_workload(w, prompts)
     cfgs = [replace(base, scheduler=replace(base.scheduler, max_num_seqs=m))
             for m in max_num_seqs]
     for c in cfgs:

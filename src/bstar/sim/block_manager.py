@@ -108,6 +108,7 @@ def change_blocks(bm: BlockManager, n: int) -> None:
 class BlockManager:
     __slots__ = ("block_size", "blocks_fn", "num_blocks", "num_free", "num_host_blocks",
                  "num_host_free")
+    caching = False  # counts only; `prefix_cache.CachingBlockManager` keeps block ids
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
                  blocks_fn: Callable[..., Any] | None = None) -> None:

@@ -43,7 +43,12 @@ def saturated_workload(unit: Workload, max_num_seqs: int, kv_blocks: int | None 
     idx = np.arange(n) % unit.num_requests
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[idx]
     return Workload(unit.prompt_tokens[idx], unit.output_tokens[idx], np.zeros(n),
-                    cached_tokens=cached)
+                    cached_tokens=cached, prompt_ids=_ids(unit, n))
+
+
+def _ids(unit: Workload, n: int) -> Any:
+    """The unit's prompt identity over `n` cycled requests (`PromptIds.cycle`)."""
+    return None if unit.prompt_ids is None else unit.prompt_ids.cycle(n)
 
 
 def capacity_req_s(run: SimRun) -> float:
@@ -113,7 +118,7 @@ def open_loop(unit: Workload, rate_req_s: float, num_requests: int, seed: int = 
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_req_s, size=num_requests)
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[idx]
     return Workload(unit.prompt_tokens[idx], unit.output_tokens[idx], np.cumsum(gaps),
-                    cached_tokens=cached)
+                    cached_tokens=cached, prompt_ids=_ids(unit, num_requests))
 
 
 def sample_size(max_num_seqs: int) -> int:
@@ -129,8 +134,9 @@ def head(unit: Workload, n: int) -> Workload:
         return unit
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[:n]
     arrivals = None if unit.arrival_s is None else np.asarray(unit.arrival_s)[:n]
+    ids = None if unit.prompt_ids is None else unit.prompt_ids.take(np.arange(n))
     return Workload(unit.prompt_tokens[:n], unit.output_tokens[:n], arrivals,
-                    cached_tokens=cached)
+                    cached_tokens=cached, prompt_ids=ids)
 
 
 def capacity(d: Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,

@@ -58,6 +58,11 @@ class SimConfig:
     # Multi-step jumps when only decodes can run; off gives the plain step loop (tests hold
     # the two equal).
     fast_forward: bool = True
+    # vLLM V1's automatic prefix caching (on by default, as the engine's; off with
+    # --no-prefix-caching). It acts on workloads that carry prompt identity
+    # (`Workload.prompt_ids`) and on `Workload.cached_tokens`; without either every prompt is
+    # distinct and the cache is not modelled.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not self.max_sim_time_s > 0:
@@ -102,6 +107,10 @@ class SimRun:
     # Why the loop ended: "done" (every request finished), "time limit" (max_sim_time_s
     # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token).
     stop_reason: str = "done"
+    # Prefix-cache counters as vLLM's vllm:prefix_cache_hits / _queries count them (prompt
+    # tokens at admission of requests never preempted); None: no cache modelled.
+    prefix_hit_tokens: int | None = None
+    prefix_query_tokens: int | None = None
 
 
 def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
@@ -143,7 +152,20 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.prompt_tokens, w.output_tokens)
-    if w.cached_tokens is not None:
+    if w.prompt_ids is not None and cfg.prefix_caching:
+        from bstar.sim.prefix_cache import CachingBlockManager
+
+        w.prompt_ids.check(reqs.prompt_tokens)
+        if windowed:  # the cache's block table holds every token of every layer: whole-model
+            blocks_total = num_gpu_blocks(d, bs)  # blocks (conservative for a windowed model)
+            host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
+                if cfg.scheduler.preemption == "swap" else 0
+        bm: BlockManager = CachingBlockManager(blocks_total, bs, w.prompt_ids,
+                                               reqs.prompt_tokens, reqs.output_tokens,
+                                               host_blocks)
+        sched = Scheduler(cfg.scheduler, reqs, bm)
+        return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
+    if w.cached_tokens is not None and cfg.prefix_caching:
         # A hit covers whole blocks and never the last prompt token (it must be computed to
         # sample the first output token), as vLLM's prefix cache.
         bs_ = d.block_size
@@ -265,7 +287,18 @@ class _Loop:
                                 *self.itl_arrays_w])
         return SimRun(self.d, self.cfg, self.w, reqs, self.bm.num_blocks, self.bm.block_size,
                       self.now, self.num_steps, sched.num_preemptions, itl_v, itl_w,
-                      self.timeline, truncated or not bool(reqs.done.all()), stop)
+                      self.timeline, truncated or not bool(reqs.done.all()), stop,
+                      *self._prefix_counters())
+
+    def _prefix_counters(self) -> tuple[int | None, int | None]:
+        bm, w = self.bm, self.w
+        if bm.caching:
+            return bm.hit_tokens, bm.query_tokens  # type: ignore[attr-defined]
+        if w.cached_tokens is not None and self.cfg.prefix_caching:
+            hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
+                             w.prompt_tokens - 1) // bm.block_size * bm.block_size
+            return int(np.maximum(hit, 0).sum()), int(w.prompt_tokens.sum())
+        return None, None
 
     # ---- multi-step jump ----------------------------------------------------------------------
     def _fast_forward(self) -> bool:
@@ -283,9 +316,14 @@ class _Loop:
         if sched.waiting and not admit_blocked:  # cheap checks first: most refusals are here
             head = sched.waiting[0]
             c = int(r.num_computed[head])
-            n = min(int(r.prompt_tokens[head] + r.num_generated[head]) - c,
-                    cfg.max_num_batched_tokens - b)
-            if (n > 0 and bm.blocks_for(c + n, c) <= bm.num_free) or bm.blocks_fn is not None:
+            num_tokens = int(r.prompt_tokens[head] + r.num_generated[head])
+            if bm.caching:
+                _, _, n, need = bm.admission(  # type: ignore[attr-defined]
+                    head, c, num_tokens, cfg.max_num_batched_tokens - b)
+            else:
+                n = min(num_tokens - c, cfg.max_num_batched_tokens - b)
+                need = bm.blocks_for(c + n, c)
+            if (n > 0 and need <= bm.num_free) or bm.blocks_fn is not None:
                 return False  # it gets in this step (or, windowed, once blocks are freed)
             admit_blocked = True  # blocks only shrink until someone finishes
         ids = sched.running[:b]
@@ -351,11 +389,15 @@ class _Loop:
             self.itl_arrays_w.append(np.ones(gaps.size, dtype=np.int64))
         self.itl_arrays_v.append(steps_s[1:])
         self.itl_arrays_w.append(np.full(cut - 1, b, dtype=np.int64))
-        if bm.blocks_fn is not None:  # as the last of `cut` ordinary steps leaves them
-            need = bm.blocks_for(comp + cut, comp + cut - 1) - held
-        else:
+        if bm.caching:
             need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
-        change_blocks(bm, int(need.sum()))
+            bm.grow_many(ids, need, comp + cut)  # type: ignore[attr-defined]
+        else:
+            if bm.blocks_fn is not None:  # as the last of `cut` ordinary steps leaves them
+                need = bm.blocks_for(comp + cut, comp + cut - 1) - held
+            else:
+                need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
+            change_blocks(bm, int(need.sum()))
         r.num_blocks[ids] = held + need
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut

@@ -53,6 +53,16 @@ class SimSummary:
     truncated: bool
     timeline: dict[str, list[float]] = field(default_factory=dict)
     stop_reason: str = "done"  # "done", "time limit" or "step limit" (bstar.sim.engine)
+    # Prompt tokens the prefix cache served and looked up (vLLM's vllm:prefix_cache_hits and
+    # _queries); None when no cache was modelled.
+    prefix_cache_hit_tokens: int | None = None
+    prefix_cache_query_tokens: int | None = None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        q = self.prefix_cache_query_tokens
+        return None if not q or self.prefix_cache_hit_tokens is None \
+            else self.prefix_cache_hit_tokens / q
 
     def to_dict(self) -> dict[str, Any]:
         """The simulate contract's keys first, then extras."""
@@ -72,6 +82,9 @@ class SimSummary:
             "queue_max": self.queue_max, "queue_mean": self.queue_mean,
             "running_max": self.running_max,
             "truncated": self.truncated, "stop_reason": self.stop_reason,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+            "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
             "timeline": self.timeline,
         }
 
@@ -119,7 +132,8 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
         running_max=int(max(tl.num_running)),
         truncated=run.truncated, timeline=downsample(tl.time_s, used, tl.num_waiting,
                                                      tl.num_running),
-        stop_reason=run.stop_reason)
+        stop_reason=run.stop_reason, prefix_cache_hit_tokens=run.prefix_hit_tokens,
+        prefix_cache_query_tokens=run.prefix_query_tokens)
 
 
 def downsample(time_s: list[float], kv_util: npt.NDArray[np.float64], waiting: list[int],

@@ -125,7 +125,10 @@ class Scheduler:
                 if bm.blocks_fn is not None else np.maximum((comp + sched + bs - 1) // bs
                                                             - held, 0)
             if int(np.cumsum(need).max()) <= bm.num_free:
-                change_blocks(bm, int(need.sum()))
+                if bm.caching:
+                    bm.grow_many(ids, need, comp + sched)  # type: ignore[attr-defined]
+                else:
+                    change_blocks(bm, int(need.sum()))
                 r.num_blocks[ids] = held + need
                 keep = sched > 0
                 if not keep.all():
@@ -144,12 +147,17 @@ class Scheduler:
             while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
                 rid = self.waiting[0]
                 c = int(computed[rid])
-                n = min(int(prompt[rid] + gen[rid]) - c, budget)
-                need_blocks = int(bm.blocks_for(c + n, c))
-                if need_blocks > bm.num_free:
-                    break  # FCFS: the head blocks everyone behind it
+                if bm.caching:
+                    c, n, need_blocks = self._admit_cached(rid, c, budget)
+                    if need_blocks < 0:
+                        break
+                else:
+                    n = min(int(prompt[rid] + gen[rid]) - c, budget)
+                    need_blocks = int(bm.blocks_for(c + n, c))
+                    if need_blocks > bm.num_free:
+                        break  # FCFS: the head blocks everyone behind it
+                    bm.allocate(need_blocks)
                 self.waiting.popleft()
-                bm.allocate(need_blocks)
                 r.num_blocks[rid] = need_blocks
                 if r.swapped[rid]:
                     r.swapped[rid] = False
@@ -166,6 +174,22 @@ class Scheduler:
                 comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
                 sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
         return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _admit_cached(self, rid: int, computed: int, budget: int) -> tuple[int, int, int]:
+        """Admission through the prefix cache: (computed tokens after its hits, tokens to
+        schedule, blocks it holds), or need -1 when its blocks do not fit."""
+        r, bm = self.reqs, self.blocks
+        num_tokens = int(r.prompt_tokens[rid] + r.num_generated[rid])
+        hit, c, n, need = bm.admission(rid, computed, num_tokens,  # type: ignore[attr-defined]
+                                       budget)
+        if need > bm.num_free:
+            return c, n, -1  # FCFS: the head blocks everyone behind it
+        total = -(-(c + n) // bm.block_size)
+        bm.admit(rid, hit, total, c + n)  # type: ignore[attr-defined]
+        if computed == 0 and not r.num_preemptions[rid]:
+            bm.record(num_tokens, c)  # type: ignore[attr-defined]
+        r.num_computed[rid] = c
+        return c, n, total
 
     def _schedule_with_preemption(
             self) -> tuple[IntArray, IntArray, IntArray, int, int, int]:
@@ -196,7 +220,10 @@ class Scheduler:
                     break
             if self_preempted:
                 break
-            change_blocks(bm, need)
+            if bm.caching:
+                bm.grow(rid, need, c + n)  # type: ignore[attr-defined]
+            else:
+                change_blocks(bm, need)
             r.num_blocks[rid] += need
             out_ids.append(rid)
             out_comp.append(c)
@@ -214,7 +241,10 @@ class Scheduler:
         """Free a running request's blocks and requeue it first; returns tokens swapped out."""
         r, bm = self.reqs, self.blocks
         held = int(r.num_blocks[rid])
-        bm.free(held)
+        if bm.caching:
+            bm.release(rid)  # type: ignore[attr-defined]
+        else:
+            bm.free(held)
         r.num_blocks[rid] = 0
         r.num_preemptions[rid] += 1
         self.num_preemptions += 1
@@ -253,7 +283,12 @@ class Scheduler:
         if fin.size:
             r.finish_s[fin] = end_s
             r.done[fin] = True
-            self.blocks.free(int(r.num_blocks[fin].sum()))
+            if self.blocks.caching:
+                for rid in fin.tolist():
+                    self.blocks.release(rid)  # type: ignore[attr-defined]
+                    self.blocks.forget(rid)  # type: ignore[attr-defined]
+            else:
+                self.blocks.free(int(r.num_blocks[fin].sum()))
             r.num_blocks[fin] = 0
             run = self.running[:self.num_running]
             kept = run[~r.done[run]]

@@ -36,6 +36,8 @@ class StudyOptions:
     max_sim_time_s: float = 24 * 3600.0
     prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
     capacity: bool = True  # each level's capacity line (`sustained`); off: the levels alone
+    prompt_shape: Any = None  # bstar.sim.prefix.PromptShape: which prompts share tokens
+    prefix_caching: bool = True  # vLLM V1's automatic prefix caching (--no-prefix-caching)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,7 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
                          f"GiB, got {o.swap_space_gib:g}")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
-                    max_sim_time_s=o.max_sim_time_s)
+                    max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching)
     slo = parse_slo(o.slo) if o.slo else None
     num_requests = o.num_requests
     if num_requests is None:
@@ -112,11 +114,12 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
         raise BstarError("--prefix-cached-tokens must not be negative")
     rows = simulate_levels(d, levels, arrivals, parse_lengths(o.input_len, "--input-len"),
                            parse_lengths(o.output_len, "--output-len"), num_requests,
-                           o.seed, cfg, slo, cached_prefix_tokens=o.prefix_cached_tokens)
+                           o.seed, cfg, slo, cached_prefix_tokens=o.prefix_cached_tokens,
+                           prompts=o.prompt_shape)
     advice = advise(rows, slo) if len(rows) > 1 else None
     caps = [sustained(d, replace(cfg, scheduler=replace(cfg.scheduler, max_num_seqs=m)),
                       arrivals, parse_lengths(o.input_len), parse_lengths(o.output_len),
-                      num_requests, o.seed, slo, o.prefix_cached_tokens)
+                      num_requests, o.seed, slo, o.prefix_cached_tokens, o.prompt_shape)
             for m in levels] if o.capacity else None
     return Study(d, o, rows, advice, arrivals, tokens, caps)
 
@@ -126,7 +129,7 @@ SUSTAINED_FRACTION = 0.9  # the operating point reported beside the capacity (se
 
 def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len: Any,
               num_requests: int, seed: int, slo: Any = None,
-              prefix_cached_tokens: int = 0) -> dict[str, Any]:
+              prefix_cached_tokens: int = 0, prompt_shape: Any = None) -> dict[str, Any]:
     """The largest rate this level sustains for requests like the study's (its capacity:
     bstar.sim.capacity, the definition `bstar search` uses) and the latencies of a Poisson
     load at SUSTAINED_FRACTION of it, on the capacity probes' sample of the requests (the
@@ -134,21 +137,24 @@ def sustained(d: Deployment, cfg: Any, arrivals: Any, input_len: Any, output_len
     percentiles, and the level's own run above has all of them."""
     import numpy as np
 
-    from bstar.sim import Poisson, Workload, make_workload, simulate, summarize
+    from bstar.sim import Poisson, make_workload, simulate, summarize
     from bstar.sim.capacity import capacity, head, sample_size
 
     rng = np.random.default_rng(seed)
     unit = make_workload(arrivals, input_len, output_len, num_requests, rng)
     if prefix_cached_tokens:
         unit = replace(unit, cached_tokens=np.minimum(unit.prompt_tokens, prefix_cached_tokens))
+    if prompt_shape is not None:
+        from bstar.sim.prefix import shape_workload
+
+        unit = shape_workload(unit, prompt_shape)
     cap, _ = capacity(d, cfg, unit)
     out: dict[str, Any] = cap.to_dict()
     if cap.capacity_req_s <= 0:
         return out | {"at_rate_req_s": None}
     rate = SUSTAINED_FRACTION * cap.capacity_req_s
     part = head(unit, sample_size(cfg.scheduler.max_num_seqs))
-    w = Workload(part.prompt_tokens, part.output_tokens,
-                 Poisson(rate).arrivals(rng, part.num_requests), cached_tokens=part.cached_tokens)
+    w = replace(part, arrival_s=Poisson(rate).arrivals(rng, part.num_requests), num_users=0)
     s = summarize(simulate(d, cfg, w), slo)
     return out | {"at_rate_req_s": rate, "at_rate_fraction": SUSTAINED_FRACTION,
                   "ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "e2e_ms": s.e2e_ms}

@@ -8,7 +8,6 @@ requests whatever the scheduler does with them.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bstar.errors import BstarError
+from bstar.sim.prefix import PromptIds
 
 # The longest prompt or output a length or a trace may name: far past any model's context,
 # small enough that token arithmetic (KV blocks, FLOPs) stays exact and finite.
@@ -143,6 +143,9 @@ class Workload:
     # Prompt tokens whose KV a prefix cache already holds (vLLM's automatic prefix caching:
     # whole blocks of a shared prefix); None = no hits. Prefill computes only the rest.
     cached_tokens: IntArray | None = None
+    # Which prompts share which tokens (`bstar.sim.prefix`): the prefix cache finds the hits.
+    # None: every prompt distinct.
+    prompt_ids: PromptIds | None = None
 
     @property
     def num_requests(self) -> int:
@@ -203,9 +206,13 @@ class Trace:
     arrival_s: tuple[float, ...]
     prompt_tokens: tuple[int, ...]
     output_tokens: tuple[int, ...]
+    prompt_ids: PromptIds | None = None  # which prompts share which tokens, if it says
+    format: str = "bstar"  # bstar, mooncake, azure, burstgpt (bstar.sim.trace_formats)
+    dropped: int = 0  # rows left out: no prompt or no output tokens (failed requests)
 
     def describe(self) -> str:
-        return f"trace of {len(self.arrival_s)} requests"
+        extra = f", {self.dropped} without tokens left out" if self.dropped else ""
+        return f"{self.format} trace of {len(self.arrival_s)} requests{extra}"
 
 
 Arrivals = Poisson | ClosedLoop | Trace
@@ -218,9 +225,11 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     if isinstance(arrivals, Trace):
         # The earliest `num_requests` arrivals, in time order.
         order = np.argsort(np.asarray(arrivals.arrival_s), kind="stable")[:num_requests]
+        ids = arrivals.prompt_ids
         return Workload(np.asarray(arrivals.prompt_tokens, dtype=np.int64)[order],
                         np.asarray(arrivals.output_tokens, dtype=np.int64)[order],
-                        np.asarray(arrivals.arrival_s, dtype=np.float64)[order])
+                        np.asarray(arrivals.arrival_s, dtype=np.float64)[order],
+                        prompt_ids=None if ids is None else ids.take(order))
     inp = input_len.sample(rng, num_requests)
     out = output_len.sample(rng, num_requests)
     if isinstance(arrivals, Poisson):
@@ -228,46 +237,26 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
 
 
-OLD_PROMPT_KEY = "input_tokens"
-
-
 def parse_trace(text: str | bytes) -> Trace:
-    """A trace as JSON lines or CSV with columns arrival_s, prompt_tokens, output_tokens
-    (a header line names them; extra columns are ignored; `input_tokens`, the name before
-    docs/architecture.md's vocabulary, is read as prompt_tokens). Bytes are read as UTF-8 (a
-    byte-order mark is allowed); every arrival must be finite, every length in range."""
+    """A trace in any format `bstar.sim.trace_formats` reads (bstar's own CSV or JSON lines
+    with arrival_s, prompt_tokens, output_tokens; Mooncake; Azure; BurstGPT), told by its
+    header. Bytes are read as UTF-8 (a byte-order mark is allowed); every arrival must be
+    finite, every length in range."""
+    from bstar.sim.trace_formats import identity, read_trace
+
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise BstarError(f"the trace is not UTF-8 text (byte {e.start})") from None
     text = text.removeprefix("\ufeff")
-    rows: list[tuple[float, int, int]] = []
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-    if not lines:
-        raise BstarError("the trace is empty")
-    keys = ("arrival_s", "prompt_tokens", "output_tokens")
     try:
-        if lines[0].startswith("{"):
-            for ln in lines:
-                obj = json.loads(ln)
-                prompt = obj[keys[1]] if keys[1] in obj else obj[OLD_PROMPT_KEY]
-                rows.append((float(obj[keys[0]]), int(prompt), int(obj[keys[2]])))
-        else:
-            header = [h.strip() for h in lines[0].split(",")]
-            header = [keys[1] if h == OLD_PROMPT_KEY and keys[1] not in header else h
-                      for h in header]
-            if any(k not in header for k in keys):
-                raise BstarError(f"a CSV trace needs a header with {', '.join(keys)}")
-            idx = [header.index(k) for k in keys]
-            for ln in lines[1:]:
-                cells = ln.split(",")
-                rows.append((float(cells[idx[0]]), int(cells[idx[1]]), int(cells[idx[2]])))
-    except (KeyError, ValueError, IndexError, TypeError, OverflowError) as e:
-        raise BstarError(f"cannot read the trace: {type(e).__name__}: {e}") from None
+        fmt, rows, dropped = read_trace(text)
+    except BstarError as e:
+        raise BstarError(f"cannot read the trace: {e}") from None
     if not rows:
         raise BstarError("the trace has no requests")
-    for n, (t, i_, o_) in enumerate(rows, 1):
+    for n, (t, i_, o_, _) in enumerate(rows, 1):
         # NaN and infinities would stall the simulator's clock (issue 19): refuse them here.
         if not (math.isfinite(t) and 0 <= t <= MAX_ARRIVAL_S):
             raise BstarError(f"the trace's request {n}: arrival_s must be a finite number "
@@ -275,5 +264,5 @@ def parse_trace(text: str | bytes) -> Trace:
         if not (1 <= i_ <= MAX_TOKENS and 1 <= o_ <= MAX_TOKENS):
             raise BstarError(f"the trace's request {n}: prompt_tokens and output_tokens must "
                              f"be in 1..{MAX_TOKENS}, got {i_}, {o_}")
-    a, i, o = zip(*rows, strict=True)
-    return Trace(tuple(a), tuple(i), tuple(o))
+    return Trace(tuple(r[0] for r in rows), tuple(r[1] for r in rows),
+                 tuple(r[2] for r in rows), identity(rows), fmt, dropped)

@@ -10,11 +10,13 @@ Each stage is simulated like for like (`simulate_stage`): the stage's deployment
 gaps of 1/rate, as inference-perf's constant load sends; poisson: exponential gaps), its
 prompt lengths drawn from the table's percentiles (`draw_prompt_lengths`: the
 piecewise-linear inverse CDF through min, p10, p25, p50, p75, p90, p99 and max) and its
-fixed output length (`ignore_eos`), the shared system prompt as prefix-cache hits
-(`shared_prefix_len`; vLLM V1 caches prefixes by default). Every step is priced by
-`bstar.step.price` through the simulator. To stay fast, a stage is simulated for at most
-MAX_WINDOW_S seconds of arrivals (and MAX_REQUESTS requests); the first WARMUP_FRACTION of
-the requests (an empty server's warm-up) are left out of the figures.
+fixed output length (`ignore_eos`), and its prompts' identity: the shared system prompt
+(`shared_prefix_len`) and the `distinct_prompts` sent in turn, whose hits the simulator's
+prefix cache finds (`bstar.sim.prefix_cache`; vLLM V1 caches prefixes by default). Every
+step is priced by `bstar.step.price` through the simulator. To stay fast, a stage is
+simulated for at most MAX_WINDOW_S seconds of arrivals (and MAX_REQUESTS requests); the
+first WARMUP_FRACTION of the requests (an empty server's warm-up) are left out of the
+figures.
 
 Scored per stage: the means of E2E, TTFT and the time per output token (E2E - TTFT) /
 (output_len - 1), |predicted / measured - 1|, and the saturation state (`saturation_state`):

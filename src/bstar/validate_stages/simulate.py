@@ -53,10 +53,10 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
                    prefix_cache: bool = True) -> Workload:
     """The stage's requests: its arrival process and lengths (a closed loop for
     `concurrency`, whose users send the next request as soon as one finishes). With
-    `prefix_cache`, every prompt's first `shared_prefix_len` tokens are prefix-cache hits
-    (`Workload.cached_tokens`; whole blocks, as vLLM's cache: the shared system prompts of a
-    stage stay cached once its first requests have run), and where the workload repeats
-    `distinct_prompts` prompts in turn, every repeat is a hit on its whole prompt."""
+    `prefix_cache`, the requests carry their prompt identity and the simulator's prefix cache
+    finds the hits (`bstar.sim.prefix_cache`): every prompt starts with the stage's one
+    `shared_prefix_len`-token system prompt, and where the workload repeats
+    `distinct_prompts` prompts in turn, request i sends prompt i mod k again."""
     from bstar.sim.traffic import Workload
 
     rng = np.random.default_rng(seed)
@@ -66,21 +66,32 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     else:
         inp = draw_prompt_lengths(stage, rng, num_requests)
     out = np.full(num_requests, stage.output_len, dtype=np.int64)
-    cached = None
-    if prefix_cache and (stage.shared_prefix_len or k):
-        cached = np.minimum(inp, stage.shared_prefix_len)
-        if k:  # a repeated prompt is a hit whole (the engine computes its last block)
-            cached[k:] = inp[k:]
+    ids = stage_prompt_ids(inp, stage.shared_prefix_len, k) \
+        if prefix_cache and (stage.shared_prefix_len or k) else None
     if stage.arrival == "concurrency":
         assert stage.concurrency is not None
         return Workload(inp, out, None, stage.concurrency, np.zeros(num_requests),
-                        cached_tokens=cached)
+                        prompt_ids=ids)
     assert stage.rate_req_s is not None
     if stage.arrival == "constant":
         arrival = np.arange(num_requests, dtype=np.float64) / stage.rate_req_s
     else:
         arrival = np.cumsum(rng.exponential(1.0 / stage.rate_req_s, size=num_requests))
-    return Workload(inp, out, arrival, cached_tokens=cached)
+    return Workload(inp, out, arrival, prompt_ids=ids)
+
+
+def stage_prompt_ids(inp: np.ndarray, shared_prefix_len: int, k: int) -> Any:
+    """Request i's prompt: the shared system prompt (as much of it as the prompt holds),
+    then prompt i mod k's own tokens (request i's own where k is 0)."""
+    from bstar.sim.prefix import PromptIds
+
+    system, own, answer = 1, 2 << 40, 4 << 40
+    segments = []
+    for i, p in enumerate(inp.tolist()):
+        s = min(p, shared_prefix_len)
+        body = ((own + (i % k if k else i), p - s),) if p > s else ()
+        segments.append(((system, s), *body) if s else body)
+    return PromptIds(tuple(segments), tuple(answer + i for i in range(inp.size)))
 
 
 _DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
