@@ -149,7 +149,7 @@ def test_no_import_cycle_among_bstar_modules(top_level_only: bool) -> None:
 LAYERS = (
     ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units", "bstar.stats",
      "bstar.deployment"),
-    ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime"),
+    ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime", "bstar.specdec"),
     ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
      "bstar.engines",
      "bstar.validate", "bstar.validate_curves", "bstar.curves_table", "bstar.stages_table",

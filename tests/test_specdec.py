@@ -1,0 +1,136 @@
+"""Speculative decoding's cost model (bstar.specdec) and `bstar plan`'s speculative section."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bstar import roofline as rl
+from bstar import specdec as sd
+from bstar import step as st
+from bstar.cli import main
+from bstar.errors import BstarError
+from bstar.options import DeploymentOptions
+from bstar.specs.presets import get_model
+
+
+@pytest.fixture(scope="module")
+def llama_h200():  # type: ignore[no-untyped-def]
+    return DeploymentOptions(model="llama-3.1-8b", gpu="h200").build()
+
+
+def test_expected_tokens_is_the_truncated_geometric_mean() -> None:
+    assert sd.expected_tokens(0.7, 3) == pytest.approx((1 - 0.7 ** 4) / (1 - 0.7))
+    assert sd.expected_tokens(0.7, 3) == pytest.approx(1 + 0.7 + 0.49 + 0.343)
+    assert sd.expected_tokens(1.0, 5) == 6.0
+    assert sd.expected_tokens(0.0, 5) == 1.0
+
+
+def test_config_refuses_out_of_range() -> None:
+    with pytest.raises(BstarError, match="num-speculative-tokens"):
+        sd.SpecConfig(0, 0.7)
+    with pytest.raises(BstarError, match="acceptance-rate"):
+        sd.SpecConfig(3, 1.5)
+
+
+def test_verify_of_one_token_is_a_decode_step(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    sh = st.shape(llama_h200)
+    b = np.array([1.0, 64.0, 512.0])
+    one = st.price(sh.verify(b, 2048, 1), llama_h200.eff)
+    dec = st.price(sh.decode(b, 2048), llama_h200.eff)
+    np.testing.assert_allclose(one, dec, rtol=1e-12)
+    # k + 1 tokens: the weights and KV stream once, GEMM and attention FLOPs scale.
+    w4 = sh.verify(b, 2048, 4)
+    w1 = sh.verify(b, 2048, 1)
+    np.testing.assert_allclose(w4.kv_s, w1.kv_s)
+    np.testing.assert_allclose(w4.gemm_s, 4 * w1.gemm_s)
+    np.testing.assert_allclose(w4.decode_attention_s, 4 * w1.decode_attention_s)
+
+
+def test_issue_done_when_llama_h200(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    """issue 31's done-when: K = 3, a = 0.7, the default drafter (EAGLE for Llama)."""
+    d = llama_h200
+    dr = sd.make_drafter(d, sd.AUTO_DRAFTER)
+    assert dr.kind == "eagle"
+    grid = rl.default_batches(rl.b_mem(d, 512))
+    s512, _ = sd.speedup(d, dr, grid, 512, 3, 0.7)
+    assert s512[0] >= 1.8 and s512[-1] <= 1.0
+    be = sd.break_even_batch(d, dr, 512, 3, 0.7)
+    assert be is not None and 128 <= be <= 1024
+    bm = rl.b_mem(d, 32768)
+    s32k, _ = sd.speedup(d, dr, [bm], 32768, 3, 0.7)
+    assert s32k[0] >= 1.5
+    assert sd.break_even_batch(d, dr, 32768, 3, 0.7) is None
+
+
+def test_break_even_falls_with_k_and_rises_with_context(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    d = llama_h200
+    dr = sd.make_drafter(d, "eagle")
+    by_k = [sd.break_even_batch(d, dr, 128, k, 0.7) for k in (1, 2, 3, 4, 6, 8)]
+    assert all(b is not None for b in by_k)
+    assert by_k == sorted(by_k, reverse=True) and by_k[0] > by_k[-1]
+    big = rl.b_mem(d, 128) + 1
+    by_ctx = [sd.break_even_batch(d, dr, c, 4, 0.7) or big for c in (128, 512, 2048, 8192)]
+    assert by_ctx == sorted(by_ctx) and by_ctx[0] < by_ctx[-1]
+
+
+def test_no_acceptance_never_pays(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    dr = sd.make_drafter(llama_h200, "eagle")
+    s, _ = sd.speedup(llama_h200, dr, [1, 16, 256], 2048, 3, 0.0)
+    assert np.all(s < 1.0)
+    assert sd.break_even_batch(llama_h200, dr, 2048, 3, 0.0) == 1
+
+
+def test_drafters_priced_from_their_own_shape(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    d = llama_h200
+    ngram = sd.make_drafter(d, "ngram")
+    assert not ngram.on_gpu and ngram.resident_bytes_per_gpu == 0
+    assert np.all(sd.draft_s(ngram, [1, 64], 2048, 3) == 0.0)
+    eagle = sd.make_drafter(d, "eagle")
+    assert eagle.deployment is not None and eagle.deployment.model.num_layers == 1
+    small = sd.make_drafter(d, "llama-3.2-1b", replace(get_model("llama-3.1-8b"), name="x"))
+    # a whole 8B model as its own drafter costs more per pass than a one-layer head
+    assert sd.draft_s(small, [1], 2048, 3)[0] > 5 * sd.draft_s(eagle, [1], 2048, 3)[0]
+    assert sd.b_mem(d, small, 2048, 3) < sd.b_mem(d, eagle, 2048, 3) \
+        <= sd.b_mem(d, ngram, 2048, 3) <= rl.b_mem(d, 2048)
+    with pytest.raises(BstarError, match="multi-token-prediction"):
+        sd.make_drafter(d, "mtp")
+    with pytest.raises(BstarError, match="vocabulary"):
+        sd.make_drafter(d, "opt", get_model("opt-1.3b"))
+    ds = DeploymentOptions(model="deepseek-v3", gpu="h200", num_gpus=8).build()
+    mtp = sd.make_drafter(ds, sd.AUTO_DRAFTER)
+    assert mtp.kind == "mtp" and mtp.deployment is not None
+    assert mtp.deployment.model.is_moe  # DeepSeek's MTP layer is an MoE layer
+
+
+def test_plan_json_speculative_section(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "h200", "--context",
+                 "512,32768", "--num-speculative-tokens", "3", "--acceptance-rate", "0.7",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    c512, c32k = out["contexts"]
+    s = c512["speculative"]
+    assert s["num_speculative_tokens"] == 3 and s["acceptance_rate"] == 0.7
+    assert s["drafter"] == "eagle"
+    assert [r["batch"] for r in s["curve"]] == [r["batch"] for r in c512["curve"]]
+    assert s["curve"][0]["speedup"] >= 1.8 and s["curve"][-1]["speedup"] <= 1.0
+    assert 128 <= s["break_even_batch"] <= 1024
+    assert "--speculative-config" in s["recommendation"]["flags"]["vllm"]
+    assert "--speculative-num-steps 3" in s["recommendation"]["flags"]["sglang"]
+    assert c32k["speculative"]["break_even_batch"] is None
+    fits = [r for r in c32k["speculative"]["curve"] if r["batch"] <= c32k["b_mem"]]
+    assert fits[-1]["speedup"] >= 1.5
+    assert main(["plan", "--json"]) == 0
+    assert all("speculative" not in c
+               for c in json.loads(capsys.readouterr().out)["contexts"])
+
+
+def test_plan_text_speculative_section(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "h200", "--context", "512",
+                 "--num-speculative-tokens", "3", "--drafter", "ngram"]) == 0
+    text = capsys.readouterr().out
+    assert "speculative decoding: K = 3" in text and "break-even batch" in text
+    assert '"method": "ngram"' in text
