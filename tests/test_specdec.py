@@ -134,3 +134,27 @@ def test_plan_text_speculative_section(capsys: pytest.CaptureFixture[str]) -> No
     text = capsys.readouterr().out
     assert "speculative decoding: K = 3" in text and "break-even batch" in text
     assert '"method": "ngram"' in text
+
+
+def test_scheduled_step_equals_the_plan_step(llama_h200) -> None:  # type: ignore[no-untyped-def]
+    d = llama_h200
+    for drafter in ("eagle", "ngram"):
+        dr = sd.make_drafter(d, drafter)
+        for b, ctx in ((1, 512), (64, 2048), (300, 512)):
+            sim = sd.scheduled_step_s(d, dr, np.full(b, ctx - 1), np.ones(b), 3)
+            plan = float(sd.spec_step_s(d, dr, [b], ctx, 3)[0])
+            assert sim == pytest.approx(plan, rel=1e-9)
+    # a prompt chunk in the step adds its tokens to the GEMMs and the drafter's first pass
+    dr = sd.make_drafter(d, "eagle")
+    mixed = sd.scheduled_step_s(d, dr, [511, 511, 0], [1, 1, 256], 3)
+    assert mixed > sd.scheduled_step_s(d, dr, [511, 511], [1, 1], 3)
+
+
+def test_accepted_drafts_average_the_formula() -> None:
+    rng = np.random.default_rng(0)
+    for a, k in ((0.7, 3), (0.5, 5), (0.9, 2)):
+        m = sd.accepted_drafts(rng, a, k, 200_000)
+        assert m.min() >= 0 and m.max() <= k
+        assert m.mean() + 1 == pytest.approx(sd.expected_tokens(a, k), rel=0.01)
+    assert sd.accepted_drafts(rng, 1.0, 4, 3).tolist() == [4, 4, 4]
+    assert sd.accepted_drafts(rng, 0.0, 4, 3).tolist() == [0, 0, 0]

@@ -195,13 +195,21 @@ def spec_step_s(d: Deployment, dr: Drafter, batch: npt.ArrayLike, context_tokens
     return verify_s(d, batch, context_tokens, k) + draft_s(dr, batch, context_tokens, k)
 
 
+def lookahead_slots(dr: Drafter, k: int) -> int:
+    """KV slots a sequence holds past its tokens: the k drafts being verified, and for an
+    EAGLE head or MTP layer k more (vLLM V1's scheduler sets num_lookahead_tokens = k for
+    them: the drafter writes its next proposals' KV)."""
+    return 2 * k if dr.kind in ("eagle", "mtp") else k
+
+
 def b_mem(d: Deployment, dr: Drafter, context_tokens: int, k: int) -> int:
     """Largest batch that fits with speculation: the KV pool less the drafter's weights,
-    over each sequence's KV (k lookahead slots included) plus its drafter KV."""
+    over each sequence's KV (its lookahead slots included) plus its drafter KV."""
     pool = rl.kv_pool_bytes(d) - dr.resident_bytes_per_gpu
-    per_seq = kv_bytes_per_seq_allocated(d, context_tokens + k)
+    held = context_tokens + lookahead_slots(dr, k)
+    per_seq = kv_bytes_per_seq_allocated(d, held)
     if dr.deployment is not None:
-        per_seq += kv_bytes_per_seq_allocated(dr.deployment, context_tokens + k)
+        per_seq += kv_bytes_per_seq_allocated(dr.deployment, held)
     return max(0, math.floor(pool / per_seq))
 
 
@@ -350,3 +358,62 @@ def engine_flags(cfg: SpecConfig, dr: Drafter, disable_batch: int | None) -> dic
     elif dr.kind == "model":
         sgl += f" --speculative-draft-model-path {dr.name}"
     return {"vllm": f"--speculative-config '{json.dumps(conf)}'", "sglang": sgl}
+
+
+# ---- a scheduled step with speculation (the simulator's) --------------------------------------
+def _verify_work(sh: _step.StepShape, start: FloatArray, new: FloatArray,
+                 k: int) -> _step.StepWork:
+    """A scheduled step whose decoding sequences (new == 1) each verify k + 1 tokens: their
+    KV is read once at held(start + 1 + k), their attention does k + 1 tokens' FLOPs and the
+    GEMMs run over k more rows each; prompt chunks as in StepShape.scheduled."""
+    dec = new == 1
+    nd = float(dec.sum())
+    w = sh.scheduled(start + k * dec, new)
+    if not nd:
+        return w
+    t = np.atleast_1d(np.asarray(float(new.sum()) + k * nd))
+    q = k + 1
+    return replace(w, weight_s=sh.weight_s(t), weight16_s=sh.weight_s(t, only_16bit=True),
+                   gemm_s=sh.gemm_s_per_token * t, comm_s=sh.comm_s_per_token * t,
+                   decode_attention_s=w.decode_attention_s * q, score_s=w.score_s * q)
+
+
+def scheduled_step_s(d: Deployment, dr: Drafter, start_tokens: npt.ArrayLike,
+                     new_tokens: npt.ArrayLike, k: int) -> float:
+    """One scheduled step with speculation (the simulator's step): every decoding sequence
+    (one new token on top of `start_tokens`) verifies k + 1 tokens; the drafter's first pass
+    runs over the step's tokens, its other k - 1 passes over the decoding sequences. For
+    B sequences at one context it equals `spec_step_s` (tests/test_specdec.py)."""
+    c = np.asarray(start_tokens, dtype=np.float64).ravel()
+    n = np.asarray(new_tokens, dtype=np.float64).ravel()
+    if n.size == 0:
+        return 0.0
+    dec = n == 1
+    nd = float(dec.sum())
+    total = float(_step.price(_verify_work(_step.shape(d), c, n, k), d.eff)[0])
+    total += nd * (k + 1) * d.model.vocab_size * PROB_BYTES \
+        / (d.gpu.hbm_bandwidth_bytes_s * d.eff.bandwidth)
+    if dr.deployment is not None:
+        dd = dr.deployment
+        sh = _step.shape(dd)
+        works = [_verify_work(sh, c, n, k)]
+        if nd:
+            cd = c[dec] + k
+            works += [sh.scheduled(cd + j, np.ones_like(cd)) for j in range(1, k)]
+        for w in works:
+            p = _step.price_parts(w, dd.eff)
+            total += float((p.kernels_s + p.layers_s + p.comm_s)[0])
+    return total
+
+
+def accepted_drafts(rng: np.random.Generator, acceptance_rate: float, k: int,
+                    n: int) -> npt.NDArray[np.int64]:
+    """Draft tokens accepted per sequence in one step: the leading successes of k
+    Bernoulli(a) trials (geometric, truncated at k), the draw the expected-tokens formula
+    averages (E[accepted] + 1 = (1 - a^(k+1)) / (1 - a))."""
+    if acceptance_rate >= 1.0:
+        return np.full(n, k, dtype=np.int64)
+    if acceptance_rate <= 0.0:
+        return np.zeros(n, dtype=np.int64)
+    first_reject = rng.geometric(1.0 - acceptance_rate, size=n)  # trials to the first reject
+    return np.minimum(first_reject - 1, k).astype(np.int64)

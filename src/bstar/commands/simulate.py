@@ -8,12 +8,14 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_speculative_arguments,
     build_deployment,
     non_negative_float,
     positive_float,
     positive_int,
     positive_int_list,
     seed_int,
+    speculative_from_args,
 )
 from bstar.commands.emit import emit
 
@@ -69,6 +71,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw throughput, latency percentiles and preemptions per level "
                         "(needs bstar[plot])")
+    add_speculative_arguments(p)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -101,6 +104,15 @@ def study_options(args: argparse.Namespace) -> Any:
 
 def simulate_from_args(args: argparse.Namespace) -> Any:
     """The `bstar.sim.study.Study` these flags ask for (shared with `bstar report`)."""
+    from dataclasses import replace
+
     from bstar.sim.study import run_study
 
-    return run_study(build_deployment(args), study_options(args))
+    d = build_deployment(args)
+    o = study_options(args)
+    spec, drafter = speculative_from_args(args, d)
+    if spec is not None:
+        from bstar.sim.speculative import SpecSim
+
+        o = replace(o, speculative=SpecSim(spec, drafter, seed=args.seed))
+    return run_study(d, o)

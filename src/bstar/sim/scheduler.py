@@ -48,6 +48,9 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int = 2048  # see vllm_server_defaults
     preemption: str = "recompute"
+    # KV slots reserved past each scheduled sequence's new tokens: speculative decoding's
+    # K draft tokens (vLLM V1's num_lookahead_tokens; bstar.sim.speculative). 0: none.
+    lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -121,7 +124,8 @@ class Scheduler:
                 before = np.cumsum(want) - want
                 sched = np.clip(budget - before, 0, want)
             held = r.num_blocks[ids]
-            need = np.maximum((comp + sched + bs - 1) // bs - held, 0)
+            look = cfg.lookahead_tokens
+            need = np.maximum((comp + sched + look + bs - 1) // bs - held, 0)
             total_need = int(need.sum())
             if total_need <= bm.num_free:
                 bm.allocate(total_need)
@@ -144,7 +148,7 @@ class Scheduler:
                 rid = self.waiting[0]
                 c = int(computed[rid])
                 n = min(int(prompt[rid] + gen[rid]) - c, budget)
-                need_blocks = -(-(c + n) // bs)
+                need_blocks = -(-(c + n + cfg.lookahead_tokens) // bs)
                 if need_blocks > bm.num_free:
                     break  # FCFS: the head blocks everyone behind it
                 self.waiting.popleft()
@@ -182,7 +186,8 @@ class Scheduler:
             rid = running[i]
             c = int(r.num_computed[rid])
             n = min(int(r.prompt_tokens[rid] + r.num_generated[rid]) - c, budget)
-            need = max(bm.blocks_for(c + n) - int(r.num_blocks[rid]), 0)
+            need = max(bm.blocks_for(c + n + self.cfg.lookahead_tokens)
+                       - int(r.num_blocks[rid]), 0)
             self_preempted = False
             while need > bm.num_free:
                 victim = running.pop()

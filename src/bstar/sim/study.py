@@ -35,6 +35,8 @@ class StudyOptions:
     slo: str | None = None
     max_sim_time_s: float = 24 * 3600.0
     prefix_cached_tokens: int = 0  # of every prompt, already in the prefix cache
+    # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
+    speculative: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,12 @@ class Study:
                 o["capacity"] = cap
             o["max_num_batched_tokens"] = self.max_num_batched_tokens
             o["preemption_mode"] = self.options.preemption
+            sp = self.options.speculative
+            if sp is not None:
+                o["speculative"] = {"num_speculative_tokens": sp.k,
+                                    "acceptance_rate": sp.config.acceptance_rate,
+                                    "drafter": sp.drafter.name,
+                                    "lookahead_tokens": sp.lookahead_tokens}
             if self.advice is not None:
                 o["recommended"] = o["max_num_seqs"] == self.advice.max_num_seqs
                 o["sweep"] = self.advice.to_dict(knees=True)
@@ -102,7 +110,7 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
         raise BstarError("--swap-space-gib must not be negative")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
-                    max_sim_time_s=o.max_sim_time_s)
+                    max_sim_time_s=o.max_sim_time_s, speculative=o.speculative)
     slo = parse_slo(o.slo) if o.slo else None
     num_requests = o.num_requests
     if num_requests is None:
