@@ -125,20 +125,6 @@ def measure(python: str, model_dir: Path, k: int, batches: list[int], max_tokens
             "plain": runs["plain"], "ngram": runs["ngram"]}
 
 
-def acceptance_for(tokens_per_step: float, k: int) -> float:
-    """The per-token acceptance a whose (1 - a^(K+1)) / (1 - a) is `tokens_per_step`."""
-    from bstar.specdec import expected_tokens
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if expected_tokens(mid, k) < tokens_per_step:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def compare(m: dict[str, Any]) -> list[dict[str, Any]]:
     """Per batch: measured speedup, the acceptance the counters give, bstar's prediction."""
     from bstar import roofline as rl
@@ -155,7 +141,7 @@ def compare(m: dict[str, Any]) -> list[dict[str, Any]]:
         decode = s["output_tokens"] - s["requests"]  # the first token comes from prefill
         steps = decode - s["num_accepted_tokens"]  # each step keeps one token of its own
         per_step = decode / steps if steps > 0 else float(k + 1)
-        a = acceptance_for(min(per_step, k + 1 - 1e-9), k)
+        a = sd.acceptance_for(per_step, k)
         ctx = int(s["prompt_tokens"]) + int(m["max_tokens"]) // 2
         # Like for like: a static batch, its prefill then its decode steps, in both runs.
         pred_plain_ms = float(rl.decode_step(d, [b], ctx).step_s[0]) * 1e3

@@ -158,3 +158,37 @@ def test_accepted_drafts_average_the_formula() -> None:
         assert m.mean() + 1 == pytest.approx(sd.expected_tokens(a, k), rel=0.01)
     assert sd.accepted_drafts(rng, 1.0, 4, 3).tolist() == [4, 4, 4]
     assert sd.accepted_drafts(rng, 0.0, 4, 3).tolist() == [0, 0, 0]
+
+
+def test_acceptance_for_inverts_expected_tokens() -> None:
+    for a, k in ((0.3, 2), (0.523, 3), (0.9, 5)):
+        assert sd.acceptance_for(sd.expected_tokens(a, k), k) == pytest.approx(a, abs=1e-9)
+    assert sd.acceptance_for(1.0, 3) == 0.0 and sd.acceptance_for(4.0, 3) == 1.0
+
+
+# vLLM 0.32.0 on CPU with n-gram speculation (K = 3), /metrics lines as served
+_SPEC_METRICS = """\
+vllm:generation_tokens_total{engine="0",model_name="tiny"} %d
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} %d
+vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny"} 1.7961965716630023e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} %d
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} %d
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 7.0
+"""
+
+
+def test_sweep_scrape_reads_the_acceptance_counters() -> None:
+    from bstar.loadgen.scrape import LevelServerStats, parse_prometheus, snapshot, spec_counters
+
+    first = snapshot(parse_prometheus(_SPEC_METRICS % (64, 14, 41, 17)))
+    last = snapshot(parse_prometheus(_SPEC_METRICS % (64 + 194, 14 + 40, 41 + 120, 17 + 94)))
+    assert first.spec_drafts_total == 14 and first.spec_accepted_tokens_total == 17
+    st = LevelServerStats()
+    spec_counters(st, first, last)
+    assert (st.spec_num_drafts, st.spec_num_draft_tokens, st.spec_num_accepted_tokens) \
+        == (40, 120, 94)
+    assert st.spec_tokens_per_step == pytest.approx(194 / (194 - 94))
+    plain = snapshot(parse_prometheus('vllm:generation_tokens_total{engine="0"} 5\n'))
+    st2 = LevelServerStats()
+    spec_counters(st2, plain, plain)
+    assert st2.spec_tokens_per_step is None and st2.spec_num_drafts is None

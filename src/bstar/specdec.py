@@ -62,6 +62,25 @@ def expected_tokens(acceptance_rate: float, num_speculative_tokens: int) -> floa
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def acceptance_for(tokens_per_step: float, num_speculative_tokens: int) -> float:
+    """The per-token acceptance rate a whose expected tokens per step equal a measured
+    `tokens_per_step` (e.g. a sweep level's `spec_tokens_per_step`): the inverse of
+    `expected_tokens` by bisection, clipped to [0, 1]."""
+    k = int(num_speculative_tokens)
+    if tokens_per_step <= 1.0:
+        return 0.0
+    if tokens_per_step >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if expected_tokens(mid, k) < tokens_per_step:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
     """What the flags say: K draft tokens, the per-token acceptance rate, the drafter

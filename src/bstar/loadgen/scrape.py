@@ -81,6 +81,11 @@ class Snapshot:
     # The pool's size in tokens where the engine exports it apart from vLLM's blocks
     # (SGLang's max_total_num_tokens, TGI's batch token budget).
     max_total_tokens: int | None = None
+    # vLLM's speculative-decoding counters (issue 31): steps that drafted, draft tokens
+    # proposed, draft tokens accepted.
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
 
 
 def snapshot(samples: list[Sample]) -> Snapshot:
@@ -136,6 +141,12 @@ def snapshot(samples: list[Sample]) -> Snapshot:
         kv_cache_memory_bytes=kv_mem,
         kv_cache_size_tokens=kv_tokens,
         max_total_tokens=int(max_tokens) if max_tokens is not None else None,
+        spec_drafts_total=_sum(samples, "vllm:spec_decode_num_drafts_total",
+                               "vllm:spec_decode_num_drafts"),
+        spec_draft_tokens_total=_sum(samples, "vllm:spec_decode_num_draft_tokens_total",
+                                     "vllm:spec_decode_num_draft_tokens"),
+        spec_accepted_tokens_total=_sum(samples, "vllm:spec_decode_num_accepted_tokens_total",
+                                        "vllm:spec_decode_num_accepted_tokens"),
     )
 
 
@@ -169,6 +180,14 @@ class LevelServerStats:
     kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
     kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
     slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
+    # Speculative decoding over the level (vLLM's spec_decode counters; None: not exposed):
+    # drafts, draft tokens, accepted tokens, and the tokens each step yielded, generated /
+    # (generated - accepted), the quantity `bstar plan --acceptance-rate` is solved from
+    # (docs/cost-model.md, "Speculative decoding").
+    spec_num_drafts: int | None = None
+    spec_num_draft_tokens: int | None = None
+    spec_num_accepted_tokens: int | None = None
+    spec_tokens_per_step: float | None = None
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -269,11 +288,28 @@ class Scraper:
                 if st.prefix_cache_query_tokens > 0 and st.prefix_cache_hit_tokens is not None:
                     st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
                                                 / st.prefix_cache_query_tokens)
+        if self._first is not None and self._last is not None:
+            spec_counters(st, self._first, self._last)
         st.kv_capacity_seqs = kv_capacity_seqs(st.num_gpu_blocks, st.block_size,
                                                self.tokens_per_seq)
         if self._gpu is not None:
             st.gpu = self._gpu.summary()
         return st
+
+
+def spec_counters(st: LevelServerStats, first: Snapshot, last: Snapshot) -> None:
+    """The level's speculative-decoding counters (their increase) into `st`."""
+    pairs = ((first.spec_drafts_total, last.spec_drafts_total),
+             (first.spec_draft_tokens_total, last.spec_draft_tokens_total),
+             (first.spec_accepted_tokens_total, last.spec_accepted_tokens_total))
+    if any(a is None or b is None for a, b in pairs):
+        return
+    drafts, drafted, accepted = (round(b - a) for a, b in pairs)  # type: ignore[operator]
+    st.spec_num_drafts, st.spec_num_draft_tokens = drafts, drafted
+    st.spec_num_accepted_tokens = accepted
+    g0, g1 = first.generation_tokens_total, last.generation_tokens_total
+    if g0 is not None and g1 is not None and g1 - g0 > accepted:
+        st.spec_tokens_per_step = (g1 - g0) / (g1 - g0 - accepted)
 
 
 class GpuTelemetry:
