@@ -192,3 +192,10 @@ def test_sweep_scrape_reads_the_acceptance_counters() -> None:
     st2 = LevelServerStats()
     spec_counters(st2, plain, plain)
     assert st2.spec_tokens_per_step is None and st2.spec_num_drafts is None
+
+
+def test_plan_report_refuses_speculation_by_name(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["report", "plan", "--num-speculative-tokens", "3", "-o",
+                 str(tmp_path / "p.html")]) == 2
+    assert "does not draw speculative decoding" in capsys.readouterr().err
+    assert not (tmp_path / "p.html").exists()
