@@ -302,8 +302,8 @@ class SpecPlan:
         n, m = self.max_num_seqs, self.break_even_batch
         if m is None:
             return (f"set --max-num-seqs {n} and keep speculation on: it pays at every batch "
-                    "up to B_mem (the KV read every step makes is shared by the k + 1 "
-                    "verified tokens)")
+                    "up to B_mem (the step's weight and KV reads are shared by the k + 1 "
+                    "verified tokens, and they outweigh the extra compute here)")
         if m <= 1:
             return f"set --max-num-seqs {n} and leave speculation off: it pays at no batch"
         if m > n:
