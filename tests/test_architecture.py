@@ -154,7 +154,7 @@ def test_no_import_cycle_among_bstar_modules(top_level_only: bool,
 LAYERS = (
     ("bstar", "bstar.specs", "bstar.presets", "bstar.errors", "bstar.units", "bstar.stats",
      "bstar.deployment", "bstar.engine_defaults", "bstar.safeio"),
-    ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime"),
+    ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime", "bstar.specdec"),
     ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
      "bstar.engines",
      "bstar.validate", "bstar.validate_curves", "bstar.curves_table", "bstar.stages_table",

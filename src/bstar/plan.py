@@ -17,6 +17,7 @@ from bstar.knee import Knee, slo_knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
+from bstar.specdec import Drafter, SpecConfig, SpecPlan, plan_context
 from bstar.units import GB, GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
@@ -53,6 +54,8 @@ class ContextPlan:
     # vLLM's start-up "Maximum concurrency", floored (`rl.vllm_max_concurrency`): every
     # sequence counted as prefilling a budget in its windowed layers; = b_mem otherwise.
     vllm_max_concurrency: int | None = None
+    # Speculative decoding at this context (`--num-speculative-tokens`); None without it.
+    speculative: SpecPlan | None = None
 
     @property
     def sla_unmet(self) -> bool:
@@ -106,7 +109,8 @@ class ContextPlan:
             "tpot_batch1_ms": (None if self.tpot_batch1_s is None
                                else self.tpot_batch1_s * 1e3),
             "engine_defaults": [dict(e) for e in self.engine_defaults],
-        }
+        } | ({} if self.speculative is None
+             else {"speculative": self.speculative.to_dict()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +231,11 @@ def check_batches(batches: list[int] | tuple[int, ...]) -> None:
 
 def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
               batches: list[int] | None = None, max_tpot_ms: float | None = None,
-              prompt_tokens: int | None = None) -> Plan:
-    """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation.
+              prompt_tokens: int | None = None, spec: SpecConfig | None = None,
+              drafter: Drafter | None = None) -> Plan:
+    """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation;
+    with `spec` and its `drafter` (bstar.specdec.make_drafter), speculative decoding's
+    speedup over that curve, its break-even batch and the best K per batch.
 
     `context_tokens` is the KV each running sequence holds (prompt + generated so far; the
     seeds' seq_len). `prompt_tokens` (default: the context) sizes the prefill estimate.
@@ -291,7 +298,9 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
             kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
-            vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx)))
+            vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx),
+            speculative=None if spec is None or drafter is None
+            else plan_context(d, drafter, spec, ctx, c.batch, rec.max_num_seqs)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 

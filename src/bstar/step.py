@@ -309,6 +309,25 @@ class StepShape:
         return self.decode_held(b, tuple(b * float(g.held(context_tokens))
                                          for g in self.groups))
 
+    def verify(self, num_seqs: npt.ArrayLike, context_tokens: int | float,
+               num_tokens: int) -> StepWork:
+        """Steps of `num_seqs` sequences that each compute `num_tokens` query tokens over
+        one KV read (speculative decoding's verify step, bstar.specdec): each sequence holds
+        `context_tokens` once they are in. The weights stream once for B x num_tokens token
+        rows; the decode attention reads the KV once and does num_tokens x the FLOPs (and
+        score traffic) of one token (docs/cost-model.md, "Speculative decoding")."""
+        b = np.atleast_1d(np.asarray(num_seqs, dtype=np.float64))
+        q = float(num_tokens)
+        kv = np.zeros_like(b)
+        score = np.zeros_like(b)
+        attn = np.zeros_like(b)
+        for g in self.groups:
+            h = b * float(g.held(context_tokens))
+            kv = kv + g.kv_s_per_token * h + g.state_s_per_seq * b
+            score = score + g.score_s_per_pos * h * q
+            attn = attn + g.decode_attention_s_per_pos * h * q
+        return self._work(b, b, np.zeros_like(b), b * q, kv, score, attn)
+
     def decode_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> StepWork:
         """`num_steps` consecutive pure-decode steps of the same sequences: in step j
         (0-based) sequence i computes one token on top of start_i + j. Full layers' sums are

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
@@ -249,3 +249,37 @@ def build_deployment(args: argparse.Namespace, model: str | None = None,
                      gpu: str | None = None) -> Deployment:
     """`deployment_options(args, model, gpu).build()`, warnings to stderr."""
     return deployment_options(args, model, gpu).build(warn=warn)
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
+    """--num-speculative-tokens/--acceptance-rate/--drafter (bstar.specdec)."""
+    s = p.add_argument_group("speculative decoding (docs/cost-model.md)")
+    s.add_argument("--num-speculative-tokens", dest="num_speculative_tokens",
+                   type=positive_int, default=None, metavar="K",
+                   help="draft tokens per step: price speculative decoding beside plain "
+                        "decode (off when not given)")
+    s.add_argument("--acceptance-rate", dest="acceptance_rate", type=non_negative_float,
+                   default=0.7, metavar="A",
+                   help="probability each draft token is accepted (default 0.7)")
+    s.add_argument("--drafter", default="auto",
+                   help="eagle (an EAGLE head: one decoder layer + the LM head), mtp (the "
+                        "target's multi-token-prediction layer), ngram (prompt lookup, CPU "
+                        "only) or a draft model's preset/config.json (default auto: mtp when "
+                        "the model ships MTP layers, else eagle)")
+
+
+def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any, Any]:
+    """(SpecConfig, Drafter) the flags name for deployment `d`, or (None, None) when
+    --num-speculative-tokens is not given. A draft model is loaded here (presets, files)."""
+    k = getattr(args, "num_speculative_tokens", None)
+    if k is None:
+        return None, None
+    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig, make_drafter
+
+    cfg = SpecConfig(k, args.acceptance_rate, args.drafter)
+    draft = None
+    if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
+        from bstar.specs.presets import get_model
+
+        draft = get_model(args.drafter)
+    return cfg, make_drafter(d, args.drafter, draft)

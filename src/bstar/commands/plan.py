@@ -9,10 +9,12 @@ from typing import Any
 from bstar.commands.common import (
     add_deployment_arguments,
     add_force_argument,
+    add_speculative_arguments,
     build_deployment,
     deployment_options,
     int_list,
     positive_float,
+    speculative_from_args,
     warn,
 )
 from bstar.commands.emit import emit
@@ -31,6 +33,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the curves, regimes and roofline (needs bstar[plot])")
     add_force_argument(p)
+    add_speculative_arguments(p)
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +68,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from bstar.report.text import print_plan
 
     d = deployment_from_args(args)
-    plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
+    spec, drafter = speculative_from_args(args, d)
+    plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms,
+                     spec=spec, drafter=drafter)
     rc = emit(args, plan.to_dict, lambda: print_plan(plan),
               lambda path: save_plan_plot(plan, path))
     return rc or sla_unmet_status(

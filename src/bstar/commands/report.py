@@ -107,6 +107,11 @@ def _report_plan(args: argparse.Namespace) -> int:
     from bstar.plan import DEFAULT_CONTEXTS, make_plan
     from bstar.report import save_plan_plot, write_plan_report
 
+    if getattr(args, "num_speculative_tokens", None) is not None:
+        from bstar.errors import BstarError
+
+        raise BstarError("the plan report does not draw speculative decoding yet: use "
+                         "`bstar plan --num-speculative-tokens K` (text or --json)")
     d = plan_cmd.deployment_from_args(args)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
     path = write_plan_report(plan, args.output, _command_line())

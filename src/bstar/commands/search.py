@@ -11,6 +11,8 @@ from typing import Any
 from bstar.commands.common import (
     add_force_argument,
     gib_amount,
+    int_list,
+    non_negative_float,
     positive_float,
     positive_int,
     positive_int_list,
@@ -28,6 +30,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     _candidate_arguments(p.add_argument_group("candidates"))
     _cost_arguments(p.add_argument_group("cost model terms"))
     _traffic_arguments(p.add_argument_group("traffic and SLO"))
+    _speculative_arguments(p.add_argument_group("speculative decoding (docs/search.md)"))
     _execution_arguments(p.add_argument_group("execution and output"))
 
 
@@ -107,6 +110,19 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
                    help="rates tried are at most this fraction of a replica's capacity, the "
                         "largest rate whose queue does not grow (default 0.95: headroom for "
                         "the capacity's growth threshold and tolerance)")
+
+
+def _speculative_arguments(s: argparse._ArgumentGroup) -> None:
+    s.add_argument("--num-speculative-tokens", dest="num_speculative_tokens", type=int_list,
+                   default=None, metavar="K,...",
+                   help="try each replica with each K draft tokens, 0 = speculation off "
+                        "(e.g. 0,2,4); the search then says whether speculation changes the "
+                        "cheapest deployment (default: no speculation)")
+    s.add_argument("--acceptance-rate", dest="acceptance_rate", type=non_negative_float,
+                   default=0.7, metavar="A", help="per-token acceptance rate (default 0.7)")
+    s.add_argument("--drafter", default="auto",
+                   help="eagle, mtp, ngram or a draft model (default auto: mtp when the "
+                        "model ships MTP layers, else eagle)")
 
 
 def _execution_arguments(x: argparse._ArgumentGroup) -> None:
@@ -194,7 +210,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
                       round(args.reserve_gib * GiB), args.block_size),
         eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
-        max_utilization=args.max_utilization)
+        max_utilization=args.max_utilization,
+        num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),
+        acceptance_rate=args.acceptance_rate, drafter=args.drafter)
 
 
 def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 from bstar.commands.common import (
     add_deployment_arguments,
     add_force_argument,
+    add_speculative_arguments,
     build_deployment,
     gib_amount,
     non_negative_float,
@@ -16,6 +17,7 @@ from bstar.commands.common import (
     positive_int,
     positive_int_list,
     seed_int,
+    speculative_from_args,
 )
 from bstar.commands.emit import emit
 
@@ -76,6 +78,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="also draw throughput, latency percentiles and preemptions per level "
                         "(needs bstar[plot])")
     add_force_argument(p)
+    add_speculative_arguments(p)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -170,6 +173,15 @@ def prompt_shape(args: argparse.Namespace) -> Any:
 
 def simulate_from_args(args: argparse.Namespace) -> Any:
     """The `bstar.sim.study.Study` these flags ask for (shared with `bstar report`)."""
+    from dataclasses import replace
+
     from bstar.sim.study import run_study
 
-    return run_study(build_deployment(args), study_options(args))
+    d = build_deployment(args)
+    o = study_options(args)
+    spec, drafter = speculative_from_args(args, d)
+    if spec is not None:
+        from bstar.sim.speculative import SpecSim
+
+        o = replace(o, speculative=SpecSim(spec, drafter, seed=args.seed))
+    return run_study(d, o)

@@ -159,6 +159,11 @@ class Snapshot:
     max_total_tokens: int | None = None
     # Engine steps so far (vLLM: iteration_tokens_total's count; llama.cpp: n_decode_total).
     steps_total: float | None = None
+    # vLLM's speculative-decoding counters (issue 31): steps that drafted, draft tokens
+    # proposed, draft tokens accepted.
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
 
 
 def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
@@ -205,6 +210,13 @@ def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
         max_total_tokens=(int(max_tokens) if max_tokens is not None
                           and max_tokens < _MAX_LABEL_INT else None),
         steps_total=fig["steps_total"],
+        spec_drafts_total=_nonneg(_sum(samples, "vllm:spec_decode_num_drafts_total",
+                               "vllm:spec_decode_num_drafts")),
+        spec_draft_tokens_total=_nonneg(_sum(samples, "vllm:spec_decode_num_draft_tokens_total",
+                                     "vllm:spec_decode_num_draft_tokens")),
+        spec_accepted_tokens_total=_nonneg(_sum(
+            samples, "vllm:spec_decode_num_accepted_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens")),
     )
 
 
@@ -250,6 +262,14 @@ class LevelServerStats:
     # not change what a step holds.
     engine_steps: int | None = None
     tokens_per_step: float | None = None
+    # Speculative decoding over the level (vLLM's spec_decode counters; None: not exposed):
+    # drafts, draft tokens, accepted tokens, and the tokens each step yielded, generated /
+    # (generated - accepted), the quantity `bstar plan --acceptance-rate` is solved from
+    # (docs/cost-model.md, "Speculative decoding").
+    spec_num_drafts: int | None = None
+    spec_num_draft_tokens: int | None = None
+    spec_num_accepted_tokens: int | None = None
+    spec_tokens_per_step: float | None = None
     gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
     error: str | None = None
 
@@ -386,11 +406,27 @@ class Scraper:
                 st.engine_steps = round(s1 - s0)
                 if st.engine_steps > 0 and k0 is not None and k1 is not None and k1 >= k0:
                     st.tokens_per_step = (k1 - k0) / st.engine_steps
+            spec_counters(st, self._first, self._last)
         st.kv_capacity_seqs = kv_capacity_seqs(st.num_gpu_blocks, st.block_size,
                                                self.tokens_per_seq)
         if self._gpu is not None:
             st.gpu = self._gpu.summary()
         return st
+
+
+def spec_counters(st: LevelServerStats, first: Snapshot, last: Snapshot) -> None:
+    """The level's speculative-decoding counters (their increase) into `st`."""
+    pairs = ((first.spec_drafts_total, last.spec_drafts_total),
+             (first.spec_draft_tokens_total, last.spec_draft_tokens_total),
+             (first.spec_accepted_tokens_total, last.spec_accepted_tokens_total))
+    if any(a is None or b is None for a, b in pairs):
+        return
+    drafts, drafted, accepted = (round(b - a) for a, b in pairs)  # type: ignore[operator]
+    st.spec_num_drafts, st.spec_num_draft_tokens = drafts, drafted
+    st.spec_num_accepted_tokens = accepted
+    g0, g1 = first.generation_tokens_total, last.generation_tokens_total
+    if g0 is not None and g1 is not None and g1 - g0 > accepted:
+        st.spec_tokens_per_step = (g1 - g0) / (g1 - g0 - accepted)
 
 
 class GpuTelemetry:

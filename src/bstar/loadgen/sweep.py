@@ -152,6 +152,7 @@ class LevelResult:
             "token_source": s.get("token_source"),
             "preemptions": srv.get("preemptions"),
             "prefix_cache_hit_rate": srv.get("prefix_cache_hit_rate"),
+            "spec_tokens_per_step": srv.get("spec_tokens_per_step"),
             "kv_cache_usage_max": srv.get("kv_cache_usage_max"),
             "running_max": srv.get("running_max"),
             "waiting_max": srv.get("waiting_max"),

@@ -50,11 +50,17 @@ class Replica:
     max_num_batched_tokens: int
     deployment: Deployment
     calibrated: str | None = None  # profile path when calibrated terms apply
+    speculative: Any = None  # bstar.sim.speculative.SpecSim; None: plain decode
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative is None else int(self.speculative.k)
 
     @property
     def key(self) -> str:
+        spec = f"|spec{self.num_speculative_tokens}" if self.speculative is not None else ""
         return (f"{self.model}|{self.gpu}|tp{self.tp}|seqs{self.max_num_seqs}|"
-                f"tok{self.max_num_batched_tokens}")
+                f"tok{self.max_num_batched_tokens}{spec}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +133,23 @@ def default_max_num_seqs(d: Deployment, w: Workload) -> list[int]:
 
 
 def sim_config(r: Replica) -> SimConfig:
-    return SimConfig(SchedulerConfig(r.max_num_seqs, r.max_num_batched_tokens))
+    return SimConfig(SchedulerConfig(r.max_num_seqs, r.max_num_batched_tokens),
+                     speculative=r.speculative)
 
 
-def slo_lower_bounds_ms(d: Deployment, w: Workload) -> dict[str, float]:
+def slo_lower_bounds_ms(d: Deployment, w: Workload, spec: Any = None) -> dict[str, float]:
     """p99 lower bounds (ms) on TTFT, TPOT and E2E that hold for any rate and any engine
-    limits (see the module docstring)."""
+    limits (see the module docstring). With speculation (`spec`, a SpecSim) a step yields
+    at most K + 1 tokens: the TPOT bound is the speculative step of one sequence holding no
+    KV over K + 1."""
     k = coefficients(d)
     # A decode step of one sequence holding no KV, and a prompt prefilled in one step from
     # nothing: no real step is cheaper (chunking a prompt only adds steps).
     tpot_lb_s = float(k.decode_step_s(1.0)[0])
+    if spec is not None:
+        from bstar.specdec import scheduled_step_s
+
+        tpot_lb_s = scheduled_step_s(d, spec.drafter, [0], [1], spec.k) / (spec.k + 1)
     prompt = w.prompt_tokens.astype(np.float64)
     ttft_lb = np.array([k.batch_step_s([0], [int(n)]) for n in np.unique(prompt)])
     ttft_each = ttft_lb[np.searchsorted(np.unique(prompt), prompt)]
@@ -156,7 +169,7 @@ def prune(r: Replica, w: Workload, slo: Slo) -> Pruned | None:
         check_feasible(d, sim_config(r), w)
     except BstarError as e:
         return Pruned("memory", str(e))
-    lb = slo_lower_bounds_ms(d, w)
+    lb = slo_lower_bounds_ms(d, w, r.speculative)
     for key, target in slo.to_dict().items():
         if lb[key] > target:
             return Pruned("SLO", f"{key.removesuffix('_ms')} p99 is at least {lb[key]:.1f} ms "

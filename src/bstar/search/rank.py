@@ -36,7 +36,10 @@ def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float
         "instances": None, "gpus_total": None, "tok_s_per_gpu": None,
         "ttft_p99_ms": None, "tpot_p99_ms": None, "e2e_p99_ms": None,
         "usd_per_gpu_hour": None, "cost_per_hour": None, "cost_per_mtok": None,
-        "simulations": 0, "replica_key": r.key}
+        "simulations": 0, "replica_key": r.key,
+        "num_speculative_tokens": r.num_speculative_tokens,
+        "drafter": None if r.speculative is None else r.speculative.drafter.name,
+        "drafter_kind": None if r.speculative is None else r.speculative.drafter.kind}
     price = prices.get(r.gpu) if prices is not None else None
     if price is not None:
         row["usd_per_gpu_hour"] = price.per_gpu_hour
@@ -77,7 +80,8 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 math.inf if cost is None else cost,
                 math.inf if x["gpus_total"] is None else x["gpus_total"],
                 -(x["tok_s_per_gpu"] or 0.0), x["model"], x["gpu"], x["num_gpus"],
-                x["tensor_parallel"], x["max_num_seqs"], x["max_num_batched_tokens"])
+                x["tensor_parallel"], x["max_num_seqs"], x["max_num_batched_tokens"],
+                x.get("num_speculative_tokens", 0))
 
     out = sorted(rows, key=key)
     n: dict[str, int] = {}
@@ -126,5 +130,43 @@ def winner_flags(row: dict[str, Any], gpu_util: float, context_tokens: int,
     if dp > 1:
         vllm += f" --data-parallel-size {dp}"
     flags = engine_flags(row["max_num_seqs"], gpu_util, tp, context_tokens)
+    k = row.get("num_speculative_tokens") or 0
+    if k:
+        from bstar.specdec import Drafter, SpecConfig
+        from bstar.specdec import engine_flags as spec_flags
+
+        spec = spec_flags(SpecConfig(k, float(row["acceptance_rate"]), row["drafter"]),
+                          Drafter(row["drafter_kind"], row["drafter"], None, 0), None)
+        vllm += " " + spec["vllm"]
+        flags["sglang"] += " " + spec["sglang"]
     flags["vllm"] = vllm
     return flags
+
+
+def speculation_effect(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model: the cheapest feasible row, the cheapest without speculation, and whether
+    speculation changes the cheapest deployment (the winner speculates and costs less, by
+    cost per Mtok or else GPUs, than every plain row; or no plain row is feasible)."""
+    out: dict[str, Any] = {}
+    for m in dict.fromkeys(x["model"] for x in rows):
+        ok = [x for x in rows if x["model"] == m and x["status"] == "ok"]
+        best = ok[0] if ok else None
+        plain = next((x for x in ok if not x.get("num_speculative_tokens")), None)
+
+        def cost(x: dict[str, Any]) -> tuple[float, float]:
+            c = x["cost_per_mtok"]
+            return (math.inf if c is None else c, float(x["gpus_total"]))
+
+        changes = best is not None and bool(best.get("num_speculative_tokens")) and (
+            plain is None or cost(best) < cost(plain))
+        out[m] = {"cheapest": None if best is None else _brief_row(best),
+                  "cheapest_plain": None if plain is None else _brief_row(plain),
+                  "changes_cheapest": changes}
+    return out
+
+
+def _brief_row(x: dict[str, Any]) -> dict[str, Any]:
+    keys = ("gpu", "num_gpus", "tensor_parallel", "max_num_seqs", "max_num_batched_tokens",
+            "num_speculative_tokens", "drafter", "gpus_total", "cost_per_mtok",
+            "tok_s_per_gpu", "tpot_p99_ms")
+    return {k: x.get(k) for k in keys}

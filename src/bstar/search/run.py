@@ -30,7 +30,7 @@ from bstar.search.candidates import (
 )
 from bstar.search.evaluate import Task, evaluate
 from bstar.search.prices import PriceTable
-from bstar.search.rank import candidate_row, rank, winner_flags
+from bstar.search.rank import candidate_row, rank, speculation_effect, winner_flags
 from bstar.search.spec import SearchSpec
 from bstar.search.store import SearchStore
 from bstar.specs.gpu import GpuSpec, get_gpu
@@ -59,7 +59,9 @@ class SearchResult:
         for r in self.rows:
             if r["status"] == "ok" and r["model"] not in out:
                 w = dict(r)
-                w["flags"] = winner_flags(r, self.spec.memory.gpu_util, self.context_tokens,
+                if r.get("num_speculative_tokens"):
+                    w["acceptance_rate"] = self.spec.acceptance_rate
+                w["flags"] = winner_flags(w, self.spec.memory.gpu_util, self.context_tokens,
                                           _served_name(r["model"]))
                 out[r["model"]] = w
         return out
@@ -86,7 +88,9 @@ class SearchResult:
                 "ranked_by": "cost_per_mtok" if self.prices is not None else "gpus_total",
                 "counts": self.counts(), "winners": self.winners,
                 "candidates": self.rows, "spec": s.to_dict(), "timing": self.timing,
-                "warnings": self.warnings}
+                "warnings": self.warnings} | (
+                    {} if not s.num_speculative_tokens
+                    else {"speculative": speculation_effect(self.rows)})
 
 
 def _served_name(model: str) -> str:
@@ -99,10 +103,13 @@ def _served_name(model: str) -> str:
 
 def _task_key(r: Replica, spec: SearchSpec) -> str:
     """The replica's key plus a hash of every input that decides its result."""
-    text = json.dumps([repr(r.deployment), r.max_num_seqs, r.max_num_batched_tokens,
-                       spec.traffic.to_dict(), spec.slo.to_dict(), spec.rel_tol,
-                       spec.max_utilization],
-                      sort_keys=True)
+    parts: list[Any] = [repr(r.deployment), r.max_num_seqs, r.max_num_batched_tokens,
+                        spec.traffic.to_dict(), spec.slo.to_dict(), spec.rel_tol,
+                        spec.max_utilization]
+    if r.speculative is not None:  # absent for plain replicas: their stored keys hold
+        sp = r.speculative
+        parts.append([sp.k, sp.config.acceptance_rate, sp.drafter.name, sp.seed])
+    text = json.dumps(parts, sort_keys=True)
     return f"{r.key}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
@@ -150,9 +157,9 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
                 if prof.reserve_bytes is not None:
                     base = replace(base, reserve_bytes=prof.reserve_bytes)
             valid = sorted({t for n in spec.num_gpus for t in tp_sizes(m, n)})
-            reps = replicas_for(m, label, base, valid, unit, spec.max_num_seqs,
-                                spec.max_num_batched_tokens,
-                                prof.path if prof is not None else None)
+            reps = with_speculation(spec, replicas_for(
+                m, label, base, valid, unit, spec.max_num_seqs, spec.max_num_batched_tokens,
+                prof.path if prof is not None else None))
             by_tp: dict[int, list[Replica]] = {}
             for r in reps:
                 by_tp.setdefault(r.tp, []).append(r)
@@ -173,6 +180,29 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
                         pruned[r.key] = Pruned("tp", err)
                         cands.append(Candidate(r, n))
     return cands, pruned, warnings, unit
+
+
+def with_speculation(spec: SearchSpec, reps: list[Replica]) -> list[Replica]:
+    """Each replica once per K of `spec.num_speculative_tokens` (0: plain decode); the
+    replicas unchanged when the search has no speculation."""
+    if not spec.num_speculative_tokens:
+        return reps
+    from bstar.sim.speculative import SpecSim
+    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig, make_drafter
+
+    draft = None
+    if spec.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
+        draft = get_model(spec.drafter)
+    out = []
+    for r in reps:
+        for k in sorted(set(spec.num_speculative_tokens)):
+            if k == 0:
+                out.append(r)
+                continue
+            cfg = SpecConfig(k, spec.acceptance_rate, spec.drafter)
+            dr = make_drafter(r.deployment, spec.drafter, draft)
+            out.append(replace(r, speculative=SpecSim(cfg, dr)))
+    return out
 
 
 def _cost_order(r: Replica, ctx: int, slo: Any) -> tuple[int, int]:

@@ -185,6 +185,11 @@ class SearchSpec:
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
     max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity
+    # Speculative decoding: the K values each replica is tried with (0: off); empty: none
+    # (the search as before). `acceptance_rate`, `drafter` as `bstar plan`'s flags.
+    num_speculative_tokens: tuple[int, ...] = ()
+    acceptance_rate: float = 0.7
+    drafter: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.models or not self.gpus:
@@ -202,6 +207,11 @@ class SearchSpec:
                 "--slo ttft:1000,tpot:50")
         if not 0.001 <= self.rel_tol <= 0.5:
             raise BstarError(f"--rel-tol must be in 0.001..0.5, got {self.rel_tol}")
+        ks = self.num_speculative_tokens
+        if ks and not all(0 <= k <= 16 for k in ks):
+            raise BstarError("--num-speculative-tokens values must be in 0..16 (0: off)")
+        if not 0 <= self.acceptance_rate <= 1:
+            raise BstarError(f"--acceptance-rate must be in [0, 1], got {self.acceptance_rate}")
         if not 0 < self.max_utilization <= 1:
             raise BstarError(f"--max-utilization must be in (0, 1], got "
                              f"{self.max_utilization}")
@@ -218,7 +228,10 @@ class SearchSpec:
                                "overhead_per_seq_s": e.overhead_per_seq_s,
                                "allreduce_latency_s": e.allreduce_latency_s},
                 "profiles": [list(p) for p in self.profiles], "rel_tol": self.rel_tol,
-                "max_utilization": self.max_utilization}
+                "max_utilization": self.max_utilization} | (
+                    {} if not self.num_speculative_tokens else
+                    {"num_speculative_tokens": list(self.num_speculative_tokens),
+                     "acceptance_rate": self.acceptance_rate, "drafter": self.drafter})
 
     def search_id(self) -> str:
         """Stable name of this question (prices excluded: they re-rank, never re-simulate)."""

@@ -14,7 +14,8 @@ a `SimRun` goes out; nothing is printed or written here.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,8 @@ class SimConfig:
     # (`Workload.prompt_ids`) and on `Workload.cached_tokens`; without either every prompt is
     # distinct and the cache is not modelled.
     prefix_caching: bool = True
+    # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
+    speculative: Any = None
 
     def __post_init__(self) -> None:
         if not self.max_sim_time_s > 0:
@@ -147,35 +150,43 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
     # A model with sliding or chunked layers: vLLM V1's pool of KV cache group blocks,
     # each sequence giving back the blocks behind its window (`engine_pool`).
     windowed = engine_pool(d, bs)
+    caching = w.prompt_ids is not None and cfg.prefix_caching
+    sc = cfg.scheduler
+    if cfg.speculative is not None or caching:
+        # The prefix cache's block table and speculation's pool (the drafter's KV beside the
+        # target's) count whole-model blocks: every token of every layer (conservative for a
+        # windowed model, whose freeing is not combined with them).
+        windowed = None
+    if cfg.speculative is not None:
+        from bstar.sim.speculative import num_blocks
+
+        blocks_total = num_blocks(d, cfg.speculative, bs)
+        sc = replace(sc, lookahead_tokens=cfg.speculative.lookahead_tokens)
+    elif caching:
+        blocks_total = num_gpu_blocks(d, bs)
     block_bytes = windowed[1] if windowed else block_bytes_per_gpu(d, bs)
     host_blocks = cfg.swap_space_bytes // block_bytes \
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.prompt_tokens, w.output_tokens)
-    if w.prompt_ids is not None and cfg.prefix_caching:
+    if caching:
         from bstar.sim.prefix_cache import CachingBlockManager
 
+        assert w.prompt_ids is not None
         w.prompt_ids.check(reqs.prompt_tokens)
-        if windowed:  # the cache's block table holds every token of every layer: whole-model
-            blocks_total = num_gpu_blocks(d, bs)  # blocks (conservative for a windowed model)
-            host_blocks = cfg.swap_space_bytes // block_bytes_per_gpu(d, bs) \
-                if cfg.scheduler.preemption == "swap" else 0
         bm: BlockManager = CachingBlockManager(blocks_total, bs, w.prompt_ids,
                                                reqs.prompt_tokens, reqs.output_tokens,
                                                host_blocks)
-        sched = Scheduler(cfg.scheduler, reqs, bm)
-        return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
+        return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
     if w.cached_tokens is not None and cfg.prefix_caching:
         # A hit covers whole blocks and never the last prompt token (it must be computed to
         # sample the first output token), as vLLM's prefix cache.
-        bs_ = d.block_size
         hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
-                         reqs.prompt_tokens - 1) // bs_ * bs_
+                         reqs.prompt_tokens - 1) // bs * bs
         reqs.num_computed[:] = np.maximum(hit, 0)
     bm = BlockManager(blocks_total, bs, host_blocks,
                       blocks_fn=windowed[2] if windowed else None)
-    sched = Scheduler(cfg.scheduler, reqs, bm)
-    return _Loop(d, cfg, w, coeffs, reqs, bm, sched).run()
+    return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
 
 
 class _Loop:
@@ -211,6 +222,11 @@ class _Loop:
         self.itl_arrays_v: list[FloatArray] = []
         self.itl_arrays_w: list[IntArray] = []
         self.timeline = Timeline()
+        self.spec = None
+        if cfg.speculative is not None:
+            from bstar.sim.speculative import SpecStep
+
+            self.spec = SpecStep(d, cfg.speculative)
         # Swap copies per KV token, per GPU, over the host link.
         self.swap_s_per_token = k.shape.kv_bytes_per_token() \
             / cfg.host_bandwidth_bytes_s
@@ -253,7 +269,7 @@ class _Loop:
             if self.now >= limit:
                 truncated, stop = True, "time limit"
                 break
-            if self.cfg.fast_forward and self._fast_forward():
+            if self.cfg.fast_forward and self.spec is None and self._fast_forward():
                 continue
             self.timeline.add(self.now, self.bm.num_used, len(sched.waiting),
                               sched.num_running)
@@ -265,12 +281,20 @@ class _Loop:
                     raise RuntimeError("simulator made no progress")  # a bug, not input
                 continue
             stalled = 0
-            dt = self.k.batch_step_s(plan.start, plan.new) \
+            dt = (self.k.batch_step_s(plan.start, plan.new) if self.spec is None
+                  else self.spec.step_s(plan)) \
                 + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
             t0, self.now = self.now, self.now + dt
             self.step_start = t0
             self.num_steps += 1
             out = sched.update(plan, t0, self.now)
+            num_finished = out.finished.size
+            if self.spec is not None:
+                fin, extra = self.spec.accept(sched, plan, self.now)
+                num_finished += fin.size
+                if extra:  # accepted drafts arrive with the verified token: no gap
+                    self.itl_scalar_v.append(0.0)
+                    self.itl_scalar_w.append(extra)
             if out.contiguous_tokens:
                 self.itl_scalar_v.append(dt)
                 self.itl_scalar_w.append(out.contiguous_tokens)
@@ -278,7 +302,7 @@ class _Loop:
                 self.itl_arrays_v.append(out.other_gaps_s)
                 self.itl_arrays_w.append(np.ones(out.other_gaps_s.size, dtype=np.int64))
             if closed:
-                for _ in range(min(out.finished.size, n_total - self.next_issue)):
+                for _ in range(min(num_finished, n_total - self.next_issue)):
                     self._issue(self.now + float(think[self.next_issue]))
         self.timeline.add(self.now, self.bm.num_used, len(sched.waiting), sched.num_running)
         itl_v = np.concatenate([np.asarray(self.itl_scalar_v, dtype=np.float64),

@@ -45,6 +45,9 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int = 2048  # see vllm_server_defaults
     preemption: str = "recompute"
+    # KV slots reserved past each scheduled sequence's new tokens: speculative decoding's
+    # K draft tokens (vLLM V1's num_lookahead_tokens; bstar.sim.speculative). 0: none.
+    lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -120,9 +123,11 @@ class Scheduler:
             held = r.num_blocks[ids]
             # A windowed model's request gives back the blocks behind its window as it
             # goes (vLLM frees them before it allocates, request by request): the net change
-            # may be negative, and each prefix of the walk must fit.
-            need = np.where(sched > 0, bm.blocks_for(comp + sched, comp) - held, 0) \
-                if bm.blocks_fn is not None else np.maximum((comp + sched + bs - 1) // bs
+            # may be negative, and each prefix of the walk must fit. Speculation reserves
+            # `lookahead_tokens` slots past the scheduled ones (vLLM's num_lookahead_tokens).
+            look = cfg.lookahead_tokens
+            need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0) \
+                if bm.blocks_fn is not None else np.maximum((comp + sched + look + bs - 1) // bs
                                                             - held, 0)
             if int(np.cumsum(need).max()) <= bm.num_free:
                 if bm.caching:
@@ -153,7 +158,7 @@ class Scheduler:
                         break
                 else:
                     n = min(int(prompt[rid] + gen[rid]) - c, budget)
-                    need_blocks = int(bm.blocks_for(c + n, c))
+                    need_blocks = int(bm.blocks_for(c + n + cfg.lookahead_tokens, c))
                     if need_blocks > bm.num_free:
                         break  # FCFS: the head blocks everyone behind it
                     bm.allocate(need_blocks)
@@ -207,7 +212,8 @@ class Scheduler:
             rid = running[i]
             c = int(r.num_computed[rid])
             n = min(int(r.prompt_tokens[rid] + r.num_generated[rid]) - c, budget)
-            need = int(bm.blocks_for(c + n, c)) - int(r.num_blocks[rid])
+            need = int(bm.blocks_for(c + n + self.cfg.lookahead_tokens, c)) \
+                - int(r.num_blocks[rid])
             if bm.blocks_fn is None:
                 need = max(need, 0)
             self_preempted = False

@@ -38,6 +38,8 @@ class StudyOptions:
     capacity: bool = True  # each level's capacity line (`sustained`); off: the levels alone
     prompt_shape: Any = None  # bstar.sim.prefix.PromptShape: which prompts share tokens
     prefix_caching: bool = True  # vLLM V1's automatic prefix caching (--no-prefix-caching)
+    # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
+    speculative: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,12 @@ class Study:
                 o["capacity"] = cap
             o["max_num_batched_tokens"] = self.max_num_batched_tokens
             o["preemption_mode"] = self.options.preemption
+            sp = self.options.speculative
+            if sp is not None:
+                o["speculative"] = {"num_speculative_tokens": sp.k,
+                                    "acceptance_rate": sp.config.acceptance_rate,
+                                    "drafter": sp.drafter.name,
+                                    "lookahead_tokens": sp.lookahead_tokens}
             if self.advice is not None:
                 o["recommended"] = o["max_num_seqs"] == self.advice.max_num_seqs
                 o["sweep"] = self.advice.to_dict(knees=True)
@@ -105,7 +113,8 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
                          f"GiB, got {o.swap_space_gib:g}")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
-                    max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching)
+                    max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching,
+                    speculative=o.speculative)
     slo = parse_slo(o.slo) if o.slo else None
     num_requests = o.num_requests
     if num_requests is None:

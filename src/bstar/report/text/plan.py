@@ -111,7 +111,12 @@ def context_lines(plan: Plan, cp: ContextPlan, st: Styler) -> tuple[bool, list[s
                f"{cp.amortized_floor_s * 1e3:.4f} ms; prefill of {cp.context_tokens} tokens ~ "
                f"{cp.prefill_s * 1e3:.1f} ms")
     queued, table = curve_lines(cp, st)
-    return queued, out + table + recommendation_lines(cp, st)
+    spec: list[str] = []
+    if cp.speculative is not None:
+        from bstar.report.text.speculative import speculative_lines
+
+        spec = speculative_lines(cp.speculative, st)
+    return queued, out + table + recommendation_lines(cp, st) + spec
 
 
 def curve_lines(cp: ContextPlan, st: Styler) -> tuple[bool, list[str]]:

@@ -43,6 +43,9 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
                 "TPOT\np99 ms", "cost\n/Mtok", "binding", "terms"):
         tab.add_column(col, justify="left" if col in ("model", "GPU", "binding", "terms")
                        else "right")
+    spec = s.get("speculative")
+    if spec is not None:
+        tab.add_column("spec\nK", justify="right")
     shown = [r for r in s["candidates"] if r["status"] == "ok" and r["rank"] <= top]
     for r in shown:
         mark = " *" if r["pareto_cost"] or r["pareto_throughput"] else ""
@@ -52,7 +55,9 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
                     num_or_dash(r["rate_per_replica_req_s"], 2), str(r["gpus_total"]),
                     num_or_dash(r["tok_s_per_gpu"], 0), num_or_dash(r["ttft_p99_ms"], 0),
                     num_or_dash(r["tpot_p99_ms"], 1), num_or_dash(r["cost_per_mtok"], 3),
-                    r["limit"], r["terms"])
+                    r["limit"], r["terms"],
+                    *([str(r.get("num_speculative_tokens") or "off")] if spec is not None
+                      else []))
     c.print(tab)
     rest = [r for r in s["candidates"] if r["status"] != "ok"]
     if rest:
@@ -68,6 +73,8 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
                 f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
         c.print(f"  {w['flags']['vllm']}")
         c.print(f"  sglang: {w['flags']['sglang']}")
+    for model, e in (spec or {}).items():
+        c.print(speculation_line(model, e))
     if not s["winners"]:
         c.print("[red]no candidate meets the SLO[/]: loosen it, or add GPUs or faster ones")
     cal = sorted({r["gpu"] for r in s["candidates"] if r["calibrated"]})
@@ -76,6 +83,24 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
             + f"'defaults' rows rest on the stated efficiencies ({_search_eff(s)}). "
               "* = on a Pareto front (cost or tok/s per GPU vs TPOT p99). binding: what "
               "stopped a higher rate per replica (SLO, memory, compute).[/]")
+
+
+def speculation_line(model: str, e: dict[str, Any]) -> str:
+    """Whether speculative decoding changes the model's cheapest deployment."""
+    best, plain = e["cheapest"], e["cheapest_plain"]
+    if best is None:
+        return f"{model}: speculation: no candidate meets the SLO with or without it"
+
+    def what(x: dict[str, Any]) -> str:
+        k = x["num_speculative_tokens"]
+        return (f"{x['gpus_total']} x {x['gpu']} at max_num_seqs {x['max_num_seqs']}"
+                + (f", K = {k} ({x['drafter']})" if k else ", no speculation"))
+
+    if e["changes_cheapest"]:
+        tail = (f"; without it: {what(plain)}" if plain is not None
+                else "; without it no candidate meets the SLO")
+        return f"{model}: speculation changes the cheapest deployment: {what(best)}{tail}"
+    return f"{model}: speculation does not change the cheapest deployment ({what(best)})"
 
 
 def _search_eff(s: dict[str, Any]) -> str:

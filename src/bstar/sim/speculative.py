@@ -1,0 +1,101 @@
+"""Speculative decoding in the simulator (issue 31): the step's price and the accepted
+tokens, beside the plain path (bstar.sim.engine calls these only when `SimConfig.speculative`
+is set; the plain loop is unchanged).
+
+Each step every decoding sequence verifies its last sampled token and K draft tokens
+(priced by `bstar.specdec.scheduled_step_s`, the plan's speculative step); afterwards it keeps
+a seeded draw of accepted drafts, the leading successes of K Bernoulli(a) trials, plus the
+token the verify step samples. Its KV grows by the accepted tokens; the blocks that only
+held rejected drafts are freed. The scheduler reserves K lookahead slots per scheduled
+sequence for the drafts it verifies, and K more for an EAGLE head or MTP layer, as vLLM V1's
+(`num_lookahead_tokens`; `specdec.lookahead_slots`, `SchedulerConfig.lookahead_tokens`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bstar import roofline as rl
+from bstar.deployment import Deployment
+from bstar.kv_pool import kv_bytes_per_seq_allocated
+from bstar.sim.scheduler import Scheduler, StepPlan
+from bstar.sim.sequence import IntArray
+from bstar.specdec import (
+    Drafter,
+    SpecConfig,
+    accepted_drafts,
+    lookahead_slots,
+    scheduled_step_s,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecSim:
+    """Speculation for a simulation: K, the acceptance rate, the drafter, the draw's seed."""
+
+    config: SpecConfig
+    drafter: Drafter
+    seed: int = 0
+
+    @property
+    def k(self) -> int:
+        return self.config.num_speculative_tokens
+
+    @property
+    def lookahead_tokens(self) -> int:
+        return lookahead_slots(self.drafter, self.k)
+
+
+def num_blocks(d: Deployment, spec: SpecSim, block_size: int) -> int:
+    """The KV pool in blocks with speculation: the drafter's weights leave the pool and its
+    KV joins every block (a block of the target's layers and one of the drafter's)."""
+    pool = rl.kv_pool_bytes(d) - spec.drafter.resident_bytes_per_gpu
+    per_block = kv_bytes_per_seq_allocated(d, block_size)
+    if spec.drafter.deployment is not None:
+        per_block += kv_bytes_per_seq_allocated(spec.drafter.deployment, block_size)
+    return max(0, math.floor(pool / per_block))
+
+
+class SpecStep:
+    """Prices a scheduled step with speculation and applies each sequence's accepted drafts."""
+
+    def __init__(self, d: Deployment, spec: SpecSim) -> None:
+        self.d, self.spec = d, spec
+        self.rng = np.random.default_rng([spec.seed, 31])
+
+    def step_s(self, plan: StepPlan) -> float:
+        return scheduled_step_s(self.d, self.spec.drafter, plan.start, plan.new, self.spec.k)
+
+    def accept(self, sched: Scheduler, plan: StepPlan, end_s: float) -> tuple[IntArray, int]:
+        """After `Scheduler.update`: each sequence that verified drafts this step (it decoded
+        one token and had emitted one before) keeps its accepted drafts, up to its output
+        length. Returns the requests this finished and the extra tokens emitted."""
+        r, bm = sched.reqs, sched.blocks
+        ids = plan.ids[plan.new == 1]
+        ids = ids[~r.done[ids] & (r.first_token_s[ids] < end_s)]
+        if ids.size == 0:
+            return ids, 0
+        m = accepted_drafts(self.rng, self.spec.config.acceptance_rate, self.spec.k, ids.size)
+        extra = np.minimum(m, r.output_tokens[ids] - r.num_generated[ids])
+        r.num_generated[ids] += extra
+        r.num_computed[ids] += extra
+        comp = r.num_computed[ids]
+        keep = -(-comp // bm.block_size) if bm.blocks_fn is None else np.asarray(
+            [bm.blocks_for(int(c)) for c in comp], dtype=np.int64)
+        freed = np.maximum(r.num_blocks[ids] - keep, 0)
+        bm.free(int(freed.sum()))
+        r.num_blocks[ids] -= freed
+        fin = ids[r.num_generated[ids] == r.output_tokens[ids]]
+        if fin.size:
+            r.finish_s[fin] = end_s
+            r.done[fin] = True
+            bm.free(int(r.num_blocks[fin].sum()))
+            r.num_blocks[fin] = 0
+            run = sched.running[:sched.num_running]
+            kept = run[~r.done[run]]
+            sched.num_running = kept.size
+            sched.running[:kept.size] = kept
+        return fin, int(extra.sum())
