@@ -190,3 +190,12 @@ def test_under_kv_pressure_the_fast_path_still_matches_and_blocks_balance() -> N
         (b.num_steps, b.num_preemptions, b.prefix_hit_tokens)
     np.testing.assert_allclose(a.requests.finish_s, b.requests.finish_s, rtol=1e-9)
     assert a.requests.done.all() and a.timeline.kv_used_blocks[-1] == 0
+
+
+def test_a_longer_replay_shares_what_the_trace_shares_and_no_more() -> None:
+    ids = PromptIds((((1, 8), (2, 4)), ((1, 8), (3, 4))), (10, 11))
+    c = ids.cycle(4)
+    assert c.segments[:2] == ids.segments  # the first pass is the trace itself
+    assert c.segments[2][0] == (1, 8)  # the shared system prompt stays shared
+    assert c.segments[2][1] != (2, 4) and c.segments[2][1][1] == 4  # its own part is new
+    assert c.output_ids[2] not in ids.output_ids
