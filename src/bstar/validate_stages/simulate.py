@@ -66,6 +66,8 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     else:
         inp = draw_prompt_lengths(stage, rng, num_requests)
     out = np.full(num_requests, stage.output_len, dtype=np.int64)
+    if stage.output_len_min:  # bench_serving's random lengths: uniform integers
+        out = rng.integers(stage.output_len_min, stage.output_len + 1, size=num_requests)
     cached = None
     if prefix_cache and (stage.shared_prefix_len or k):
         cached = np.minimum(inp, stage.shared_prefix_len)
@@ -197,7 +199,8 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
     run = simulate(d, cfg, w)
     r = run.requests
-    skip = int(n * WARMUP_FRACTION) if n >= 10 else 0
+    warmup = WARMUP_FRACTION if stage.warmup_fraction is None else stage.warmup_fraction
+    skip = int(n * warmup) if n >= 10 else 0
     keep = np.zeros(n, dtype=bool)
     keep[np.argsort(r.arrival_s, kind="stable")[skip:]] = True
     keep &= r.done
