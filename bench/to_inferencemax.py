@@ -84,6 +84,10 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         "e2e_p99_ms": _ms(r["p99_e2el"]),
         "output_tok_s_per_gpu": round(float(r["output_tput_per_gpu"]), 4),
         "total_tok_s_per_gpu": round(float(r["tput_per_gpu"]), 4),
+        # SGLang streams its tokens in chunks of --stream-interval and sends its first chunk
+        # with the N-th token: N from the run's own chunk gap over its time per token.
+        "first_chunk_tokens": max(1, round(float(r["mean_itl"]) / float(r["mean_tpot"])))
+        if eng == "sglang" else 1,
         "source": SOURCE.format(file=r["file"]),
     }
 

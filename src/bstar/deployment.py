@@ -76,6 +76,16 @@ class Efficiency:
       tokenization, hand-off to the engine, the first token's detokenization and stream):
       a request becomes schedulable this long after it arrives, so it adds to TTFT and E2E
       but not to a step. 0 by default (a bare step harness has none); engine profiles set it.
+    - moe_compute: the fused-MoE kernels' GEMM rate as a fraction of the dense GEMMs'
+      (`compute`): few tokens per expert, small-M tiles padded to the block, weights
+      dequantized in the kernel (MXFP4 on Hopper, FP8 block scales). 1: priced as dense
+      GEMMs (the default; engine profiles fit it: docs/cost-model.md, "2026 models").
+    - moe_layer_s: fixed time per MoE layer per step of the fused-MoE path's kernels
+      (router, top-k, token alignment or permutation, the expert GEMMs' tails, un-permute and
+      sum) that does not shrink with few tokens. 0 by default; engine profiles fit it.
+    - eager_layer_s, graph_max_tokens: a step of more tokens than the engine's largest
+      captured CUDA graph runs eagerly, each kernel launched from the CPU; such a step takes
+      at least layers x eager_layer_s (the launches of one layer's kernels). 0: no floor.
     - scheduling_lag_steps: 1 when the engine schedules step k+1 while step k runs (vLLM
       V1's async scheduling, SGLang's overlap scheduler): a request that arrives during a
       step joins the step after next. 0: it joins the next step.
@@ -98,6 +108,10 @@ class Efficiency:
     grouped: bool = True
     request_overhead_s: float = 0.0
     scheduling_lag_steps: int = 0
+    moe_compute: float = 1.0
+    moe_layer_s: float = 0.0
+    eager_layer_s: float = 0.0
+    graph_max_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         if self.scheduling_lag_steps not in (0, 1):

@@ -37,7 +37,7 @@ COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention",
            "output_len_max", "ignore_eos", "ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms",
            "tpot_mean_ms", "tpot_median_ms", "tpot_p99_ms", "itl_mean_ms", "e2e_mean_ms",
            "e2e_median_ms", "e2e_p99_ms", "output_tok_s_per_gpu", "total_tok_s_per_gpu",
-           "source")
+           "first_chunk_tokens", "source")
 
 
 def is_runs_table(header: Sequence[str]) -> bool:
@@ -89,7 +89,8 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
             where=at, base_dir=str(base_dir) if base_dir else "",
             output_len_min=ints["output_len_min"], warmup_fraction=0.0,
             expert_parallel=_int(r, "expert_parallel", at) or 1,
-            dp_attention=_flag(r.get("dp_attention", ""), at, "dp_attention")))
+            dp_attention=_flag(r.get("dp_attention", ""), at, "dp_attention"),
+            first_chunk_tokens=_int(r, "first_chunk_tokens", at) or 1))
     if not out:
         raise BstarError(f"{where}: no rows")
     return out

@@ -90,6 +90,9 @@ class Stage:
     warmup_fraction: float | None = None
     expert_parallel: int = 1
     dp_attention: bool = False
+    # Tokens the engine's first stream chunk waits for (SGLang's --stream-interval N: the
+    # client sees its first token when the N-th is generated); 1: the first token streams.
+    first_chunk_tokens: int = 1
 
     @property
     def group(self) -> tuple[str, str]:

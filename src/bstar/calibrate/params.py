@@ -12,7 +12,7 @@ from bstar.deployment import Deployment, Efficiency
 PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
           "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
           "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
-          "request_overhead_s")
+          "request_overhead_s", "moe_compute", "moe_layer_s", "eager_layer_s")
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
@@ -27,7 +27,8 @@ _SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_se
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-6,
           "decode_layer_s": 1e-6, "chunk_layer_s": 1e-6, "score_bytes": 1.0,
           "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
-          "request_overhead_s": 1e-3}
+          "request_overhead_s": 1e-3, "moe_compute": 1.0, "moe_layer_s": 1e-6,
+          "eager_layer_s": 1e-6}
 _LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
 # Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
 # running sequence; 1 ms per layer; 100 us per all-reduce.
@@ -35,7 +36,8 @@ _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_s
           "kv_bandwidth": 1.0, "attention_compute": 1.0, "layer_s": 1e-3,
           "decode_layer_s": 1e-3, "chunk_layer_s": 1e-3, "score_bytes": 256.0,
           "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
-          "request_overhead_s": 0.5}
+          "request_overhead_s": 0.5, "moe_compute": 1.0, "moe_layer_s": 1e-3,
+          "eager_layer_s": 1e-3}
 # Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
 _BANDWIDTHS = ("bandwidth", "kv_bandwidth")
 _COMPUTES = ("compute", "attention_compute")

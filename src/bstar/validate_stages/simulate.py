@@ -206,6 +206,8 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     keep &= r.done
     arrival, first, finish = r.arrival_s[keep], r.first_token_s[keep], r.finish_s[keep]
     out_tok = r.output_tokens[keep]
+    if stage.first_chunk_tokens > 1:  # the first chunk leaves with its N-th token
+        first = first_chunk_s(first, finish, out_tok, stage.first_chunk_tokens)
     ttft, e2e = first - arrival, finish - arrival
     multi = out_tok > 1
     tpot = (e2e[multi] - ttft[multi]) / (out_tok[multi] - 1)
@@ -226,6 +228,18 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
         ttft_growth=growth, state=predicted_state(run), preemptions=run.num_preemptions,
         truncated=run.truncated)
     return pred
+
+
+def first_chunk_s(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray,
+                  chunk_tokens: int) -> np.ndarray:
+    """When the client sees each request's first chunk if the engine streams its first
+    `chunk_tokens` tokens together (SGLang's stream interval): the first token's time plus
+    chunk_tokens - 1 of the request's own decode steps (its mean time per output token),
+    never past its end."""
+    steps = np.maximum(output_tokens - 1, 1)
+    per_token = (finish_s - first_token_s) / steps
+    extra = np.minimum(chunk_tokens - 1, output_tokens - 1) * per_token
+    return np.asarray(first_token_s + extra, dtype=np.float64)
 
 
 def predicted_state(run: Any) -> str:
