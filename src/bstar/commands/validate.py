@@ -43,8 +43,8 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
                         "chooses the roof's shape (1, 1.5, 2, 3 or a hard max); for load "
                         "stages bandwidth,overhead_s,allreduce_latency_s")
     p.add_argument("--engine", default=None, metavar="NAME",
-                   help="load stages and runs: the engine profile of the 'profile' column (default: "
-                        "each row's engine)")
+                   help="load stages and runs: the engine profile of the 'profile' column "
+                        "(default: each row's engine)")
     p.add_argument("--no-lomo", action="store_true",
                    help="load stages and runs: skip the leave-one-model-out fit (it simulates the "
                         "other models' stages many times)")
@@ -54,8 +54,8 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from bstar.errors import BstarError
     from bstar.fit.points import read_table
-    from bstar.validate_curves import is_curves_table
     from bstar.runs_table import is_runs_table
+    from bstar.validate_curves import is_curves_table
     from bstar.validate_stages import is_stages_table
 
     try:

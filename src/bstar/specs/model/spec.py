@@ -236,11 +236,6 @@ class ModelSpec:
         expert = sum(t.params for t in self.tensors() if t.expert and id(t) not in vision)
         return expert * self.num_experts_per_tok // self.num_experts
 
-    @property
-    def num_moe_layers(self) -> int:
-        """Layers with routed experts (DeepSeek's first dense layers are not among them)."""
-        return len({i for t in self.tensors() if t.expert for i in t.layers})
-
     def weight_bytes_parts(self, weight: Precision) -> tuple[int, int, int]:
         """(dense bytes, routed-expert bytes, input-embedding bytes), exact.
 
