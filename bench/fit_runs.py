@@ -26,18 +26,14 @@ from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.validate_stages import evaluate, fit_stages  # noqa: E402
 
-# The MoE terms (docs/cost-model.md, "2026 models") everywhere; the engines never fitted on
-# real load before (sglang, trt-llm) also fit their CPU time per step and per request.
-FIT = {"vllm": ("moe_compute", "moe_layer_s", "eager_layer_s"),
-       "sglang": ("moe_compute", "moe_layer_s", "eager_layer_s", "overhead_s",
-                  "request_overhead_s"),
-       "trt-llm": ("moe_compute", "moe_layer_s", "eager_layer_s", "overhead_s",
-                   "request_overhead_s")}
-
-# The eager floor is a max against the kernels: fitted from 0 it has no slope. It starts at
-# a launch-bound layer's time instead: ~25 kernels (norms, GEMMs, rope, the KV write,
-# attention, the fused-MoE kernels, all-reduces) at ~4 us of CPU each.
-EAGER_PRIOR_S = 100e-6
+# The MoE terms (docs/cost-model.md, "2026 models") everywhere. vLLM: also the eager floor
+# (its piecewise graphs stop at 512 tokens) and the all-reduce latency (TP 1, 2, 4 and 8 of
+# one model pin it; the H100 stages could not). The engines never fitted on real load before
+# (sglang, trt-llm) also fit their CPU time per step and per request; their prompt steps run
+# outside graphs too, but under kernels longer than any launch floor: the runs cannot pin it.
+FIT = {"vllm": ("moe_compute", "moe_layer_s", "eager_layer_s", "allreduce_latency_s"),
+       "sglang": ("moe_compute", "moe_layer_s", "overhead_s", "request_overhead_s"),
+       "trt-llm": ("moe_compute", "moe_layer_s", "overhead_s", "request_overhead_s")}
 
 
 def _medians(runs: list, eff: object) -> dict[str, float]:
@@ -55,7 +51,8 @@ def main(argv: list[str]) -> int:
     for eng, runs in sorted(by_engine.items()):
         prof = get_engine(eng).efficiency()
         fit = FIT.get(eng, FIT["vllm"])
-        start = replace(prof, moe_compute=1.0, moe_layer_s=0.0, eager_layer_s=EAGER_PRIOR_S)
+        start = replace(prof, moe_compute=1.0, moe_layer_s=0.0,
+                        eager_layer_s=EAGER_PRIOR_S if "eager_layer_s" in fit else 0.0)
         before = _medians(runs, start)
         e = fit_stages(runs, start, fit, iterations=4)
         if e is None:
