@@ -348,9 +348,11 @@ def fit_vllm_profile() -> dict[str, float]:
     H100-SXM, TP 1 and 2), starting from the profile's own values."""
     path = ROOT / "data" / "vllm-h100" / "stages.csv"
     stages = vs.load_stages(path)
-    eff = vs.fit_stages(stages, get_engine("vllm").efficiency(), VLLM_FIT)
-    assert eff is not None
-    vals = {k: getattr(eff, k) for k in VLLM_FIT}
+    vllm = get_engine("vllm")
+    fitted = vs.fit_stages(stages, vllm.efficiency(), VLLM_FIT, behaviour=vllm.behaviour())
+    assert fitted is not None
+    vals = {k: getattr(fitted[0] if hasattr(fitted[0], k) else fitted[1], k)
+            for k in VLLM_FIT}
     print("    fitted vllm profile on every stage of data/vllm-h100: "
           + ", ".join(f"{k} = {v:.4g}" for k, v in vals.items()))
     return vals

@@ -36,8 +36,9 @@ def test_defaults_build_bstar_plans_default_deployment() -> None:
     from bstar.engines import get_engine
 
     assert d == Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
-                              eff=get_engine("vllm").apply(Efficiency()), engine="vllm")
-    assert d.eff.kv_bandwidth == 0.896 and d.eff.scheduling_lag_steps == 1
+                              eff=get_engine("vllm").apply(Efficiency()), engine="vllm",
+                              behaviour=get_engine("vllm").behaviour())
+    assert d.eff.kv_bandwidth == 0.896 and d.behaviour.scheduling_lag_steps == 1
 
 
 def test_flags_map_onto_the_deployment() -> None:
@@ -91,3 +92,52 @@ def test_a_profile_from_another_gpu_warns(tmp_path: Path) -> None:
     heard: list[str] = []
     DeploymentOptions("llama-3-8b", "h100-sxm", profile=str(prof)).build(warn=heard.append)
     assert heard and "calibrated on a100-80gb-sxm" in heard[0]
+
+
+def test_a_calibrated_profile_keeps_the_engines_scheduling_lag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `bstar calibrate ... -o p.toml` then `--profile p.toml`: the profile names the fitted
+    # efficiencies and the request overhead, not the scheduling lag, so vLLM's async
+    # scheduling (lag 1, engines.toml) stays (it used to fall to 0 under any profile).
+    import json
+
+    from bstar.cli import main
+
+    d = Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"))
+    pts = tmp_path / "steps.csv"
+    pts.write_text("batch,context_tokens,tpot_ms\n" + "".join(
+        f"{b},512,{float(rl.decode_step(d.with_eff(CUSTOM), [b], 512).step_s[0]) * 1e3!r}\n"
+        for b in (1, 4, 16, 64, 256)))
+    prof = tmp_path / "p.toml"
+    assert main(["calibrate", str(pts), "--model", "llama-3-8b", "--gpu", "a100-80gb-sxm",
+                 "--engine", "vllm", "-o", str(prof), "--json"]) == 0
+    capsys.readouterr()
+    from bstar.engines import get_engine
+
+    vllm = get_engine("vllm").behaviour()
+    assert vllm.scheduling_lag_steps == 1
+    built = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(prof)).build()
+    assert built.behaviour == vllm
+    assert built.eff.bandwidth == pytest.approx(cal.load_profile(prof).eff.bandwidth)
+    assert main(["plan", "--profile", str(prof), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["behaviour"]["scheduling_lag_steps"] == 1
+
+
+def test_a_profile_applies_exactly_the_fields_it_names(tmp_path: Path) -> None:
+    from bstar.engines import get_engine
+
+    vllm = get_engine("vllm")
+    p = tmp_path / "few.toml"
+    p.write_text("[efficiency]\nbandwidth = 0.5\n")
+    d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(p)).build()
+    assert d.eff == replace(vllm.efficiency(), bandwidth=0.5)
+    assert d.behaviour == vllm.behaviour()
+    # A profile written before [behaviour] existed named its fields under [efficiency].
+    p.write_text("[efficiency]\nbandwidth = 0.5\nrequest_overhead_s = 0.002\n"
+                 "scheduling_lag_steps = 0\n")
+    d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(p)).build()
+    assert (d.behaviour.request_overhead_s, d.behaviour.scheduling_lag_steps) == (0.002, 0)
+    assert d.eff == replace(vllm.efficiency(), bandwidth=0.5)
+    p.write_text("[efficiency]\nbandwidth = 0.5\n[behaviour]\nscheduling_lag_steps = 2\n")
+    with pytest.raises(Exception, match="scheduling_lag_steps must be 0 or 1"):
+        cal.load_profile(p)

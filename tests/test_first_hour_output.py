@@ -180,14 +180,16 @@ def test_engine_flag_spellings_are_aliases(capsys: pytest.CaptureFixture[str]) -
 
 # ---- 11: the engines' defaults ----------------------------------------------------------------
 def test_vllm_default_max_num_seqs_follows_its_gpu_rule() -> None:
-    from bstar.plan import vllm_default_max_num_seqs
+    from bstar.engine_defaults import vllm_batch_defaults
 
-    g = get_gpu
-    assert vllm_default_max_num_seqs(g("a100-80gb-sxm").name, g("a100-80gb-sxm").memory_bytes) \
-        == 256  # 80 GiB, but an A100
-    assert vllm_default_max_num_seqs(g("h200").name, g("h200").memory_bytes) == 1024
-    assert vllm_default_max_num_seqs(g("h100-sxm").name, g("h100-sxm").memory_bytes) == 1024
-    assert vllm_default_max_num_seqs(g("l4").name, g("l4").memory_bytes) == 256
+    def seqs(gpu_id: str) -> int:
+        g = get_gpu(gpu_id)
+        return vllm_batch_defaults(g.memory_bytes, f"{g.id} {g.name}").max_num_seqs
+
+    assert seqs("a100-80gb-sxm") == 256  # 80 GiB, but an A100
+    assert seqs("h200") == 1024
+    assert seqs("h100-sxm") == 1024
+    assert seqs("l4") == 256
 
 
 def test_plan_says_when_the_engine_default_is_above_b_mem() -> None:

@@ -63,3 +63,27 @@ def test_ideal_plan_has_no_knee() -> None:
                       engine="ideal")
     c = make_plan(d, [512]).contexts[0]
     assert c.knee is None and c.to_dict()["recommendation"]["knee"] is None
+
+
+def test_plan_and_simulate_price_a_b200_at_the_same_token_budget(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's defaults are one table (bstar.engine_defaults): on a GPU of 160 GiB or more
+    # `vllm serve` runs 16384 batched tokens, and the plan's KV pool, its engine defaults
+    # and the simulator's scheduler all read that (the scheduler used to say 8192).
+    import json
+
+    from bstar.cli import main
+    from bstar.kv_pool import default_max_num_batched_tokens
+    from bstar.options import DeploymentOptions
+
+    assert main(["plan", "--gpu", "b200", "--context", "2048", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    vllm = next(e for e in plan["contexts"][0]["engine_defaults"] if e["engine"] == "vllm")
+    assert main(["simulate", "--gpu", "b200", "--rate", "1", "--num-requests", "20",
+                 "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    d = DeploymentOptions(gpu="b200").build()
+    assert d.gpu.memory_bytes >= 160 * 2**30
+    assert vllm["max_num_batched_tokens"] == sim["max_num_batched_tokens"] \
+        == default_max_num_batched_tokens(d) == 16384
+    assert vllm["max_num_seqs"] == sim["max_num_seqs"] == 1024

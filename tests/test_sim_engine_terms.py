@@ -4,8 +4,6 @@ definition of capacity that `bstar simulate` and `bstar search` share."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -20,9 +18,9 @@ from bstar.specs.presets import get_model
 H100 = get_gpu("h100-sxm")
 
 
-def dep(**eff: float) -> Deployment:
-    d = Deployment(model=get_model("llama-2-7b"), gpu=H100)
-    return replace(d, eff=replace(d.eff, **eff))
+def dep(**values: float) -> Deployment:
+    """Llama-2-7B on an H100 with `values` (fields of Efficiency or EngineBehaviour)."""
+    return Deployment(model=get_model("llama-2-7b"), gpu=H100).with_values(values)
 
 
 def cfg(max_num_seqs: int = 128) -> SimConfig:

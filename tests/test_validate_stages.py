@@ -187,8 +187,8 @@ def test_fit_recovers_an_engine_overhead() -> None:
         p = vs.simulate_stage(s, truth, max_window_s=15)
         rows.append(replace(s, e2e_mean_ms=p.e2e_mean_ms, ttft_mean_ms=p.ttft_mean_ms,
                             tpot_mean_ms=p.tpot_mean_ms))
-    e = vs.fit_stages(rows, Efficiency(), ("overhead_s",), max_window_s=15)
-    assert e is not None and e.overhead_s == pytest.approx(2e-3, rel=0.05)
+    fitted = vs.fit_stages(rows, Efficiency(), ("overhead_s",), max_window_s=15)
+    assert fitted is not None and fitted[0].overhead_s == pytest.approx(2e-3, rel=0.05)
     assert vs.fit_stages(rows[:1], Efficiency(), ("overhead_s", "bandwidth", "compute",
                                                      "decode_layer_s")) is None
 
@@ -238,11 +238,12 @@ def test_leave_one_model_out_fits_the_other_model() -> None:
 
 
 def test_capacity_of_a_growing_stage() -> None:
-    assert vs.capacity_req_s(4.0, 0.25, vs.GROWING) == pytest.approx(3.2)
-    assert vs.capacity_req_s(4.0, 0.001, vs.STEADY) is None
+    assert vs.growing_stage_capacity_req_s(4.0, 0.25, vs.GROWING) == pytest.approx(3.2)
+    assert vs.growing_stage_capacity_req_s(4.0, 0.001, vs.STEADY) is None
     (s,) = [s for s in vs.load_stages(SHIPPED) if s.stage == "codellama-34b-tp2-reasoning-0"]
     # The measured reasoning stage served ~3.2 req/s of the 4 sent (4,672 output tok/s).
-    cap = vs.capacity_req_s(s.rate_req_s, vs.measured_growth(s), vs.measured_state(s))
+    cap = vs.growing_stage_capacity_req_s(s.rate_req_s, vs.measured_growth(s),
+                                          vs.measured_state(s))
     assert cap == pytest.approx(3.16, abs=0.02)
     assert cap * s.output_len == pytest.approx(s.output_tok_s, rel=0.03)
 

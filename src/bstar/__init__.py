@@ -6,13 +6,13 @@ The library API (a notebook imports this; the CLI is a thin layer over it). Heav
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 # name -> module that defines it; resolved lazily so `import bstar` stays light.
+# `bstar.recommend` is the submodule (recommend.py: every max_num_seqs decided); its
+# function is `bstar.recommend.recommend`, the same as `Recommendation.from_cost_model`.
 _EXPORTS = {
     "BstarError": "bstar.errors",
     "ModelSpec": "bstar.specs.model", "from_hf_config": "bstar.specs.model",
@@ -22,7 +22,7 @@ _EXPORTS = {
     "Deployment": "bstar.deployment", "Efficiency": "bstar.deployment", "IDEAL": "bstar.deployment",
     "decode_step": "bstar.roofline", "curve": "bstar.roofline", "b_star": "bstar.roofline",
     "b_mem": "bstar.roofline", "compute_crossover": "bstar.roofline",
-    "Recommendation": "bstar.recommend", "recommend": "bstar.recommend",
+    "Recommendation": "bstar.recommend",
     "Plan": "bstar.plan", "make_plan": "bstar.plan",
     "FitResult": "bstar.fit", "Points": "bstar.fit", "fit_points": "bstar.fit",
     "load_points": "bstar.fit", "make_points": "bstar.fit",
@@ -58,7 +58,6 @@ __all__ = [
     "make_plan",
     "make_points",
     "model_index",
-    "recommend",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from bstar.fit import FitResult, Points, fit_points, load_points, make_points
     from bstar.knee import Knee, all_knees
     from bstar.plan import Plan, make_plan
-    from bstar.recommend import Recommendation, recommend
+    from bstar.recommend import Recommendation
     from bstar.roofline import b_mem, b_star, compute_crossover, curve, decode_step
     from bstar.specs.gpu import GpuSpec, get_gpu, gpu_catalog
     from bstar.specs.model import ModelSpec, from_hf_config
@@ -82,22 +81,3 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(mod), name)
-
-
-class _Package(types.ModuleType):
-    """`bstar.recommend` is a public function and the name of its submodule. Importing the
-    submodule would set the package attribute to the module (the import system does that
-    after any `import bstar.recommend`); this property keeps the name the function's."""
-
-    @property
-    def recommend(self) -> Any:
-        import importlib
-
-        return importlib.import_module("bstar.recommend").recommend
-
-    @recommend.setter
-    def recommend(self, value: Any) -> None:  # the import system's setattr: ignored
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

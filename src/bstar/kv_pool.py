@@ -8,25 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bstar.units import GiB
+from bstar.engine_defaults import vllm_batch_defaults
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
 
 
 def default_max_num_batched_tokens(d: Deployment) -> int:
-    """vLLM's default max_num_batched_tokens for `vllm serve` (vllm/engine/arg_utils.py,
-    `get_batch_defaults`): 16384 on GPUs of 160 GiB or more, 8192 on 70 GiB or more but an
-    A100, 2048 otherwise and on a CPU (a device file whose id or name says "cpu"). A sliding
-    or chunked layer's pool share depends on it."""
-    mem, gid = d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}".lower()
-    if "cpu" in gid:
-        return 2048
-    if mem >= 160 * GiB:
-        return 16384
-    if mem >= 70 * GiB and "a100" not in gid:
-        return 8192
-    return 2048
+    """vLLM's default max_num_batched_tokens for `vllm serve` on `d`'s GPU (the table in
+    bstar.engine_defaults). A sliding or chunked layer's pool share depends on it."""
+    return vllm_batch_defaults(d.gpu.memory_bytes,
+                               f"{d.gpu.id} {d.gpu.name}").max_num_batched_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ from bstar.deployment import (
     IDEAL,
     Deployment,
     Efficiency,
+    EngineBehaviour,
 )
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.units import GiB
 
@@ -40,7 +42,9 @@ class DeploymentOptions:
       (None: the profile's, else the stated defaults of `roofline.Efficiency`).
     - `ideal`: the pure roofline; `profile`: a `bstar calibrate` profile file.
     - `engine`: the engine profile whose priors the efficiencies start from (bstar/engines.py;
-      "" = vllm); a `profile` calibrated on real steps replaces them.
+      "" = vllm); a `profile` sets the fields it names over them.
+    - `assume_unmodeled`: read a config bstar does not fully model on the stated assumption
+      (`--assume-unmodeled`; False leaves it to BSTAR_ASSUME_UNMODELED).
     """
 
     model: str | None = None
@@ -48,9 +52,9 @@ class DeploymentOptions:
     num_gpus: int = 1
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.9
+    gpu_util: float = GPU_MEMORY_UTILIZATION
     reserve_gib: float = DEFAULT_RESERVE_GIB
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     bw_eff: float | None = None
     flops_eff: float | None = None
     overhead_ms: float | None = None
@@ -58,6 +62,7 @@ class DeploymentOptions:
     ideal: bool = False
     profile: str | None = None
     engine: str = ""
+    assume_unmodeled: bool = False
 
     def with_target(self, model: str | None = None, gpu: str | None = None
                     ) -> DeploymentOptions:
@@ -72,7 +77,6 @@ class DeploymentOptions:
         from bstar.specs.presets import get_model
 
         engine = get_engine(self.engine)  # validates the name even under --ideal
-        eff = IDEAL if self.ideal else engine.efficiency()
         reserve_gib = self.reserve_gib
         prof = None
         if self.profile:
@@ -81,24 +85,26 @@ class DeploymentOptions:
             if self.ideal:
                 raise BstarError("--ideal and --profile contradict each other; give one")
             prof = load_profile(self.profile)
-            eff = prof.eff
             # The profile's reserve (from an engine log) applies unless the reserve is set
             # to something other than its default.
             if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
                 reserve_gib = prof.reserve_bytes / GiB
-        eff = self._override(eff)
         d = Deployment(
-            model=get_model(self.model or DEFAULT_MODEL),
+            model=get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None),
             gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
             weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size, eff=eff,
-            engine="ideal" if self.ideal else engine.name)
+            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
+            eff=IDEAL if self.ideal else engine.efficiency(),
+            engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour())
         if prof is not None:
-            d = replace(d, gpu=prof.apply(d).gpu)  # an engine faster than a probed figure
-            if prof.gpu and prof.gpu != d.gpu.id and warn is not None:
-                # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
-                warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
-                     f"applied to {d.gpu.id}")
+            # The profile sets exactly the fields it names over the engine's priors, and
+            # scales the GPU where the engine beat a probed figure.
+            d = prof.apply(d)
+        d = d.with_eff(self._override(d.eff))
+        if prof is not None and prof.gpu and prof.gpu != d.gpu.id and warn is not None:
+            # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
+            warn(f"profile {self.profile} was calibrated on {prof.gpu}, "
+                 f"applied to {d.gpu.id}")
         return d
 
     def efficiency(self) -> Efficiency:
@@ -107,6 +113,14 @@ class DeploymentOptions:
         from bstar.engines import get_engine
 
         return self._override(IDEAL if self.ideal else get_engine(self.engine).efficiency())
+
+    def behaviour(self) -> EngineBehaviour:
+        """The engine's behaviour without a profile: the engine profile's (none under
+        `ideal`: the seeds' arithmetic has no request overhead and no scheduling lag)."""
+        from bstar.engines import get_engine
+
+        engine = get_engine(self.engine)
+        return EngineBehaviour() if self.ideal else engine.behaviour()
 
     def _override(self, eff: Efficiency) -> Efficiency:
         over: dict[str, float] = {}

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
+from bstar.engine_defaults import RULE as VLLM_RULE
+from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
 from bstar.knee import Knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
-from bstar.units import GiB
+from bstar.units import GB, GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
            "compare", "make_plan"]
@@ -129,28 +131,28 @@ class Plan:
             "gpu_util": d.gpu_util, "reserve_bytes": d.reserve_bytes,
             "kv_pool_bytes_per_gpu": self.kv_pool_bytes,
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
-            "efficiency": {"bandwidth": e.bandwidth, "compute": e.compute,
-                           "overhead_ms": e.overhead_s * 1e3,
-                           "overhead_per_seq_ms": e.overhead_per_seq_s * 1e3,
-                           "allreduce_latency_ms": e.allreduce_latency_s * 1e3,
-                           # cost model 2's terms (docs/cost-model.md)
-                           "kv_bandwidth": e.kv_bandwidth,
-                           "attention_compute": e.attention_compute,
-                           "layer_ms": e.layer_s * 1e3,
-                           "decode_layer_ms": e.decode_layer_s * 1e3,
-                           "chunk_layer_ms": e.chunk_layer_s * 1e3,
-                           "score_bytes": e.score_bytes,
-                           "roof_sharpness": (None if np.isinf(e.roof_sharpness)
-                                              else e.roof_sharpness),
-                           "fp8_weight_stream": e.fp8_weight_stream,
-                           "int4_weight_stream": e.int4_weight_stream,
-                           "grouped": e.grouped},
+            # cost model 2's terms (docs/cost-model.md); times in ms
+            "efficiency": _record_dict(e),
+            "behaviour": _record_dict(d.behaviour),
             "engine_profile": _engine_dict(d.engine),
             "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": GiB,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
                                                 "(seed 000's 'TPOT' curve)"},
         }
+
+
+def _record_dict(record: Any) -> dict[str, Any]:
+    """A record's fields (Efficiency, EngineBehaviour) for the JSON: times in ms (`_s` ->
+    `_ms`), an infinite roof sharpness (a hard max) as None."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        v = getattr(record, f.name)
+        if f.name.endswith("_s"):
+            out[f.name[:-2] + "_ms"] = v * 1e3
+        else:
+            out[f.name] = None if isinstance(v, float) and np.isinf(v) else v
+    return out
 
 
 def _engine_dict(name: str) -> dict[str, str] | None:
@@ -181,36 +183,22 @@ def check_tensor_parallel(d: Deployment) -> None:
                          f"tensor-parallel sizes that work: {sizes}")
 
 
-# vLLM V1's default max_num_seqs for `vllm serve` (UsageContext.OPENAI_API_SERVER), from
-# vllm/engine/arg_utils.py, EngineArgs' batch defaults (vllm-project/vllm commit 99d7eb5,
-# the v0.11 line): 1024 on a device with at least 70 GiB whose name does not contain
-# "a100" (H100, H200, MI300X...), else 256 (A100s: vLLM PR #17885 saw larger batches lose
-# throughput there); CPUs and TPUs have their own. See docs/cost-model.md.
-VLLM_LARGE_GPU_BYTES = 70 * GiB
-VLLM_DEFAULT_MAX_NUM_SEQS = (1024, 256)
-
-
-def vllm_default_max_num_seqs(gpu_name: str, gpu_memory_bytes: int) -> int:
-    large = gpu_memory_bytes >= VLLM_LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
-    return VLLM_DEFAULT_MAX_NUM_SEQS[0] if large else VLLM_DEFAULT_MAX_NUM_SEQS[1]
-
-
 def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                     recommended: int) -> tuple[dict[str, Any], ...]:
     """What each engine runs when --max-num-seqs (or its equivalent) is not given, and a
     note when that default is above B_mem or far (over 2x either way) from the
     recommendation."""
     out: list[dict[str, Any]] = []
-    v = vllm_default_max_num_seqs(d.gpu.name, d.gpu.memory_bytes)
-    rule = ("1024 on GPUs with >= 70 GiB that are not A100s, else 256 "
-            "(vllm/engine/arg_utils.py, v0.11)")
+    vllm = vllm_batch_defaults(d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}")
+    v, rule = vllm.max_num_seqs, VLLM_RULE
     note = None
     if v > b_mem:
         note = (f"vLLM's default max_num_seqs {v} is above B_mem = {b_mem}: the KV pool, "
                 "not the cap, limits the batch, and growing sequences get preempted")
     elif v > 2 * recommended or 2 * v < recommended:
         note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
-    out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note})
+    out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note,
+                "max_num_batched_tokens": vllm.max_num_batched_tokens})
     pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
                                              // max(1, d.block_size))
     sgl = max(1, pool_tokens // 2)
@@ -255,10 +243,10 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             pool = rl.kv_pool_bytes(d)
             raise BstarError(
                 f"{d.model.name} does not fit on {d.num_gpus} x {d.gpu.id} at {ctx} tokens: "
-                f"weights {rl.weight_bytes_per_gpu(d) / 1e9:.2f} GB per GPU, KV pool "
-                f"{pool / 1e9:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
+                f"weights {rl.weight_bytes_per_gpu(d) / GB:.2f} GB per GPU, KV pool "
+                f"{pool / GB:.2f} GB per GPU (memory {d.gpu.memory_bytes / GiB:.2f} GiB x "
                 f"{d.gpu_util:g} - weights - reserve {d.reserve_bytes / GiB:.2f} GiB), one "
-                f"sequence needs {kv_bytes_per_seq_allocated(d, ctx) / 1e9:.3f} GB; "
+                f"sequence needs {kv_bytes_per_seq_allocated(d, ctx) / GB:.3f} GB; "
                 + (f"the smallest tensor-parallel size that fits is --num-gpus {need}"
                    if need else "no tensor-parallel size up to 64 fits"))
         bs = batches if batches is not None else rl.default_batches(bm)

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from bstar.deployment import EFFICIENCY_FIELDS
+
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
 
@@ -142,10 +144,7 @@ class StepParts:
         return self.kernels_s + self.layers_s + self.comm_s + self.overhead_s
 
 
-_FIELDS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "allreduce_latency_s",
-           "kv_bandwidth", "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s",
-           "score_bytes", "roof_sharpness", "fp8_weight_stream", "int4_weight_stream",
-           "grouped", "moe_compute", "moe_layer_s", "eager_layer_s", "graph_max_tokens")
+_FIELDS = EFFICIENCY_FIELDS
 
 
 def params_dict(params: Any) -> Mapping[str, Any]:

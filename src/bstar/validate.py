@@ -27,7 +27,7 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.calibrate import PARAMS, fit_efficiency
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, split_values
 from bstar.errors import BstarError
 from bstar.fit.points import read_table
 
@@ -175,7 +175,7 @@ class Validation:
 def _fit_group(deps: Sequence[Deployment], rows: Sequence[Row],
                fit: Sequence[str], prior: Efficiency) -> Efficiency:
     def pred(v: Any) -> np.ndarray:
-        eff = replace(prior, **v)
+        eff = replace(prior, **split_values(v)[0])  # the step: Efficiency's fields
         return np.array([predict(d.with_eff(eff), r) for d, r in zip(deps, rows, strict=True)])
 
     return fit_efficiency(pred, [r.value for r in rows], prior, fit).eff

@@ -36,7 +36,7 @@ import numpy as np
 from bstar import curves_table as _table
 from bstar import roofline as rl
 from bstar.curves_table import CurveRow
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, split_values
 from bstar.errors import BstarError
 
 # The table's reader lives in bstar.curves_table; these names stay importable from here.
@@ -269,7 +269,7 @@ def fit_rows(rows: Sequence[CurveRow], prior: Efficiency,
         by_dep[(r.model, str(r.base_dir), r.gpu, r.num_gpus, r.dtype, r.kv_dtype)].append(r)
 
     def pred_all(v: dict[str, float]) -> np.ndarray:
-        e = replace(prior, **v)
+        e = replace(prior, **split_values(v)[0])  # the step: Efficiency's fields
         cache: dict[int, dict[str, float]] = {}
         for group in by_dep.values():
             r0 = group[0]

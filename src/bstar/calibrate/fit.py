@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from bstar.calibrate.params import (
     scaled,
 )
 from bstar.calibrate.results import Calibration, ParamFit, PointFit
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour, split_values
 from bstar.errors import BstarError
 from bstar.fit.steps import Point
 
@@ -75,17 +75,20 @@ class EfficiencyFit:
     tied: tuple[str, ...]
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
+    behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)
 
 
 def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
                    measured: Sequence[float], prior: Efficiency,
                    fit: Sequence[str] = DEFAULT_FIT,
                    starts: Sequence[Mapping[str, float]] = (),
-                   max_efficiency: float = 1.0) -> EfficiencyFit:
+                   max_efficiency: float = 1.0,
+                   behaviour: EngineBehaviour | None = None) -> EfficiencyFit:
     """Fit the parameters named in `fit` so that `predict(values)` (a positive array aligned
     with `measured`, values = every one of PARAMS) matches `measured` in log space, robustly,
-    within bounds; the others stay at `prior`. Used for decode steps (`calibrate`) and for
-    any other predicted metric (`bstar validate`)."""
+    within bounds; the others stay at `prior` (and `behaviour`, default EngineBehaviour's
+    defaults, for the engine's request overhead). Used for decode steps (`calibrate`) and
+    for any other predicted metric (`bstar validate`)."""
     from scipy.optimize import least_squares
 
     fit = tuple(dict.fromkeys(fit))
@@ -98,7 +101,8 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
         raise BstarError(f"{len(measured)} point(s) cannot determine {len(fit)} parameters "
                          f"({', '.join(fit)}); measure more batch sizes or fit fewer")
     log_measured = np.log(np.asarray(measured, dtype=np.float64))
-    base = _eff_dict(prior)
+    behaviour = EngineBehaviour() if behaviour is None else behaviour
+    base = _eff_dict(prior, behaviour)
 
     follow = {k: lead for k, lead in _FOLLOWS.items() if lead in fit and k not in fit}
 
@@ -145,8 +149,9 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     fl_scale = max(1.0, *(v[k] for k in _COMPUTES))
     scaled_v = {k: v[k] / (bw_scale if k in _BANDWIDTHS else fl_scale if k in _COMPUTES
                            else 1.0) for k in PARAMS}
-    eff = replace(prior, **scaled_v)
-    return EfficiencyFit(eff, params, corr, tuple(tied), bw_scale, fl_scale)
+    eff_v, beh_v = split_values(scaled_v)
+    return EfficiencyFit(replace(prior, **eff_v), params, corr, tuple(tied), bw_scale,
+                         fl_scale, replace(behaviour, **beh_v))
 
 
 def _nearest_prior(x: np.ndarray, prior_x: np.ndarray, unset: np.ndarray,
@@ -193,7 +198,8 @@ def fit_steps(groups: Sequence[tuple[Deployment, Sequence[Point]]],
               in zip(terms, groups, shapes, strict=True)]
     return fit_efficiency(lambda v: np.concatenate([st.price(t, _with_shape(d, v))[inv]
                                                     for t, d, inv in shaped]),
-                          measured, prior, fit, max_efficiency=cap)
+                          measured, prior, fit, max_efficiency=cap,
+                          behaviour=groups[0][0].behaviour)
 
 
 def _unique_shapes(points: Sequence[Point]) -> tuple[list[Point], np.ndarray]:
@@ -239,9 +245,9 @@ def calibrate(d: Deployment, points: Sequence[Point],
     # the efficiencies may reach MAX_EFF_MEASURED, the excess scaling the GPU's figures.
     cap = 1.0 if d.gpu.provenance == "datasheet" else MAX_EFF_MEASURED
     f = fit_efficiency(lambda v: st.price(terms, _with_shape(d, v))[inv], measured, d.eff,
-                       fit, starts, cap)
+                       fit, starts, cap, d.behaviour)
     eff, params, corr, tied = f.eff, f.params, f.correlation, list(f.tied)
-    prior = _eff_dict(d.eff)
+    prior = _eff_dict(d.eff, d.behaviour)
     pfits = check(d, eff, points, f.bandwidth_scale, f.compute_scale)
     notes = []
     for k, pf in params.items():
@@ -272,7 +278,7 @@ def calibrate(d: Deployment, points: Sequence[Point],
     return Calibration(eff, params, pfits, corr, d.model.name, d.gpu.id,
                        d.weight.name, d.kv.name, d.num_gpus, engine, engine_version, source,
                        notes=tuple(notes), bandwidth_scale=f.bandwidth_scale,
-                       compute_scale=f.compute_scale)
+                       compute_scale=f.compute_scale, behaviour=f.behaviour)
 
 
 def _soft_l1(r: np.ndarray) -> np.ndarray:

@@ -1,18 +1,19 @@
-"""The parameters a calibration fits (cost model 2's, bstar.Efficiency): their
-names, what is fitted unless told, the units they are fitted in and their bounds; and how a
-deployment takes fitted values (`scaled`)."""
+"""The parameters a calibration fits (cost model 2's, bstar.Efficiency, and the engine's
+request overhead, bstar.deployment.EngineBehaviour): their names, what is fitted unless
+told, the units they are fitted in and their bounds; and how a deployment takes fitted
+values (`scaled`)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 
-# Cost model 2's parameters (bstar.Efficiency), in fitting order.
-PARAMS = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s", "kv_bandwidth",
-          "attention_compute", "layer_s", "decode_layer_s", "chunk_layer_s", "score_bytes",
-          "allreduce_latency_s", "fp8_weight_stream", "int4_weight_stream",
-          "request_overhead_s", "moe_compute", "moe_layer_s", "eager_layer_s")
+# The parameters: every field of Efficiency and EngineBehaviour but the model's shape
+# (roof_sharpness, grouped) and the engine's structure (scheduling_lag_steps), which carry
+# metadata saying so; in the records' order.
+PARAMS = tuple(f.name for rec in (Efficiency, EngineBehaviour) for f in fields(rec)
+               if not f.metadata)
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")
@@ -28,7 +29,7 @@ _SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_se
           "decode_layer_s": 1e-6, "chunk_layer_s": 1e-6, "score_bytes": 1.0,
           "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
           "request_overhead_s": 1e-3, "moe_compute": 1.0, "moe_layer_s": 1e-6,
-          "eager_layer_s": 1e-6}
+          "eager_layer_s": 1e-6, "graph_max_tokens": 1.0}
 _LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
 # Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
 # running sequence; 1 ms per layer; 100 us per all-reduce.
@@ -37,7 +38,7 @@ _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_s
           "decode_layer_s": 1e-3, "chunk_layer_s": 1e-3, "score_bytes": 256.0,
           "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
           "request_overhead_s": 0.5, "moe_compute": 1.0, "moe_layer_s": 1e-3,
-          "eager_layer_s": 1e-3}
+          "eager_layer_s": 1e-3, "graph_max_tokens": 1e6}
 # Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
 _BANDWIDTHS = ("bandwidth", "kv_bandwidth")
 _COMPUTES = ("compute", "attention_compute")
@@ -49,8 +50,11 @@ ROBUST_SCALE = 0.05
 MAX_EFF_MEASURED = 2.0
 
 
-def _eff_dict(e: Efficiency) -> dict[str, float]:
-    return {k: float(getattr(e, k)) for k in PARAMS}
+def _eff_dict(e: Efficiency, b: EngineBehaviour | None = None) -> dict[str, float]:
+    """Every parameter's value: from `e`, and from `b` (default: EngineBehaviour's
+    defaults) for the engine's."""
+    b = EngineBehaviour() if b is None else b
+    return {k: float(getattr(e if hasattr(e, k) else b, k)) for k in PARAMS}
 
 
 def scaled(d: Deployment, eff: Efficiency, bandwidth_scale: float = 1.0,

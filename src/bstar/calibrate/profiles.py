@@ -8,13 +8,20 @@ import json
 import math
 import time
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from bstar.calibrate.params import MAX_EFF_MEASURED, PARAMS, _eff_dict, scaled
+from bstar.calibrate.params import MAX_EFF_MEASURED, _eff_dict, scaled
 from bstar.calibrate.results import Calibration
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import (
+    BEHAVIOUR_FIELDS,
+    EFFICIENCY_FIELDS,
+    Deployment,
+    Efficiency,
+    EngineBehaviour,
+    split_values,
+)
 from bstar.errors import BstarError
 
 
@@ -40,13 +47,20 @@ def profile_toml(c: Calibration) -> str:
                  ("source", c.source),
                  ("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))):
         lines.append(f"{k} = {val(x)}")
+    values = _eff_dict(c.eff, c.behaviour)
     lines.append("\n[efficiency]")
-    for k, x in _eff_dict(c.eff).items():
-        lines.append(f"{k} = {val(x)}")
+    for k, x in values.items():
+        if k in EFFICIENCY_FIELDS:
+            lines.append(f"{k} = {val(x)}")
     # The shape of the model the values belong to (not fitted).
     k = c.eff.roof_sharpness
     lines.append(f"roof_sharpness = {'inf' if math.isinf(k) else val(float(k))}")
     lines.append(f"grouped = {val(c.eff.grouped)}")
+    lines.append("\n[behaviour]  # the engine outside a step; a field not named keeps "
+                 "the engine profile's")
+    for k, x in values.items():
+        if k in BEHAVIOUR_FIELDS:
+            lines.append(f"{k} = {val(x)}")
     lines.append("\n[gpu_scale]  # the engine beats the (probed) GPU figures by these factors")
     lines.append(f"bandwidth = {val(c.bandwidth_scale)}")
     lines.append(f"compute = {val(c.compute_scale)}")
@@ -72,7 +86,10 @@ def profile_toml(c: Calibration) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    eff: Efficiency
+    """A profile file: `values` are the fields it names (of Efficiency or EngineBehaviour);
+    `apply` sets exactly those, the others keep the deployment's (its engine profile's)."""
+
+    values: tuple[tuple[str, Any], ...]
     gpu: str
     engine: str
     engine_version: str
@@ -81,8 +98,55 @@ class Profile:
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
 
+    @property
+    def eff(self) -> Efficiency:
+        """Efficiency's defaults with the profile's efficiency values."""
+        return replace(Efficiency(), **{k: v for k, v in self.values
+                                        if k in EFFICIENCY_FIELDS})
+
     def apply(self, d: Deployment) -> Deployment:
-        return scaled(d, self.eff, self.bandwidth_scale, self.compute_scale)
+        d = d.with_values(dict(self.values))
+        return scaled(d, d.eff, self.bandwidth_scale, self.compute_scale)
+
+
+def _defaults(record: type) -> dict[str, Any]:
+    inst = record()
+    return {f.name: getattr(inst, f.name) for f in fields(record)}
+
+
+def _table_values(p: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The [efficiency] and [behaviour] tables' values, checked against their records
+    (profiles written before [behaviour] existed named its fields under [efficiency])."""
+    eff_tab = data.get("efficiency")
+    if not isinstance(eff_tab, dict):
+        raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")
+    beh_tab = data.get("behaviour", {})
+    if not isinstance(beh_tab, dict):
+        raise BstarError(f"{p}: [behaviour] must be a table")
+    unknown = set(eff_tab) - {*EFFICIENCY_FIELDS, *BEHAVIOUR_FIELDS}
+    if unknown:
+        raise BstarError(f"{p}: unknown efficiency field(s) {', '.join(sorted(unknown))}")
+    unknown = set(beh_tab) - set(BEHAVIOUR_FIELDS)
+    if unknown:
+        raise BstarError(f"{p}: unknown behaviour field(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for k, x in {**eff_tab, **beh_tab}.items():
+        want = type(_defaults(EngineBehaviour if k in BEHAVIOUR_FIELDS else Efficiency)[k])
+        if want is bool:
+            if not isinstance(x, bool):
+                raise BstarError(f"{p}: {k} must be true or false")
+            values[k] = x
+            continue
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise BstarError(f"{p}: efficiency values must be numbers")
+        values[k] = float(x) if want is float else x
+    e, b = split_values(values)
+    try:  # the records check their own values
+        replace(Efficiency(), **e)
+        replace(EngineBehaviour(), **b)
+    except BstarError as err:
+        raise BstarError(f"{p}: {err}") from None
+    return values
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -95,25 +159,7 @@ def load_profile(path: str | Path) -> Profile:
         raise BstarError(f"{p}: not UTF-8 text (byte {e.start}); a profile is TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise BstarError(f"{p}: not valid TOML ({e})") from None
-    eff_tab = data.get("efficiency")
-    if not isinstance(eff_tab, dict):
-        raise BstarError(f"{p}: not a bstar calibration profile (no [efficiency] table)")
-    known = {*PARAMS, "roof_sharpness", "grouped"}
-    unknown = set(eff_tab) - known
-    if unknown:
-        raise BstarError(f"{p}: unknown efficiency field(s) {', '.join(sorted(unknown))}")
-    grouped = eff_tab.pop("grouped", True)
-    if not isinstance(grouped, bool):
-        raise BstarError(f"{p}: grouped must be true or false")
-    try:
-        values: dict[str, Any] = {k: float(x) for k, x in eff_tab.items()}
-    except (TypeError, ValueError):
-        raise BstarError(f"{p}: efficiency values must be numbers") from None
-    values["grouped"] = grouped
-    try:
-        eff = replace(Efficiency(), **values)
-    except BstarError as e:
-        raise BstarError(f"{p}: {e}") from None
+    values = _table_values(p, data)
     prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
     for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):
         if not isinstance(tab, dict):
@@ -130,6 +176,6 @@ def load_profile(path: str | Path) -> Profile:
         raise BstarError(f"{p}: gpu_scale values must be numbers") from None
     if not (1.0 <= bs <= MAX_EFF_MEASURED and 1.0 <= cs <= MAX_EFF_MEASURED):
         raise BstarError(f"{p}: gpu_scale must be in [1, {MAX_EFF_MEASURED:g}]")
-    return Profile(eff, str(prof.get("gpu", "")), str(prof.get("engine", "")),
+    return Profile(tuple(values.items()), str(prof.get("gpu", "")), str(prof.get("engine", "")),
                    str(prof.get("engine_version", "")),
                    int(reserve) if isinstance(reserve, int | float) else None, str(p), bs, cs)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bstar.calibrate.params import _eff_dict, scaled
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +78,12 @@ class Calibration:
     # probed device only): the profile scales the GPU's bandwidth / FLOP/s by these.
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
+    # The engine's behaviour the calibration held (its request overhead is a parameter).
+    behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)
 
     def apply(self, d: Deployment) -> Deployment:
-        return scaled(d, self.eff, self.bandwidth_scale, self.compute_scale)
+        return scaled(d.with_behaviour(self.behaviour), self.eff, self.bandwidth_scale,
+                      self.compute_scale)
 
     @property
     def median_abs_error(self) -> float:
@@ -100,7 +103,7 @@ class Calibration:
             "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
             "engine": self.engine, "engine_version": self.engine_version,
             "source": self.source,
-            "efficiency": _eff_dict(self.eff),
+            "efficiency": _eff_dict(self.eff, self.behaviour),
             "gpu_scale": {"bandwidth": self.bandwidth_scale, "compute": self.compute_scale},
             "params": {k: {"value": p.value, "std": p.std, "status": p.status,
                            "prior": p.prior} for k, p in self.params.items()},

@@ -111,6 +111,8 @@ positive_int_list = _list_of(positive_int, "a positive integer")
 def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
     """--model/--gpu/--num-gpus/precision/memory/efficiency flags, the fields of
     `bstar.options.DeploymentOptions` (`deployment_options` maps them)."""
+    from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+
     g = p.add_argument_group("model and hardware")
     if many:
         g.add_argument("--model", type=str_list, default=None,
@@ -137,14 +139,14 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
     g.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16",
                    help="KV cache precision: bf16, fp16, fp8")
     g.add_argument("--gpu-util", "--gpu-memory-utilization", dest="gpu_util",
-                   type=positive_float, default=0.9,
+                   type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help="fraction of GPU memory the engine may use (vLLM "
-                        "--gpu-memory-utilization; default 0.9)")
+                        f"--gpu-memory-utilization; default {GPU_MEMORY_UTILIZATION:g})")
     g.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
                    help="per-GPU memory kept for activations, CUDA graphs and context, GiB "
                         "(default 2)")
-    g.add_argument("--block-size", type=positive_int, default=16,
-                   help="KV cache block size in tokens (default 16)")
+    g.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
+                   help=f"KV cache block size in tokens (default {BLOCK_SIZE})")
     e = p.add_argument_group("efficiency (stated defaults; replace by calibration)")
     e.add_argument("--bw-eff", type=positive_float, default=None,
                    help="achieved fraction of peak HBM bandwidth by the weight stream "
@@ -173,12 +175,6 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
     defaults); `model`/`gpu` replace --model/--gpu (for `compare`'s lists)."""
     from bstar.options import DeploymentOptions
 
-    if getattr(args, "assume_unmodeled", False):
-        import os
-
-        from bstar.specs.model import ASSUME_ENV
-
-        os.environ[ASSUME_ENV] = "1"  # read where the config is (bstar.specs.presets)
     flags = {"model": model or _single(getattr(args, "model", None)),
              "gpu": gpu or _single(getattr(args, "gpu", None)),
              "num_gpus": getattr(args, "num_gpus", None),
@@ -193,7 +189,8 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
              "overhead_per_seq_us": getattr(args, "overhead_per_seq_us", None),
              "ideal": getattr(args, "ideal", None),
              "profile": getattr(args, "profile", None),
-             "engine": getattr(args, "engine", None)}
+             "engine": getattr(args, "engine", None),
+             "assume_unmodeled": getattr(args, "assume_unmodeled", None)}
     return DeploymentOptions.from_dict(flags)
 
 

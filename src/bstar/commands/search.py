@@ -16,6 +16,7 @@ from bstar.commands.common import (
     seed_int,
     str_list,
 )
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
 
 DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
@@ -44,12 +45,12 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
                    help="token budgets to try (default: what vllm serve picks on the GPU)")
     c.add_argument("--dtype", default="", help="weight precision (default: the checkpoint's)")
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
-    c.add_argument("--gpu-util", type=positive_float, default=0.9,
-                   help="vLLM --gpu-memory-utilization (default 0.9)")
+    c.add_argument("--gpu-util", type=positive_float, default=GPU_MEMORY_UTILIZATION,
+                   help=f"vLLM --gpu-memory-utilization (default {GPU_MEMORY_UTILIZATION:g})")
     c.add_argument("--reserve-gib", type=non_negative_float, default=2.0,
                    help="per-GPU memory kept for activations etc., GiB (default 2)")
-    c.add_argument("--block-size", type=positive_int, default=16,
-                   help="KV block size in tokens (default 16)")
+    c.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
+                   help=f"KV block size in tokens (default {BLOCK_SIZE})")
 
 
 def _cost_arguments(e: argparse._ArgumentGroup) -> None:
@@ -159,8 +160,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                       args.prefix_cached_tokens)
     from bstar.options import DeploymentOptions
 
-    eff = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
-                            overhead_ms=args.overhead_ms, engine=args.engine).efficiency()
+    opts = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
+                             overhead_ms=args.overhead_ms, engine=args.engine)
+    eff = opts.efficiency()
     profiles = []
     for item in args.profile or []:
         gpu, sep, path = item.partition("=")
@@ -173,7 +175,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
                       round(args.reserve_gib * GiB), args.block_size),
-        eff=eff, profiles=tuple(profiles), rel_tol=args.rel_tol,
+        eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
         max_utilization=args.max_utilization)
 
 

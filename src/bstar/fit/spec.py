@@ -25,7 +25,7 @@ def spec_terms(options: DeploymentOptions, context_tokens: int | None = None
     from bstar.specs.precision import get_precision
     from bstar.specs.presets import get_model
 
-    m = get_model(options.model)
+    m = get_model(options.model, options.assume_unmodeled or None)
     ctx = context_tokens or 512
     kv = get_precision(options.kv_dtype)
     out: dict[str, Any] = {

@@ -20,11 +20,12 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
 
 from bstar.errors import BstarError
+from bstar.loadgen.record import RequestRecord as RequestRecord  # its home; importable here
 from bstar.loadgen.stream import ConnectionPool, SseEvents, Target
 from bstar.loadgen.stream import short as _short
 
@@ -57,41 +58,6 @@ class RequestSpec:
     messages: list[dict[str, str]] | None = None
     expected_prompt_tokens: int | None = None
     warmup: bool = False
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request. Times in seconds; `start_s` is wall-clock epoch."""
-
-    index: int
-    ok: bool
-    start_s: float
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_tokens: int = 0
-    token_source: str = "counted"  # "usage" when the server's usage block gave the count
-    chunks: int = 0
-    http_status: int | None = None
-    error_kind: str | None = None
-    error: str | None = None
-    warmup: bool = False
-    expected_prompt_tokens: int | None = None
-    expected_output_tokens: int | None = None
-    # Prompt tokens the server served from its prefix cache (usage.prompt_tokens_details.
-    # cached_tokens: vLLM with --enable-prompt-tokens-details, llama.cpp); None: not said.
-    cached_prompt_tokens: int | None = None
-
-    @property
-    def tpot_s(self) -> float | None:
-        """vLLM's per-request TPOT: (E2E - TTFT) / (output_tokens - 1)."""
-        if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _status_kind(status: int) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from bstar.loadgen.client import RequestRecord
+    from bstar.loadgen.record import RequestRecord
 
 _scan_json = json.JSONDecoder().scan_once  # the C scanner behind json.loads, no wrapper
 ERROR_BODY_BYTES = 64 * 1024  # the most of a non-200 body kept for its error text

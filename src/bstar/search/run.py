@@ -142,7 +142,8 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
         label = m.name
         for g in gpus:
             base = Deployment(m, g, 1, mem.weight_dtype, mem.kv_dtype, mem.gpu_util,
-                                 mem.reserve_bytes, mem.block_size, spec.eff)
+                              mem.reserve_bytes, mem.block_size, spec.eff,
+                              behaviour=spec.behaviour)
             prof = profiles.get(g.id)
             if prof is not None:
                 base = prof.apply(base)

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bstar.deployment import Efficiency
+from bstar.deployment import Efficiency, EngineBehaviour
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
 from bstar.units import GiB
@@ -122,9 +123,9 @@ class Memory:
 
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
-    gpu_util: float = 0.90
+    gpu_util: float = GPU_MEMORY_UTILIZATION
     reserve_bytes: int = 2 * GiB
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
@@ -148,6 +149,9 @@ class SearchSpec:
     max_num_batched_tokens: tuple[int, ...] = ()  # empty: vllm serve's default per GPU
     memory: Memory = field(default_factory=Memory)
     eff: Efficiency = field(default_factory=Efficiency)
+    # The engine outside a step (its request overhead, scheduling lag): the engine
+    # profile's; not in the search id, like the efficiencies beyond to_dict's five.
+    behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)
     profiles: tuple[tuple[str, str], ...] = ()  # (gpu id, profile path)
     rel_tol: float = 0.02  # bisection stops when hi / lo - 1 <= rel_tol
     max_utilization: float = 0.95  # rates at most this fraction of the replica's capacity

@@ -156,13 +156,13 @@ class _Loop:
                                  "arrivals must be finite and not negative")
             reqs.arrival_s[:] = w.arrival_s
             # The server's per-request work before the engine can schedule it.
-            delay = d.eff.request_overhead_s
+            delay = d.behaviour.request_overhead_s
             self.heap = [(float(t) + delay, i) for i, t in enumerate(w.arrival_s)]
             heapq.heapify(self.heap)
         self.now = 0.0
         # With a scheduling lag of one step, the schedule of the step starting now was made
         # when the previous step started: only requests that had arrived by then join it.
-        self.lag = bool(d.eff.scheduling_lag_steps)
+        self.lag = bool(d.behaviour.scheduling_lag_steps)
         self.step_start = 0.0
         self.num_steps = 0
         self.itl_scalar_v: list[float] = []
@@ -178,7 +178,7 @@ class _Loop:
         rid = self.next_issue
         self.next_issue += 1
         self.reqs.arrival_s[rid] = t
-        heapq.heappush(self.heap, (t + self.d.eff.request_overhead_s, rid))
+        heapq.heappush(self.heap, (t + self.d.behaviour.request_overhead_s, rid))
 
     def run(self) -> SimRun:
         sched, heap, reqs = self.sched, self.heap, self.reqs

@@ -25,22 +25,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
 from bstar.sim.block_manager import BlockManager
 from bstar.sim.sequence import FloatArray, IntArray, Requests
-from bstar.units import GiB
 
 PREEMPTION_MODES = ("recompute", "swap")
 
 
 def vllm_server_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) that `vllm serve` picks when not told
-    (vllm/engine/arg_utils.py, get_batch_defaults, V1): 1024 and 8192 on GPUs of at least
-    70 GiB other than A100s (a larger token budget measured slower there, vLLM PR #17885),
-    else 256 and 2048."""
-    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 1024, 8192
-    return 256, 2048
+    """(max_num_seqs, max_num_batched_tokens) that `vllm serve` picks when not told: the
+    table in bstar.engine_defaults (`gpu_name`: the catalog id and name together)."""
+    t = vllm_batch_defaults(gpu_memory_bytes, gpu_name)
+    return t.max_num_seqs, t.max_num_batched_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,12 +77,13 @@ def _resolve_preset(name: str) -> str | None:
     return None
 
 
-def get_model(name: str) -> ModelSpec:
+def get_model(name: str, assume_unmodeled: bool | None = None) -> ModelSpec:
     """`name` is a path to a config.json or its folder, a preset id or alias, or (online
-    only) a Hugging Face repo id. BSTAR_ASSUME_UNMODELED=1 in the environment reads a config
-    with a layer kind, quantization method or key bstar does not model on the stated
-    assumption instead of refusing it (docs/models.md)."""
-    assume = os.environ.get(ASSUME_ENV, "") not in ("", "0")
+    only) a Hugging Face repo id. `assume_unmodeled` (None: BSTAR_ASSUME_UNMODELED=1 in the
+    environment) reads a config with a layer kind, quantization method or key bstar does not
+    model on the stated assumption instead of refusing it (docs/models.md)."""
+    assume = (os.environ.get(ASSUME_ENV, "") not in ("", "0") if assume_unmodeled is None
+              else assume_unmodeled)
     p = Path(name).expanduser()
     if p.exists():
         cfg = load_config_file(p)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar.deployment import Efficiency
+from bstar.deployment import Efficiency, EngineBehaviour, split_values
 from bstar.errors import BstarError
 from bstar.stages_table import Stage
 from bstar.validate_stages.simulate import (
@@ -23,7 +23,7 @@ from bstar.validate_stages.simulate import (
     STEADY,
     WARMUP_FRACTION,
     StagePrediction,
-    capacity_req_s,
+    growing_stage_capacity_req_s,
     measured_growth,
     measured_state,
     simulate_stage,
@@ -63,8 +63,8 @@ class StageScore:
     def to_dict(self) -> dict[str, Any]:
         p = self.prediction
         return {**p.to_dict(), "errors": self.errors, "state_right": self.state_right,
-                "capacity_req_s": capacity_req_s(self.stage.rate_req_s, p.ttft_growth,
-                                                 p.state)}
+                "capacity_req_s": growing_stage_capacity_req_s(
+                    self.stage.rate_req_s, p.ttft_growth, p.state)}
 
 
 def score_stage(stage: Stage, prediction: StagePrediction) -> StageScore:
@@ -118,26 +118,35 @@ def summarize_scores(scores: Sequence[StageScore]) -> Summary:
 
 def evaluate(stages: Sequence[Stage], eff: Efficiency | None = None, *,
              engine: str | None = None, max_window_s: float = MAX_WINDOW_S,
-             max_requests: int = MAX_REQUESTS, seed: int = 0
+             max_requests: int = MAX_REQUESTS, seed: int = 0,
+             behaviour: EngineBehaviour | None = None
              ) -> tuple[list[StageScore], Summary]:
-    """Every stage simulated at `eff` (None: the engine profile's, `engine` or the stage's)
-    and scored: the call for a loop over candidate efficiencies."""
+    """Every stage simulated at `eff` and `behaviour` (None: the engine profile's, `engine`
+    or the stage's) and scored: the call for a loop over candidate efficiencies."""
     scores = [score_stage(s, simulate_stage(s, eff, engine=engine, max_window_s=max_window_s,
-                                            max_requests=max_requests, seed=seed))
+                                            max_requests=max_requests, seed=seed,
+                                            behaviour=behaviour))
               for s in stages]
     return scores, summarize_scores(scores)
 
 
-def _with_values(prior: Efficiency, values: Mapping[str, float]) -> Efficiency:
-    """`prior` with `values`; a stream or rate not given follows its lead at the prior's
-    ratio, as in bstar.calibrate.fit_efficiency (kv_bandwidth follows bandwidth)."""
+def _with_values(prior: Efficiency, behaviour: EngineBehaviour, values: Mapping[str, float]
+                 ) -> tuple[Efficiency, EngineBehaviour]:
+    """`prior` and `behaviour` with `values` (fields of either); a stream or rate not given
+    follows its lead at the prior's ratio, as in bstar.calibrate.fit_efficiency
+    (kv_bandwidth follows bandwidth)."""
     from bstar.calibrate import _FOLLOWS
 
     out = dict(values)
     for k, lead in _FOLLOWS.items():
         if lead in values and k not in values:
             out[k] = min(getattr(prior, k) * values[lead] / getattr(prior, lead), 1.0)
-    return replace(prior, **out)
+    e, b = split_values(out)
+    return replace(prior, **e), replace(behaviour, **b)
+
+
+def _value(e: Efficiency, b: EngineBehaviour, k: str) -> float:
+    return float(getattr(e if hasattr(e, k) else b, k))
 
 
 def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.ndarray:
@@ -158,10 +167,12 @@ def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.
 
 def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
                max_window_s: float = FIT_WINDOW_S, seed: int = 0,
-               iterations: int = FIT_ITERATIONS) -> Efficiency | None:
-    """The parameters `fit` fitted to the stages' measured E2E, TTFT and per-token means
-    (the measured-steady stages), each stage simulated for at most `max_window_s`. None when
-    they cannot determine them.
+               iterations: int = FIT_ITERATIONS, behaviour: EngineBehaviour | None = None
+               ) -> tuple[Efficiency, EngineBehaviour] | None:
+    """The parameters `fit` (fields of Efficiency or EngineBehaviour) fitted to the stages'
+    measured E2E, TTFT and per-token means (the measured-steady stages), each stage simulated
+    for at most `max_window_s`, starting from `prior` and `behaviour` (None: the first
+    stage's engine profile's). None when they cannot determine them.
 
     A simulation costs ~0.3 s a stage, too much for a least-squares fit that calls it a few
     hundred times, so the fit runs on a surrogate refreshed by simulation (Gauss-Newton with
@@ -182,12 +193,13 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
     if not fit or len(pairs) < len(fit) + 1:
         return None
     base = {i: stage_deployment(s) for i, s in enumerate(steady)}
+    behaviour = base[0].behaviour if behaviour is None else behaviour
     log_meas = np.log([v for _, _, v in pairs])
 
     def simulate_at(values: Mapping[str, float]) -> np.ndarray:
         """log of the predicted means, aligned with `pairs`."""
-        e = _with_values(prior, values)
-        preds = {i: simulate_stage(s, deployment=base[i].with_eff(e),
+        e, b = _with_values(prior, behaviour, values)
+        preds = {i: simulate_stage(s, deployment=base[i].with_eff(e).with_behaviour(b),
                                    max_window_s=max_window_s, seed=seed).values()
                  for i, s in enumerate(steady)}
         y = np.array([preds[i][k] for i, k, _ in pairs])
@@ -197,7 +209,7 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
         z = ((log_y - log_meas) / ROBUST_SCALE) ** 2
         return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
 
-    x = {k: float(getattr(prior, k)) for k in fit}
+    x = {k: _value(prior, behaviour, k) for k in fit}
     y = simulate_at(x)
     c = cost(y)
     for _ in range(iterations):
@@ -214,8 +226,9 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
                       slopes: dict[str, np.ndarray] = slopes) -> np.ndarray:
             return np.exp(y0 + sum(slopes[k] * (v[k] - x0[k]) for k in fit))
 
-        new = fit_efficiency(surrogate, np.exp(log_meas), _with_values(prior, x0), fit).eff
-        step = {k: float(getattr(new, k)) - x0[k] for k in fit}
+        e0, b0 = _with_values(prior, behaviour, x0)
+        new = fit_efficiency(surrogate, np.exp(log_meas), e0, fit, behaviour=b0)
+        step = {k: _value(new.eff, new.behaviour, k) - x0[k] for k in fit}
         for shrink in (1.0, 0.5, 0.25):
             trial = {k: x0[k] + shrink * step[k] for k in fit}
             y_trial = simulate_at(trial)
@@ -226,7 +239,7 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
             break  # no step lowers the simulated cost: done
         if all(abs(step[k]) <= 0.01 * max(abs(x0[k]), 1e-12) for k in fit):
             break
-    return _with_values(prior, x)
+    return _with_values(prior, behaviour, x)
 
 
 @dataclass
@@ -257,7 +270,7 @@ class StagesGroup:
                 "measured": {**s.measured(), "ttft_p90_ms": s.ttft_p90_ms,
                              "e2e_p90_ms": s.e2e_p90_ms, "requests_failed": s.requests_failed,
                              "ttft_growth": measured_growth(s), "state": sc.measured_state,
-                             "capacity_req_s": capacity_req_s(
+                             "capacity_req_s": growing_stage_capacity_req_s(
                                  s.rate_req_s, measured_growth(s), sc.measured_state)},
                 "latency_scored": sc.latency_scored,
                 "predicted": {way: (m[id(s)].to_dict() if id(s) in m else None)
@@ -289,7 +302,7 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
     and, with `lomo` and two models or more, leave one model out (fitting `fit`)."""
     from bstar.engines import get_engine
 
-    generic = Efficiency()
+    generic = (Efficiency(), EngineBehaviour())
     usable, skipped, seen = [], [], set()
     for s in stages:
         try:
@@ -309,34 +322,37 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
     for (gpu, eng), ss in by_group.items():
         notes: list[str] = []
         prof = get_engine(engine or eng)
-        prof_eff = prof.efficiency()
+        prof_terms = (prof.efficiency(), prof.behaviour())
         if progress:
             progress(f"{gpu} x {eng}: generic and {prof.name} profile, {len(ss)} stages")
-        preds: dict[Efficiency, list[StageScore]] = {}
+        preds: dict[tuple[Efficiency, EngineBehaviour], list[StageScore]] = {}
         scores: dict[str, list[StageScore]] = {}
-        for way, e in (("generic", generic), ("profile", prof_eff)):
-            if e not in preds:  # the vllm profile is the generic defaults: simulated once
-                preds[e] = [score_stage(s, simulate_stage(s, e, engine=engine, **kw))
-                            for s in ss]
-            scores[way] = preds[e]
+        for way, (e, b) in (("generic", generic), ("profile", prof_terms)):
+            if (e, b) not in preds:  # a profile equal to the generic defaults: simulated once
+                preds[e, b] = [score_stage(s, simulate_stage(s, e, engine=engine,
+                                                             behaviour=b, **kw))
+                               for s in ss]
+            scores[way] = preds[e, b]
         models = sorted({s.model for s in ss})
         lomo_eff: dict[str, dict[str, float]] = {}
         if lomo and len(models) > 1:
             held: list[StageScore] = []
             # The engine's structure (its scheduling lag, per-layer costs) is kept; the terms
             # fitted start from the generic defaults, so the held-out model's data are in none.
-            start = replace(prof_eff, **{k: getattr(generic, k) for k in fit})
+            start = _with_values(*prof_terms, {k: _value(*generic, k) for k in fit})
             for m in models:
                 if progress:
                     progress(f"{gpu} x {eng}: fitting {', '.join(fit)} without {m}")
                 train = [s for s in ss if s.model != m]
-                e = fit_stages(train, start, fit, fit_window_s, seed)
-                if e is None:
+                fitted = fit_stages(train, start[0], fit, fit_window_s, seed,
+                                    behaviour=start[1])
+                if fitted is None:
                     notes.append(f"{m}: the other models' steady stages cannot determine "
                                  f"{', '.join(fit)}")
                     continue
-                lomo_eff[m] = {k: getattr(e, k) for k in fit}
-                held += [score_stage(s, simulate_stage(s, e, engine=engine, **kw))
+                lomo_eff[m] = {k: _value(*fitted, k) for k in fit}
+                held += [score_stage(s, simulate_stage(s, fitted[0], engine=engine,
+                                                       behaviour=fitted[1], **kw))
                          for s in ss if s.model == m]
             order = {id(s): i for i, s in enumerate(ss)}
             scores["lomo"] = sorted(held, key=lambda sc: order[id(sc.stage)])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bstar.deployment import Deployment, Efficiency
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.stages_table import Stage
 from bstar.stats import percentiles_ms
@@ -98,10 +98,12 @@ def _resolve(name: str, base_dir: str) -> str:
 
 
 def stage_deployment(stage: Stage, engine: str | None = None,
-                     eff: Efficiency | None = None) -> Deployment:
+                     eff: Efficiency | None = None,
+                     behaviour: EngineBehaviour | None = None) -> Deployment:
     """The stage's deployment: its model, GPU, TP and dtype with the engine profile `engine`
     (default: the stage's own engine), through `DeploymentOptions` (vLLM's memory defaults:
-    gpu_util 0.9); `eff` replaces the profile's efficiencies. Built once per setting."""
+    gpu_util 0.9); `eff` replaces the profile's efficiencies, `behaviour` its behaviour.
+    Built once per setting."""
     from bstar.options import DeploymentOptions
 
     dtype = _DTYPES.get(stage.dtype.lower(), "")
@@ -114,7 +116,8 @@ def stage_deployment(stage: Stage, engine: str | None = None,
     d = _DEPLOYMENTS.get(key)
     if d is None:
         d = _DEPLOYMENTS[key] = opts.build()
-    return d if eff is None else d.with_eff(eff)
+    d = d if eff is None else d.with_eff(eff)
+    return d if behaviour is None else d.with_behaviour(behaviour)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,7 @@ def ttft_growth(ttft_p50_s: float, ttft_p90_s: float, window_s: float) -> float:
     return max(0.0, ttft_p90_s - ttft_p50_s) / (0.4 * window_s) if window_s > 0 else 0.0
 
 
-def capacity_req_s(rate_req_s: float | None, growth: float | None,
+def growing_stage_capacity_req_s(rate_req_s: float | None, growth: float | None,
                    state: str) -> float | None:
     """Requests per second a growing stage's server completes, rate / (1 + g) (module
     docstring); None for a steady stage (its capacity is only known to be above the rate)
@@ -188,12 +191,14 @@ def measured_state(stage: Stage) -> str:
 def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
                    engine: str | None = None, deployment: Deployment | None = None,
                    max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
-                   seed: int = 0, prefix_cache: bool = True) -> StagePrediction:
+                   seed: int = 0, prefix_cache: bool = True,
+                   behaviour: EngineBehaviour | None = None) -> StagePrediction:
     """Simulate one stage like for like (the package docstring). The deployment is
-    `deployment` if given, else `stage_deployment(stage, engine, eff)`."""
+    `deployment` if given, else `stage_deployment(stage, engine, eff, behaviour)`."""
     from bstar.sim import SchedulerConfig, SimConfig, simulate
 
-    d = deployment if deployment is not None else stage_deployment(stage, engine, eff)
+    d = (deployment if deployment is not None
+         else stage_deployment(stage, engine, eff, behaviour))
     n = stage_requests(stage, max_window_s, max_requests)
     w = stage_workload(stage, n, seed, prefix_cache)
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))

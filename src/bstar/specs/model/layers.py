@@ -9,12 +9,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from bstar.specs.model.spec import ModelSpec
+from bstar.specs.model.fields import MIXER as MIXER  # its home: fields.py
 
-# Each layer kind's token mixer: "attn", "gdn" (gated delta net), "mamba", "none".
-MIXER = {"full": "attn", "sliding": "attn", "chunked": "attn", "dsa": "attn",
-         "linear_attention": "gdn", "mamba": "mamba", "none": "none"}
+if TYPE_CHECKING:
+    from bstar.specs.model.fields import ModelFields
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +102,7 @@ class LayerGroup:
         return num_gpus if self.kv_heads else 1
 
 
-def layer_groups(m: ModelSpec) -> tuple[LayerGroup, ...]:
+def layer_groups(m: ModelFields) -> tuple[LayerGroup, ...]:
     """The layers of `m` grouped by kind (`ModelSpec.kinds`), each with what it holds per
     sequence and what it costs per step."""
     if m.is_mla:
@@ -148,7 +147,7 @@ def layer_groups(m: ModelSpec) -> tuple[LayerGroup, ...]:
     return tuple(out)
 
 
-def state_bytes_per_seq_per_layer(m: ModelSpec, kind: str) -> int:
+def state_bytes_per_seq_per_layer(m: ModelFields, kind: str) -> int:
     """Fixed bytes per sequence of one "linear_attention" or "mamba" layer: its
     convolution state (kernel - 1 past inputs) and its recurrent state, at the
     checkpoint's dtypes (vLLM's MambaStateShapeCalculator, docs/models.md)."""
@@ -168,7 +167,7 @@ def state_bytes_per_seq_per_layer(m: ModelSpec, kind: str) -> int:
     return math.ceil(conv * conv_bits / 8) + math.ceil(ssm * ssm_bits / 8)
 
 
-def index_values_per_token(m: ModelSpec) -> int:
+def index_values_per_token(m: ModelFields) -> int:
     """DeepSeek-V3.2's indexer key per token per layer, in 16-bit values: vLLM caches it
     as fp8 with one fp32 scale per 128 values (index_head_dim + 4 bytes per 128)."""
     if not m.index_head_dim:

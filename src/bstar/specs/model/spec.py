@@ -1,132 +1,27 @@
-"""ModelSpec: the architecture facts a decode cost model needs (docs/models.md), validated at
-construction. Its tensors (`tensors.py`), their bytes under a precision and the checkpoint's
-quantization (`weights.py`) and what each layer holds per sequence (`layers.py`) are
-computed from these fields; `config.py` builds one from a Hugging Face config.json."""
+"""ModelSpec: the architecture facts a decode cost model needs (docs/models.md; its fields and
+their checks: `fields.py`) and every figure computed from them. Its tensors (`tensors.py`),
+their bytes under a precision and the checkpoint's quantization (`weights.py`) and what each
+layer holds per sequence (`layers.py`) are computed from the fields; `config.py` builds one
+from a Hugging Face config.json."""
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from bstar.errors import BstarError
 from bstar.specs.model import layers as _layers
 from bstar.specs.model import tensors as _tensors
 from bstar.specs.model import weights as _weights
-from bstar.specs.model.layers import MIXER, LayerGroup
-from bstar.specs.model.tensors import Tensor
+from bstar.specs.model.fields import ModelFields, Tensor
+from bstar.specs.model.layers import LayerGroup
 from bstar.specs.precision import Precision, get_precision
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
-    name: str
-    model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    intermediate_size: int
-    tie_word_embeddings: bool = False
-    mlp_gated: bool = True
-    mlp_bias: bool = False
-    qkv_bias: bool = False
-    o_bias: bool = False
-    norm_bias: bool = False  # LayerNorm (weight + bias) instead of RMSNorm (weight)
-    norms_per_layer: int = 2
-    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
-    learned_positions: int = 0  # rows of a learned position table (OPT: max_pos + 2)
-    # Mixture of experts. Dense when num_experts == 0.
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    shared_intermediate_size: int = 0  # total width of shared expert(s); 0: none
-    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
-    num_dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek first_k_dense_replace)
-    router_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
-    # Multi-head latent attention (DeepSeek-V2/V3). Off when kv_lora_rank == 0.
-    kv_lora_rank: int = 0
-    q_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    # Sliding-window attention: window (tokens) and which layers use it.
-    sliding_window: int = 0
-    sliding_layers: tuple[bool, ...] = ()
-    # Per-layer kinds when a model mixes more than full and sliding attention (docs/models.md):
-    # "full", "sliding", "chunked", "dsa", "linear_attention", "mamba", "none" (an MLP-only
-    # layer of Nemotron-H). Empty: every layer full, or `sliding_layers`.
-    layer_kinds: tuple[str, ...] = ()
-    mlp_kinds: tuple[str, ...] = ()  # per layer "dense", "moe", "none"; empty: dense then MoE
-    attention_chunk: int = 0  # Llama-4 attention_chunk_size
-    attn_sinks: bool = False  # gpt-oss: one learned sink logit per head and layer
-    attn_output_gate: bool = False  # Qwen3-Next: q_proj also yields a sigmoid gate per head
-    dense_intermediate_size: int = 0  # a dense layer's MLP width when it differs (Llama-4)
-    # Gated delta net (Qwen3-Next): key heads, value heads, key head dim, value head dim.
-    linear_heads: tuple[int, int, int, int] = ()
-    # Mamba: (version 1 or 2, heads, head dim, groups, state size, inner width, dt rank).
-    mamba: tuple[int, int, int, int, int, int, int] = ()
-    conv_kernel: int = 0
-    conv_bias: bool = False
-    ssm_proj_bias: bool = False
-    state_bits: tuple[int, int] = (16, 16)  # conv state, recurrent state
-    # DeepSeek sparse attention (V3.2): the indexer's heads, head dim and top-k.
-    index_heads: int = 0
-    index_head_dim: int = 0
-    index_topk: int = 0
-    mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint (not served)
-    vision: tuple[Tensor, ...] = ()  # a multimodal checkpoint's vision tower and projector
-    # The checkpoint's quantization: the precision `default_dtype` names applies to the
-    # linears in `quant_scope` ("linear": all, "experts": routed experts only), except those
-    # matching `quant_skip` (modules_to_not_convert / ignore), routers and the LM head
-    # (unless `quant_lm_head`); the rest stays in `act_dtype`.
-    act_dtype: str = "bf16"
-    quant_scope: str = ""
-    quant_skip: tuple[str, ...] = ()
-    quant_lm_head: bool = False
-    default_dtype: str = "bf16"
-    source: str = ""
-    config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "vocab_size"):
-            if getattr(self, name) <= 0:
-                raise BstarError(f"{self.name}: {name} must be positive, got "
-                                 f"{getattr(self, name)}")
-        if not self.is_mla and self.num_heads % self.num_kv_heads:
-            raise BstarError(f"{self.name}: num_attention_heads ({self.num_heads}) is not a "
-                             f"multiple of num_key_value_heads ({self.num_kv_heads})")
-        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
-            raise BstarError(f"{self.name}: num_experts_per_tok must be in 1..{self.num_experts}")
-        if not 0 <= self.num_dense_layers <= self.num_layers:
-            raise BstarError(f"{self.name}: first_k_dense_replace ({self.num_dense_layers}) "
-                             f"must be in 0..num_hidden_layers ({self.num_layers})")
-        if self.num_experts and self.moe_intermediate_size <= 0:
-            raise BstarError(f"{self.name}: moe_intermediate_size must be positive")
-        if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
-            raise BstarError(f"{self.name}: {len(self.sliding_layers)} layer types for "
-                             f"{self.num_layers} layers")
-        for kinds in (self.layer_kinds, self.mlp_kinds):
-            if kinds and len(kinds) != self.num_layers:
-                raise BstarError(f"{self.name}: {len(kinds)} layer types for "
-                                 f"{self.num_layers} layers")
-        if "chunked" in self.layer_kinds and self.attention_chunk <= 0:
-            raise BstarError(f"{self.name}: chunked attention layers need a positive "
-                             "attention_chunk_size")
-
-    # ---- architecture facts -------------------------------------------------------------
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank > 0
+class ModelSpec(ModelFields):
+    """A model's architecture (its fields: `ModelFields`) and every figure computed from
+    it: tensors, parameter counts, weight bytes, KV and attention per layer group."""
 
     @property
     def attention_kind(self) -> str:
@@ -165,21 +60,6 @@ class ModelSpec:
         """The tensor-parallel sizes up to `limit` that `tensor_parallel_problem` accepts."""
         return [n for n in range(1, limit + 1) if self.tensor_parallel_problem(n) is None]
 
-    def mixers(self) -> tuple[str, ...]:
-        """Each layer's token mixer: "attn", "gdn" (gated delta net), "mamba", "none"."""
-        if not self.layer_kinds:
-            return ("attn",) * self.num_layers
-        return tuple(MIXER[k] for k in self.layer_kinds)
-
-    def mlps(self) -> tuple[str, ...]:
-        """Each layer's MLP: "dense", "moe" or "none"."""
-        if self.mlp_kinds:
-            return self.mlp_kinds
-        if not self.is_moe:
-            return ("dense",) * self.num_layers
-        return ("dense",) * self.num_dense_layers \
-            + ("moe",) * (self.num_layers - self.num_dense_layers)
-
     @property
     def num_moe_layers(self) -> int:
         return sum(1 for k in self.mlps() if k == "moe") if self.is_moe else 0
@@ -187,7 +67,7 @@ class ModelSpec:
     # ---- tensors ------------------------------------------------------------------------
     def tensors(self) -> tuple[Tensor, ...]:
         """Every tensor the served model holds (`tensors.model_tensors`); cached."""
-        return _cached_tensors(self)
+        return _tensors.cached_model_tensors(self)
 
     def mtp_tensors(self) -> tuple[Tensor, ...]:
         """Multi-token-prediction layers the checkpoint holds beside the model (DeepSeek's
@@ -247,7 +127,7 @@ class ModelSpec:
         them; a tied embedding is also the LM head, so it stays 16-bit too. Cached: every
         decode step of a curve asks (a plan asks a few hundred times).
         """
-        return _cached_weight_bytes_parts(self, weight)
+        return _weights.cached_weight_bytes_parts(self, weight)
 
     def quantized_count(self, t: Tensor) -> int:
         """How many of `t`'s copies the checkpoint's quantization_config quantizes."""
@@ -276,19 +156,6 @@ class ModelSpec:
         attention figure below and the step's price (bstar.step) sum over these."""
         return _cached_layer_groups(self)
 
-    def kinds(self) -> tuple[str, ...]:
-        """Each layer's kind: "full", "sliding", "chunked", "dsa", "linear_attention",
-        "mamba" or "none"."""
-        if self.layer_kinds:
-            kinds = self.layer_kinds
-        elif self.sliding_layers and self.sliding_window:
-            kinds = tuple("sliding" if s else "full" for s in self.sliding_layers)
-        else:
-            kinds = ("full",) * self.num_layers
-        if self.index_topk:
-            kinds = tuple("dsa" if k == "full" else k for k in kinds)
-        return kinds
-
     def state_bytes_per_seq_per_layer(self, kind: str) -> int:
         """Fixed bytes per sequence of one "linear_attention" or "mamba" layer (its
         convolution and recurrent states)."""
@@ -297,12 +164,6 @@ class ModelSpec:
     def index_values_per_token(self) -> int:
         """DeepSeek-V3.2's indexer key per token per layer, in 16-bit values."""
         return _layers.index_values_per_token(self)
-
-    def kv_values_per_token_per_layer(self) -> int:
-        if self.is_mla:
-            # vLLM caches MLA's compressed latent plus the decoupled rope key, once per layer.
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        return 2 * self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, kv: Precision, num_gpus: int = 1) -> int:
         """KV bytes per token of context over all layers that cache tokens (per GPU under
@@ -344,16 +205,5 @@ class ModelSpec:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_tensors(spec: ModelSpec) -> tuple[Tensor, ...]:
-    return _tensors.model_tensors(spec)
-
-
-@functools.lru_cache(maxsize=256)
 def _cached_layer_groups(spec: ModelSpec) -> tuple[LayerGroup, ...]:
     return _layers.layer_groups(spec)
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_weight_bytes_parts(spec: ModelSpec, weight: Precision) -> tuple[int, int, int]:
-    # Keyed by the spec's compared fields (its raw config is not one) and the precision.
-    return _weights.weight_bytes_parts(spec, weight)

@@ -5,32 +5,14 @@ parameter counts and weight bytes are summed over these, never typed in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from bstar.specs.model.fields import Tensor as Tensor  # its home: fields.py
+
 if TYPE_CHECKING:
-    from bstar.specs.model.spec import ModelSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """A group of identical tensors: `count` copies of a rows x cols matrix (cols=1: vector)."""
-
-    name: str
-    rows: int
-    cols: int
-    count: int
-    kind: str  # "linear" (matmul weight), "embedding", "vector" (norm weight, bias, gate bias)
-    expert: bool = False  # routed-expert weight (read only when its expert is chosen)
-    # The checkpoint's module path ("{i}": the layer index) and the layers it repeats over:
-    # what quantization_config's ignore lists are matched against.
-    module: str = ""
-    layers: tuple[int, ...] = ()
-    role: str = ""  # "router", "lm_head", "conv": kept in the activation dtype when quantized
-
-    @property
-    def params(self) -> int:
-        return self.rows * self.cols * self.count
+    from bstar.specs.model.fields import ModelFields
 
 
 
@@ -59,7 +41,7 @@ def _mlp(name: str, h: int, inter: int, layers: tuple[int, ...], per_layer: int,
 
 
 
-def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
+def model_tensors(m: ModelFields) -> tuple[Tensor, ...]:
     """Every tensor the served model holds: embeddings, the decoder layers, the final norm,
     the LM head (unless tied) and a vision tower."""
     h = m.hidden_size
@@ -78,7 +60,7 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
-def layer_tensors(m: ModelSpec, index: tuple[int, ...]) -> list[Tensor]:
+def layer_tensors(m: ModelFields, index: tuple[int, ...]) -> list[Tensor]:
     """The decoder layers' tensors, each group over the layers (of `index`) it is in."""
     h = m.hidden_size
     mixers, mlps = m.mixers(), m.mlps()
@@ -115,7 +97,7 @@ def layer_tensors(m: ModelSpec, index: tuple[int, ...]) -> list[Tensor]:
     return out
 
 
-def _attention(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
+def _attention(m: ModelFields, lay: tuple[int, ...]) -> list[Tensor]:
     h, n_heads = m.hidden_size, m.num_heads
     if m.is_mla:
         qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -165,7 +147,7 @@ def _attention(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
     return t
 
 
-def _gdn(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
+def _gdn(m: ModelFields, lay: tuple[int, ...]) -> list[Tensor]:
     """Qwen3-Next's gated delta net (HF Qwen3NextGatedDeltaNet)."""
     h = m.hidden_size
     nk, nv, dk, dv = m.linear_heads
@@ -180,7 +162,7 @@ def _gdn(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
             _t("out_proj", h, nv * dv, lay, "linear", "linear_attn.out_proj")]
 
 
-def _mamba(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
+def _mamba(m: ModelFields, lay: tuple[int, ...]) -> list[Tensor]:
     """Mamba-2 mixers (HF NemotronHMamba2Mixer, GraniteMoeHybridMambaLayer) and Mamba-1
     (HF JambaMambaMixer)."""
     h = m.hidden_size
@@ -217,7 +199,7 @@ def _mamba(m: ModelSpec, lay: tuple[int, ...]) -> list[Tensor]:
     return t
 
 
-def mtp_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
+def mtp_tensors(m: ModelFields) -> tuple[Tensor, ...]:
     """Multi-token-prediction layers the checkpoint holds beside the model (DeepSeek's
     num_nextn_predict_layers, Qwen3-Next's mtp_num_hidden_layers): counted in the
     checkpoint's size, not in W (vLLM loads them only for speculative decoding)."""
@@ -241,3 +223,9 @@ def mtp_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         out.append(Tensor("mtp.head", m.vocab_size, h, n, "linear", module="mtp.head",
                           role="lm_head"))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def cached_model_tensors(m: ModelFields) -> tuple[Tensor, ...]:
+    """`model_tensors(m)`, once per spec (keyed by its compared fields)."""
+    return model_tensors(m)

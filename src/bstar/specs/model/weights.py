@@ -9,14 +9,14 @@ import functools
 import re
 from typing import TYPE_CHECKING
 
+from bstar.specs.model.tensors import cached_model_tensors
 from bstar.specs.precision import Precision, get_precision
 
 if TYPE_CHECKING:
-    from bstar.specs.model.spec import ModelSpec
-    from bstar.specs.model.tensors import Tensor
+    from bstar.specs.model.fields import ModelFields, Tensor
 
 
-def quantized_count(m: ModelSpec, t: Tensor) -> int:
+def quantized_count(m: ModelFields, t: Tensor) -> int:
     """How many of `t`'s copies the checkpoint's quantization_config quantizes."""
     if t.kind != "linear" or not m.quant_scope or t.role in ("router", "conv", "vision") \
             or (t.role == "lm_head" and not m.quant_lm_head) \
@@ -31,14 +31,14 @@ def quantized_count(m: ModelSpec, t: Tensor) -> int:
                      if not _skipped(t.module.replace("{i}", str(i)), m.quant_skip))
 
 
-def weight_bytes_parts(m: ModelSpec, weight: Precision,
+def weight_bytes_parts(m: ModelFields, weight: Precision,
                        tensors: tuple[Tensor, ...] | None = None) -> tuple[int, int, int]:
     """(dense, routed-expert, input-embedding) bytes of `tensors` (default: the model's) with
     linear weights in `weight` (`ModelSpec.weight_bytes_parts` says which take what)."""
     act = get_precision(m.act_dtype)
     native = bool(m.quant_scope) and weight.name == m.default_dtype
     dense = expert = embed = 0
-    for t in m.tensors() if tensors is None else tensors:
+    for t in cached_model_tensors(m) if tensors is None else tensors:
         if t.kind == "linear" and native:
             q = quantized_count(m, t)
             b = weight.tensor_bytes(t.rows, t.cols) * q \
@@ -56,17 +56,17 @@ def weight_bytes_parts(m: ModelSpec, weight: Precision,
     return dense, expert, embed
 
 
-def weight_bytes_16bit(m: ModelSpec, weight: Precision) -> tuple[int, int]:
+def weight_bytes_16bit(m: ModelFields, weight: Precision) -> tuple[int, int]:
     """Of `weight_bytes_parts`' dense and routed-expert bytes, those kept in the 16-bit
     activation dtype under `weight` (norms, biases, routers, ignored modules, the LM head
     of a checkpoint that does not quantize it): a step streams them as 16-bit weights."""
     if weight.bits >= 16:
-        dense, expert, _ = m.weight_bytes_parts(weight)
+        dense, expert, _ = cached_weight_bytes_parts(m, weight)
         return dense, expert
     act = get_precision(m.act_dtype)
     native = bool(m.quant_scope) and weight.name == m.default_dtype
     dense = expert = 0
-    for t in m.tensors():
+    for t in cached_model_tensors(m):
         if t.kind == "embedding":
             continue
         if t.kind == "linear" and native:
@@ -119,3 +119,10 @@ def _skipped(module: str, patterns: tuple[str, ...]) -> bool:
         elif f".{p}." in f".{module}.":
             return True
     return False
+
+
+@functools.lru_cache(maxsize=256)
+def cached_weight_bytes_parts(m: ModelFields, weight: Precision) -> tuple[int, int, int]:
+    """`weight_bytes_parts(m, weight)` once per spec and precision (keyed by the spec's
+    compared fields; its raw config is not one): every decode step of a curve asks."""
+    return weight_bytes_parts(m, weight)

