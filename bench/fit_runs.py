@@ -22,6 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bstar.deployment import Efficiency, EngineBehaviour  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.validate_stages import evaluate, fit_stages  # noqa: E402
@@ -41,8 +42,8 @@ FIT = {"vllm": ("moe_compute", "moe_layer_s", "eager_layer_s", "allreduce_latenc
 EAGER_PRIOR_S = 100e-6
 
 
-def _medians(runs: list, eff: object) -> dict[str, float]:
-    scores, _ = evaluate(runs, eff)
+def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour) -> dict[str, float]:
+    scores, _ = evaluate(runs, eff, behaviour=beh)
     return {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
             for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
 
@@ -59,18 +60,19 @@ def main(argv: list[str]) -> int:
         if not r.dp_attention and only in (None, r.engine):
             by_engine[r.engine].append(r)
     for eng, runs in sorted(by_engine.items()):
-        prof = get_engine(eng).efficiency()
+        prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
         fit = FIT.get(eng, FIT["vllm"])
         start = replace(prof, moe_compute=1.0, moe_layer_s=0.0,
                         eager_layer_s=EAGER_PRIOR_S if "eager_layer_s" in fit else 0.0)
-        before = _medians(runs, start)
-        e = fit_stages(runs, start, fit, iterations=4)
-        if e is None:
+        before = _medians(runs, start, beh)
+        got = fit_stages(runs, start, fit, iterations=4, behaviour=beh)
+        if got is None:
             print(f"{eng}: the runs cannot determine {', '.join(fit)}")
             continue
-        after = _medians(runs, e)
+        e, b = got
+        after = _medians(runs, e, b)
         print(f"{eng} ({len(runs)} runs): " + ", ".join(
-            f"{k} = {getattr(e, k):.4g}" for k in fit))
+            f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}" for k in fit))
         for name, m in (("before", before), ("after", after)):
             print(f"  {name}: median |error| " + ", ".join(
                 f"{k.split('_')[0].upper()} {v:.1%}" for k, v in m.items()))
