@@ -38,7 +38,7 @@ def test_defaults_build_bstar_plans_default_deployment() -> None:
     assert d == Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
                               eff=get_engine("vllm").apply(Efficiency()), engine="vllm",
                               behaviour=get_engine("vllm").behaviour())
-    assert d.eff.kv_bandwidth == 0.855 and d.behaviour.scheduling_lag_steps == 1
+    assert d.eff.kv_bandwidth == 0.896 and d.behaviour.scheduling_lag_steps == 1
 
 
 def test_flags_map_onto_the_deployment() -> None:

@@ -74,6 +74,10 @@ class Efficiency:
     fp8_weight_stream: float = 0.75
     int4_weight_stream: float = 0.70
     grouped: bool = field(default=True, metadata={"shape": True})
+    moe_compute: float = 1.0
+    moe_layer_s: float = 0.0
+    eager_layer_s: float = 0.0
+    graph_max_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",

@@ -83,6 +83,17 @@ class Stage:
     output_tok_s: float | None = None
     where: str = ""
     base_dir: str = ""
+    # A closed-loop run (bstar.runs_table): outputs drawn uniformly from the integers
+    # [output_len_min, output_len] (0: every output is output_len long); the fraction of the
+    # first requests left out of the figures (None: the simulator's warm-up); the expert
+    # parallel size and whether attention runs data parallel.
+    output_len_min: int = 0
+    warmup_fraction: float | None = None
+    expert_parallel: int = 1
+    dp_attention: bool = False
+    # Tokens the engine's first stream chunk waits for (SGLang's --stream-interval N: the
+    # client sees its first token when the N-th is generated); 1: the first token streams.
+    first_chunk_tokens: int = 1
 
     @property
     def group(self) -> tuple[str, str]:

@@ -20,8 +20,14 @@ A step is described twice:
     decode attention    roof((kv_s + score_bytes * score_s) / eta_kv, decode_attention_s / eta_c)
     chunk attention     roof(chunk_tiles_kv_s / eta_kv, chunk_attention_s / eta_attn)
     fixed               layers * (layer_s + decode_layer_s [decoding] + chunk_layer_s [chunk])
+                        + moe_layers * moe_layer_s
+                        (+ what layers x eager_layer_s exceeds the kernels by, in a step of
+                         more than graph_max_tokens tokens: run outside CUDA graphs)
                         + comm_s + allreduce_calls * allreduce_latency_s
                         + overhead_s + overhead_per_seq_s * sequences
+
+where the GEMMs' compute counts the routed experts' FLOPs at the fused-MoE kernels' rate,
+expert_gemm_s / (eta_c * moe_compute) (docs/cost-model.md, "2026 models").
 
 with roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard max at inf). With
 `grouped` false (cost model 1, the seeds' arithmetic) the kernels are one max over the
@@ -94,11 +100,13 @@ class StepWork:
     (arrays aligned by step). `price` turns it into time."""
 
     num_seqs: FloatArray  # sequences scheduled (decoding + prompt chunks)
+    num_tokens: FloatArray  # tokens computed (decode: 1 a sequence; a chunk: its length)
     num_decode: FloatArray
     num_chunks: FloatArray
     weight_s: FloatArray  # weight bytes read / HBM bandwidth (all of them)
     weight16_s: FloatArray  # ... of which kept 16-bit in a quantized checkpoint
     gemm_s: FloatArray  # GEMM FLOPs / dense peak
+    expert_gemm_s: FloatArray  # ... of which the routed experts' (fused-MoE kernels)
     kv_s: FloatArray  # decode KV bytes (and fixed states) / HBM bandwidth
     score_s: FloatArray  # an unfused attention's score traffic per score byte / bandwidth
     decode_attention_s: FloatArray  # decode attention FLOPs / dense peak
@@ -110,6 +118,7 @@ class StepWork:
     allreduce_calls: FloatArray  # latency units of the all-reduces (0 without sequences)
     num_layers: int
     weight_bits: int
+    moe_layers: int = 0  # layers with routed experts: each runs the fused-MoE kernels
 
     @property
     def size(self) -> int:
@@ -150,8 +159,10 @@ def concat(works: list[StepWork]) -> StepWork:
     """Several StepWorks of one deployment as one (arrays joined in order)."""
     first = works[0]
     arrays = {f: np.concatenate([getattr(w, f) for w in works])
-              for f in StepWork.__slots__ if f not in ("num_layers", "weight_bits")}
-    return StepWork(**arrays, num_layers=first.num_layers, weight_bits=first.weight_bits)
+              for f in StepWork.__slots__
+              if f not in ("num_layers", "weight_bits", "moe_layers")}
+    return StepWork(**arrays, num_layers=first.num_layers, weight_bits=first.weight_bits,
+                    moe_layers=first.moe_layers)
 
 
 def price_parts(w: StepWork, params: Any) -> StepParts:
@@ -169,6 +180,9 @@ def price_parts(w: StepWork, params: Any) -> StepParts:
     weight_mem = (w.weight_s - w.weight16_s) / weight_stream(w.weight_bits, p) \
         + w.weight16_s / weight_stream(16, p)
     gemm_c = w.gemm_s / p["compute"]
+    if grouped and w.moe_layers:  # the routed experts' GEMMs at the fused-MoE kernels' rate
+        moe_c = float(p.get("moe_compute", 1.0))
+        gemm_c = gemm_c + w.expert_gemm_s * (1.0 / moe_c - 1.0) / p["compute"]
     kv_mem = (w.kv_s + p["score_bytes"] * w.score_s) / kv_eff
     attn_c = w.decode_attention_s / p["compute"]
     chunk_mem = w.chunk_tiles_kv_s / kv_eff
@@ -180,7 +194,15 @@ def price_parts(w: StepWork, params: Any) -> StepParts:
         chunk = np.where(has_chunk, roof(chunk_mem, chunk_c, k), 0.0)
         kernels = gemm + dec + chunk
         layers = w.num_layers * (p["layer_s"] + p["decode_layer_s"] * has_dec
-                                 + p["chunk_layer_s"] * has_chunk)
+                                 + p["chunk_layer_s"] * has_chunk) \
+            + w.moe_layers * float(p.get("moe_layer_s", 0.0))
+        # A step past the engine's captured CUDA graphs launches every kernel from the CPU:
+        # the GPU cannot run faster than the launches (the kernels hide them when longer).
+        cap = float(p.get("graph_max_tokens", 0.0))
+        if cap > 0 and float(p.get("eager_layer_s", 0.0)) > 0:
+            floor = w.num_layers * float(p["eager_layer_s"])
+            layers = layers + np.where(w.num_tokens > cap,
+                                       np.maximum(floor - kernels - layers, 0.0), 0.0)
         memory = weight_mem + kv_mem + chunk_mem
         compute = gemm_c + attn_c + chunk_c
     else:
@@ -235,6 +257,8 @@ class StepShape:
     top_k: int
     num_experts: int
     gemm_s_per_token: float
+    expert_gemm_s_per_token: float
+    moe_layers: int
     groups: tuple[GroupShape, ...]
     comm_s_per_token: float  # all-reduce bytes per token / link bandwidth
     allreduce_calls: float  # latency units per step: 2 per layer x log2(N)
@@ -273,10 +297,12 @@ class StepShape:
               chunk_attn_gemm: FloatArray | None = None) -> StepWork:
         zero = np.zeros_like(num_seqs)
         return StepWork(
-            num_seqs=num_seqs, num_decode=num_decode, num_chunks=num_chunks,
+            num_seqs=num_seqs, num_tokens=np.asarray(num_tokens, dtype=np.float64) + zero,
+            num_decode=num_decode, num_chunks=num_chunks,
             weight_s=self.weight_s(num_tokens),
             weight16_s=self.weight_s(num_tokens, only_16bit=True),
             gemm_s=self.gemm_s_per_token * num_tokens,
+            expert_gemm_s=self.expert_gemm_s_per_token * num_tokens,
             kv_s=kv, score_s=score, decode_attention_s=dec_attn,
             chunk_kv_s=zero if chunk_kv is None else chunk_kv,
             chunk_tiles_kv_s=zero if chunk_tiles_kv is None else chunk_tiles_kv,
@@ -284,7 +310,8 @@ class StepShape:
             chunk_attention_at_gemm_rate_s=zero if chunk_attn_gemm is None else chunk_attn_gemm,
             comm_s=self.comm_s_per_token * num_tokens,
             allreduce_calls=np.where(num_seqs > 0, self.allreduce_calls, 0.0),
-            num_layers=self.num_layers, weight_bits=self.weight_bits)
+            num_layers=self.num_layers, weight_bits=self.weight_bits,
+            moe_layers=self.moe_layers)
 
     # -- decode --
     def decode_held(self, num_seqs: npt.ArrayLike,
@@ -455,6 +482,8 @@ def _shape_uncached(d: Deployment) -> StepShape:
         top_k=m.num_experts_per_tok if m.is_moe else 0,
         num_experts=m.num_experts if m.is_moe else 0,
         gemm_s_per_token=2 * m.matmul_params_per_token / n / peak,
+        expert_gemm_s_per_token=2 * m.expert_matmul_params_per_token / n / peak,
+        moe_layers=m.num_moe_layers if m.is_moe else 0,
         groups=tuple(groups), comm_s_per_token=comm_per_token,
         allreduce_calls=2 * m.num_layers * allreduce_rounds(n),
         heads_per_gpu=max(1, -(-m.num_heads // n)), num_sms=g.num_sms,

@@ -1,4 +1,7 @@
-"""`bstar validate FILE.csv`: the planner against measurements. Three table shapes:
+"""`bstar validate FILE.csv`: the planner against measurements. Four table shapes:
+- a closed-loop runs table (`num_prompts` and `output_len_max` columns;
+  data/inferencemax/runs.csv): each run simulated like for like and scored per GPU x
+  engine as load stages are, with output tok/s per GPU (bstar.validate_runs);
 - a load-stages table (`arrival` and `duration_s` columns; data/vllm-h100/stages.csv): each
   stage simulated like for like and scored per GPU x engine, generic, profile and
   leave-one-model-out, with its saturation state (bstar.validate_stages);
@@ -20,7 +23,11 @@ from bstar.commands.emit import emit
 
 def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("table", type=Path, metavar="FILE.csv",
-                   help="a load-stages table (columns stage, model, gpu, num_gpus, engine, "
+                   help="a closed-loop runs table (columns run, model, gpu, num_gpus, "
+                        "engine, max_num_seqs, max_num_batched_tokens, concurrency, "
+                        "num_prompts, prompt_len_min/max, output_len_min/max, ttft_mean_ms, "
+                        "tpot_mean_ms, e2e_mean_ms, source; e.g. data/inferencemax/runs.csv), "
+                        "a load-stages table (columns stage, model, gpu, num_gpus, engine, "
                         "max_num_seqs, max_num_batched_tokens, arrival, rate_req_s or "
                         "concurrency, duration_s, prompt_len_p50, output_len, ttft_mean_ms, "
                         "e2e_mean_ms, source; e.g. data/vllm-h100/stages.csv), a curves "
@@ -36,10 +43,10 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
                         "chooses the roof's shape (1, 1.5, 2, 3 or a hard max); for load "
                         "stages bandwidth,overhead_s,allreduce_latency_s")
     p.add_argument("--engine", default=None, metavar="NAME",
-                   help="load stages: the engine profile of the 'profile' column (default: "
-                        "each row's engine)")
+                   help="load stages and runs: the engine profile of the 'profile' column "
+                        "(default: each row's engine)")
     p.add_argument("--no-lomo", action="store_true",
-                   help="load stages: skip the leave-one-model-out fit (it simulates the "
+                   help="load stages and runs: skip the leave-one-model-out fit (it simulates the "
                         "other models' stages many times)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -47,11 +54,14 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from bstar import safeio
     from bstar.fit.points import read_table
+    from bstar.runs_table import is_runs_table
     from bstar.validate_curves import is_curves_table
     from bstar.validate_stages import is_stages_table
 
     text = safeio.read_text(args.table, safeio.MAX_TABLE_BYTES, "table (UTF-8 CSV)")
     table = read_table(text, str(args.table))
+    if table is not None and is_runs_table(table.header):
+        return _run_runs(args, text)
     if table is not None and is_stages_table(table.header):
         return _run_stages(args, text)
     if table is not None and is_curves_table(table.header):
@@ -87,6 +97,18 @@ def _run_stages(args: argparse.Namespace, text: str) -> int:
     v = score_stages(stages, fit, engine=args.engine, lomo=not args.no_lomo,
                      progress=_progress(args))
     return emit(args, v.to_dict, lambda: print_stages_validation(v.to_dict()))
+
+
+def _run_runs(args: argparse.Namespace, text: str) -> int:
+    from bstar.report.text import print_runs_validation
+    from bstar.runs_table import runs_from_csv
+    from bstar.validate_runs import DEFAULT_FIT, score_runs
+
+    runs = runs_from_csv(text, str(args.table), args.table.resolve().parent)
+    fit = tuple(args.fit) if args.fit else DEFAULT_FIT
+    v = score_runs(runs, fit, engine=args.engine, lomo=not args.no_lomo,
+                   progress=_progress(args))
+    return emit(args, v.to_dict, lambda: print_runs_validation(v.to_dict()))
 
 
 def _run_rows(args: argparse.Namespace, text: str) -> int:

@@ -66,6 +66,8 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     else:
         inp = draw_prompt_lengths(stage, rng, num_requests)
     out = np.full(num_requests, stage.output_len, dtype=np.int64)
+    if stage.output_len_min:  # bench_serving's random lengths: uniform integers
+        out = rng.integers(stage.output_len_min, stage.output_len + 1, size=num_requests)
     ids = stage_prompt_ids(inp, stage.shared_prefix_len, k) \
         if prefix_cache and (stage.shared_prefix_len or k) else None
     if stage.arrival == "concurrency":
@@ -213,12 +215,15 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
     run = simulate(d, cfg, w)
     r = run.requests
-    skip = int(n * WARMUP_FRACTION) if n >= 10 else 0
+    warmup = WARMUP_FRACTION if stage.warmup_fraction is None else stage.warmup_fraction
+    skip = int(n * warmup) if n >= 10 else 0
     keep = np.zeros(n, dtype=bool)
     keep[np.argsort(r.arrival_s, kind="stable")[skip:]] = True
     keep &= r.done
     arrival, first, finish = r.arrival_s[keep], r.first_token_s[keep], r.finish_s[keep]
     out_tok = r.output_tokens[keep]
+    if stage.first_chunk_tokens > 1:  # the first chunk leaves with its N-th token
+        first = first_chunk_s(first, finish, out_tok, stage.first_chunk_tokens)
     ttft, e2e = first - arrival, finish - arrival
     multi = out_tok > 1
     tpot = per_request_tpot(e2e[multi], ttft[multi], out_tok[multi])
@@ -239,6 +244,18 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
         ttft_growth=growth, state=predicted_state(run), preemptions=run.num_preemptions,
         truncated=run.truncated)
     return pred
+
+
+def first_chunk_s(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray,
+                  chunk_tokens: int) -> np.ndarray:
+    """When the client sees each request's first chunk if the engine streams its first
+    `chunk_tokens` tokens together (SGLang's stream interval): the first token's time plus
+    chunk_tokens - 1 of the request's own decode steps (its mean time per output token),
+    never past its end."""
+    steps = np.maximum(output_tokens - 1, 1)
+    per_token = (finish_s - first_token_s) / steps
+    extra = np.minimum(chunk_tokens - 1, output_tokens - 1) * per_token
+    return np.asarray(first_token_s + extra, dtype=np.float64)
 
 
 def predicted_state(run: Any) -> str:

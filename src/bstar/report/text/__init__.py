@@ -25,6 +25,7 @@ _RENDERERS = {
     "print_runs": "sweep", "print_runs_compare": "sweep",
     "print_curves_validation": "validate", "print_stages_validation": "validate",
     "format_stages_validation": "validate", "print_rows_validation": "validate",
+    "print_runs_validation": "validate", "format_runs_validation": "validate",
     "print_calibration": "calibrate",
     "print_kv_check": "kv", "format_kv_check": "kv",
     "print_probe": "probe", "print_demo": "demo",
@@ -35,6 +36,7 @@ __all__ = [
     "Progress",
     "console",
     "format_kv_check",
+    "format_runs_validation",
     "format_stages_validation",
     "levels_table",
     "print_calibration",
@@ -51,6 +53,7 @@ __all__ = [
     "print_rows_validation",
     "print_runs",
     "print_runs_compare",
+    "print_runs_validation",
     "print_search",
     "print_simulation",
     "print_stages_validation",
@@ -77,9 +80,11 @@ if TYPE_CHECKING:
         print_runs_compare,
     )
     from bstar.report.text.validate import (
+        format_runs_validation,
         format_stages_validation,
         print_curves_validation,
         print_rows_validation,
+        print_runs_validation,
         print_stages_validation,
     )
 

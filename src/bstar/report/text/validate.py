@@ -162,6 +162,73 @@ def _stage_line(s: dict[str, Any], ways: list[tuple[str, str]]) -> str:
     return line
 
 
+# ---- closed-loop runs -------------------------------------------------------------------
+RUN_METRICS = (("tpot_mean_ms", "TPOT"), ("ttft_mean_ms", "TTFT"), ("e2e_mean_ms", "E2E"),
+               ("output_tok_s_per_gpu", "tok/s/GPU"))
+
+
+def print_runs_validation(v: dict[str, Any]) -> None:
+    print(format_runs_validation(v))
+
+
+def format_runs_validation(v: dict[str, Any]) -> str:
+    """The closed-loop run validation (`RunsValidation.to_dict()`) as terminal text: per GPU x
+    engine a line per run (each metric measured and each way's error), then per way and per
+    model the mean / median |error| of each metric."""
+    out = ["closed-loop runs, each simulated like for like (all users start at t = 0, every "
+           "request scored); error = predicted / measured - 1"]
+    for g in v["groups"]:
+        ways = [(k, name) for k, name in WAYS if k in g["summary"]]
+        lomo = (f"; LOMO fits {', '.join(g['fit'])} without the run's model"
+                if "lomo" in g["summary"] else "")
+        out += ["", f"{Path(g['gpu']).name} x {g['engine']} (profile {g['profile']}, "
+                    f"{g['profile_basis']}{lomo})"]
+        hdr = f"  {'run':<44}"
+        for _, m in RUN_METRICS:
+            hdr += f"{m:>11}" + "".join(f"{name:>8}" for _, name in ways)
+        out.append(hdr)
+        for s in g["stages"]:
+            line = f"  {s['stage'][:43]:<44}"
+            for key, _ in RUN_METRICS:
+                x = s["measured"].get(key)
+                line += f"{x:>11.1f}" if x is not None else f"{'-':>11}"
+                for k, _ in ways:
+                    p = s["predicted"].get(k)
+                    line += f"{signed_pct(p['errors'].get(key) if p else None):>8}"
+            out.append(line)
+        out.append("  mean / median |error|")
+        for k, name in ways:
+            sm = g["summary"][k]
+            out.append(f"    {name:<9}" + "".join(
+                f"  {m} {pct(sm[key]['mean']).strip()} / {pct(sm[key]['median']).strip()}"
+                for key, m in RUN_METRICS))
+        if len(g["models"]) > 1:
+            out += _run_model_lines(g, ways)
+        for m, e in g["lomo_eff"].items():
+            out.append(f"    LOMO without {m}: " + ", ".join(f"{k} = {x:.4g}"
+                                                         for k, x in e.items()))
+        out += [f"    note: {n}" for n in g["notes"]]
+    for s in v["skipped"]:
+        out.append(f"  skipped {s['stage']} ({s['model']} on {s['gpu']}): {s['reason']}")
+    return "\n".join(out)
+
+
+def _run_model_lines(g: dict[str, Any], ways: list[tuple[str, str]]) -> list[str]:
+    """Median |error| of each metric per model and way."""
+    import statistics
+
+    out = []
+    for model in g["models"]:
+        for k, name in ways:
+            cells = []
+            for key, m in RUN_METRICS:
+                e = [abs(p["errors"][key]) for s in g["stages"] if s["model"] == model
+                     for p in [s["predicted"].get(k)] if p and key in p["errors"]]
+                cells.append(f"{m} {pct(statistics.median(e) if e else None).strip()}")
+            out.append(f"    {model} {name}: median " + ", ".join(cells))
+    return out
+
+
 # ---- rows -------------------------------------------------------------------------------
 def print_rows_validation(v: Validation) -> None:
     """A line per measured row: measured, uncalibrated and leave-one-out calibrated with

@@ -111,10 +111,15 @@ def layer_groups(m: ModelFields) -> tuple[LayerGroup, ...]:
     else:
         per_pos = 4 * m.num_heads * m.head_dim
     values = m.kv_values_per_token_per_layer()
+    # Per unit of causal area (2 per query x key pair): Q.K over head_dim and P.V over the
+    # value width. MLA prefills in its decompressed (MHA) form: Q.K over the 192 nope + rope
+    # dims, P.V over v_head_dim (128), not 2 x 192.
+    pair = m.num_heads * (m.head_dim + m.v_head_dim) if m.is_mla and m.v_head_dim \
+        else 2 * m.num_heads * m.head_dim
     base = dict(kv_values_per_token=values,
                 kv_heads=0 if m.is_mla else m.num_kv_heads,
                 decode_flops_per_pos=per_pos,
-                prefill_flops_per_pair=2 * m.num_heads * m.head_dim,
+                prefill_flops_per_pair=pair,
                 query_heads=m.num_heads)
     kinds = m.kinds()
     count = {k: kinds.count(k) for k in dict.fromkeys(kinds)}

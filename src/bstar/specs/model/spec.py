@@ -106,6 +106,16 @@ class ModelSpec(ModelFields):
         lm_head = self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0
         return lin + expert + lm_head
 
+    @property
+    def expert_matmul_params_per_token(self) -> int:
+        """Of `matmul_params_per_token`, the routed experts' (top-k of E): what the fused-MoE
+        kernels multiply (0 for a dense model)."""
+        if not self.is_moe:
+            return 0
+        vision = {id(t) for t in self.vision}
+        expert = sum(t.params for t in self.tensors() if t.expert and id(t) not in vision)
+        return expert * self.num_experts_per_tok // self.num_experts
+
     def weight_bytes_parts(self, weight: Precision) -> tuple[int, int, int]:
         """(dense bytes, routed-expert bytes, input-embedding bytes), exact.
 
