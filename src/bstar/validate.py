@@ -158,7 +158,8 @@ class Validation:
             "uncalibrated_median_abs_error": self.uncalibrated_median_abs_error,
             "calibrated_median_abs_error": self.calibrated_median_abs_error,
             "groups": [{"gpu": g, "engine": e, "efficiency": {k: getattr(eff, k)
-                                                              for k in PARAMS}}
+                                                              for k in PARAMS
+                                                              if hasattr(eff, k)}}
                        for (g, e), eff in self.group_eff.items()],
             "rows": [{"model": r.row.model, "gpu": r.row.gpu, "num_gpus": r.row.num_gpus,
                       "engine": r.row.engine, "input_len": r.row.input_len,
