@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bounded import Hang, bounded
 from bstar.cli import main
 from fuzz_corpus import store_failure
 
@@ -51,25 +52,6 @@ def _settings(name: str) -> settings:
                                            HealthCheck.data_too_large])
 
 
-class _Hang(BaseException):
-    """Raised by the alarm: not an Exception, so no handler in bstar swallows it."""
-
-
-def _on_alarm(signum: int, frame: object) -> None:
-    raise _Hang
-
-
-@contextlib.contextmanager
-def _bounded(seconds: int) -> Iterator[None]:
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def run_cli(argv: list[str], store: bool = True) -> tuple[int, str, str]:
     """`bstar ARGV` in this process: (status, stdout, stderr); asserts the contract. A
     failing case is stored as a reproducer (fuzz_corpus.store_failure) unless `store` is
@@ -89,13 +71,13 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     status: int
     try:
-        with _bounded(CASE_TIMEOUT_S), contextlib.redirect_stdout(out), \
+        with bounded(CASE_TIMEOUT_S), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
             try:
                 status = main(argv)
             except SystemExit as e:  # argparse: --help or a bad flag
                 status = e.code if isinstance(e.code, int) else 2
-    except _Hang:
+    except Hang:
         pytest.fail(f"bstar {' '.join(argv)} ran past {CASE_TIMEOUT_S} s")
     except Exception as e:  # a traceback: the defect this test is for
         raise AssertionError(f"bstar {' '.join(argv)} raised {type(e).__name__}: {e}") from e

@@ -16,7 +16,6 @@ import io
 import json
 import signal
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bounded import Hang, bounded
 from bstar.cli import main
 from bstar.loadgen.client import ERROR_KINDS
 from hostile_fake import Handler, HostileServer, token_events
@@ -35,32 +35,13 @@ CASE_TIMEOUT_S = 60  # a bound against a hang, far above a case's run time (~0.5
 NUM = 4
 
 
-class _Hang(BaseException):
-    pass
-
-
-def _on_alarm(signum: int, frame: object) -> None:
-    raise _Hang
-
-
-@contextlib.contextmanager
-def _bounded(seconds: int) -> Iterator[None]:
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     try:
-        with _bounded(CASE_TIMEOUT_S), contextlib.redirect_stdout(out), \
+        with bounded(CASE_TIMEOUT_S), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
             status = main(argv)
-    except _Hang:
+    except Hang:
         pytest.fail(f"bstar {' '.join(argv[:3])} ran past {CASE_TIMEOUT_S} s")
     assert status in (0, 1, 2), err.getvalue()
     return status, out.getvalue(), err.getvalue()

@@ -16,13 +16,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bounded import Hang, bounded
 from bstar.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,38 +32,17 @@ GPU = ('name = "x"\nmemory_bytes = 85899345920\nhbm_bandwidth_bytes_s = 2e12\n'
 BOUND_S = 20  # far above any case here; a hang fails instead of blocking the suite
 
 
-class _Hang(BaseException):
-    pass
-
-
-@contextlib.contextmanager
-def _bounded(seconds: int) -> Iterator[None]:
-    def on_alarm(signum: int, frame: object) -> None:
-        raise _Hang
-
-    if not hasattr(signal, "SIGALRM"):  # pragma: no cover
-        yield
-        return
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def run(argv: list[str]) -> tuple[int, str, str]:
     """`bstar ARGV` in-process: (status, stdout, stderr), bounded in time."""
     out, err = io.StringIO(), io.StringIO()
     try:
-        with _bounded(BOUND_S), contextlib.redirect_stdout(out), \
+        with bounded(BOUND_S), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
             try:
                 status = main(argv)
             except SystemExit as e:
                 status = e.code if isinstance(e.code, int) else 2
-    except _Hang:
+    except Hang:
         pytest.fail(f"bstar {' '.join(argv)[:200]} ran past {BOUND_S} s")
     return status, out.getvalue(), err.getvalue()
 
@@ -346,7 +324,6 @@ def test_long_tables_show_head_tail_and_count(tmp_path: Path) -> None:
     assert re.search(r"19,970 more rows \(--json has all 20,000\)", out)
     status, out, _ = run(["fit", str(p), "--bootstrap", "0", "--json"])
     assert status == 0 and len(json.loads(out)["points"]) == 20_000
-
 
 
 @pytest.mark.slow  # ~1.5 s: a leave-one-out calibration
