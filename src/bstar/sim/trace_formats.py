@@ -83,7 +83,10 @@ def _json_lines(lines: list[str]) -> tuple[str, list[Row], int]:
 
 
 def _csv(lines: list[str]) -> tuple[str, list[Row], int]:
-    table = list(csv.reader(io.StringIO("\n".join(lines))))
+    try:
+        table = list(csv.reader(io.StringIO("\n".join(lines))))
+    except csv.Error as e:  # e.g. a cell past the csv module's field limit
+        raise BstarError(f"not a readable CSV table ({e})") from None
     header = [h.strip() for h in table[0]]
     recs = [dict(zip(header, (c.strip() for c in cells), strict=False)) for cells in table[1:]]
     cols = set(header)
