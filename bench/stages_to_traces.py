@@ -116,6 +116,10 @@ def score_both(stage: Stage, out_dir: Path, seed: int = 0) -> tuple[Any, Any, fl
     return gen, tr, rates[0], rates[1]
 
 
+def _short(state: str) -> str:
+    return "growing" if state == "queue growing" else state
+
+
 def _pct(x: float | None) -> str:
     return "   -  " if x is None or not math.isfinite(x) else f"{100 * x:+5.1f}%"
 
@@ -143,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               if not args.only or s.stage in args.only]
     print("profile efficiencies; error = predicted / measured - 1; "
           "gen = validate's stage workload, trace = its Mooncake trace")
-    print(f"  {'stage':<34}{'state meas':>11}{'gen':>9}{'trace':>9}   "
+    print(f"  {'stage':<34}{'meas':>9}{'gen':>9}{'trace':>9}   "
           f"{'E2E gen':>8}{'trace':>8}  {'TTFT gen':>8}{'trace':>8}  "
           f"{'tok gen':>8}{'trace':>8}   hit rate gen / trace")
     gens, trs = [], []
@@ -153,8 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         trs.append(t)
         cols = "  ".join(f"{_pct(g.errors.get(k))}  {_pct(t.errors.get(k))}"
                          for k in ("e2e_mean_ms", "ttft_mean_ms", "tpot_mean_ms"))
-        print(f"  {st.stage:<34}{g.measured_state:>11}{g.prediction.state:>9}"
-              f"{t.prediction.state:>9}   {cols}   {hg:.3f} / {ht:.3f}")
+        states = (_short(x) for x in (g.measured_state, g.prediction.state,
+                                      t.prediction.state))
+        print(f"  {st.stage:<34}" + "".join(f"{x:>9}" for x in states)
+              + f"   {cols}   {hg:.3f} / {ht:.3f}")
     sg, stt = summarize_scores(gens), summarize_scores(trs)
     print(f"  mean / median |error| over the {sg.latency_stages} stages measured steady; "
           f"states right of {sg.stages}")
