@@ -101,3 +101,24 @@ def test_a_bad_workload_table_is_one_line_error(tmp_path: Path) -> None:
         traffic_from_profile(p)
     p.write_text("[efficiency]\n")
     assert traffic_from_profile(p) is None
+
+
+def test_search_sizes_for_the_profiles_workload_unless_given_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bstar.cli import build_parser
+    from bstar.commands.search import spec_from_args
+
+    db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
+    stored_sweep(db, 0.9)
+    assert main(["calibrate", "run-hit", "--db", str(db), "--model", "llama-3-8b", "--gpu",
+                 "a100-80gb-sxm", "--fit", "bandwidth,overhead_s", "-o", str(prof)]) == 0
+    capsys.readouterr()
+    base = ["search", "--profile", f"a100-80gb-sxm={prof}", "--rate", "5", "--slo",
+            "ttft:2000,tpot:100", "--gpu", "a100-80gb-sxm"]
+    spec = spec_from_args(build_parser().parse_args(base))
+    m = traffic_from_profile(prof)
+    assert m is not None
+    assert spec.traffic.prompt_shape.shared_prefix_tokens == m.shared_prefix_tokens
+    assert "measured prefix-cache hit rate 90.0%" in capsys.readouterr().err
+    spec = spec_from_args(build_parser().parse_args([*base, "--input-len", "300"]))
+    assert spec.traffic.prompt_shape is None
