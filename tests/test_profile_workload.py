@@ -46,6 +46,7 @@ def stored_sweep(db: Path, hit_rate: float) -> str:
     return rid
 
 
+@pytest.mark.slow
 def test_calibrate_records_the_workload_and_simulate_uses_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
