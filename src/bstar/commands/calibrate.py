@@ -60,6 +60,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     d = deployment_from_args(args)
     path = Path(args.source)
     warnings: list[str] = []
+    workload = None
     if path.is_file():
         from bstar.fit.points import load_steps
 
@@ -67,6 +68,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         source = str(path)
     else:
         points, source, run = points_from_run(args.db, args.source, args.metric, args.context)
+        workload = _workload(args.db, run["id"])
         if not args.engine_version and run.get("server_version"):
             args.engine_version = str(run["server_version"])
     c = cal.calibrate(d, points, args.fit, engine=args.engine,
@@ -80,8 +82,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         from dataclasses import replace
         c = replace(c, kv_pool_bytes=pool, reserve_bytes=cal.reserve_from_kv_pool(d, pool))
     if args.output is not None:
+        from bstar.loadgen.measured import workload_toml
+
         try:
-            args.output.write_text(cal.profile_toml(c))
+            args.output.write_text(cal.profile_toml(c) + (
+                "" if workload is None else workload_toml(workload)))
         except OSError as e:
             raise BstarError(f"{args.output}: cannot write ({e.strerror})") from None
     if warnings:
@@ -96,11 +101,24 @@ def run_calibrate(args: argparse.Namespace) -> int:
                 cal.median_abs_error(pts, uncalibrated=True)) for run, model, pts in checks]
     return emit(args, lambda: {**c.to_dict(), "profile": str(args.output or ""),
                                "repeat_spread": spread,
+                               "workload": None if workload is None else workload.to_dict(),
                                "checks": [{"run": run, "model": model,
                                            "median_abs_error": median,
                                            "points": [_point_dict(p) for p in pts]}
                                           for run, model, pts, median, _ in checked]},
                 lambda: print_calibration(c, args.output, spread, checked))
+
+
+def _workload(db: str | None, run_id: str) -> Any:
+    """The traffic the sweep measured (`bstar.loadgen.measured`), for the profile's
+    [workload] table; None when its requests carry no token counts."""
+    from bstar.errors import BstarError
+    from bstar.loadgen.measured import measured_traffic
+
+    try:
+        return measured_traffic(db, run_id)
+    except BstarError:
+        return None
 
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:

@@ -177,13 +177,15 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    from bstar.commands.simulate import prompt_shape
+    from bstar.commands.simulate import profile_traffic, prompt_shape
 
     input_len, output_len, shape = args.input_len, args.output_len, prompt_shape(args)
+    measured = profile_traffic(args, _first_profile(args.profile))
     if args.from_run:
         from bstar.loadgen.measured import measured_traffic
 
         measured = measured_traffic(args.runs_db, args.from_run)
+    if measured is not None:
         caching = not args.no_prefix_caching
         input_len, output_len = measured.lengths(shared=caching and shape is None)
         shape = shape or (measured.prompt_shape() if caching else None)
@@ -290,3 +292,11 @@ def run_search(args: argparse.Namespace) -> int:
         print_search(obj, args.top)
 
     return emit(args, lambda: obj, text, plot)
+
+
+def _first_profile(items: list[str] | None) -> str | None:
+    """The first --profile's file ([GPU=]FILE): the one whose [workload] a search without
+    a workload of its own sizes for."""
+    if not items:
+        return None
+    return items[0].partition("=")[2].strip() if "=" in items[0] else items[0]

@@ -106,12 +106,29 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def _measured(args: argparse.Namespace) -> Any:
-    """The stored sweep --from-run names (`bstar.loadgen.measured`), or None."""
+    """The stored sweep --from-run names (`bstar.loadgen.measured`), else the traffic a
+    --profile recorded when no workload is given (`profile_traffic`), or None."""
     if not getattr(args, "from_run", None):
-        return None
+        return profile_traffic(args, getattr(args, "profile", None))
     from bstar.loadgen.measured import measured_traffic
 
     return measured_traffic(getattr(args, "runs_db", None), args.from_run)
+
+
+DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len
+
+
+def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
+    """The [workload] table of calibration profile `profile` (the sweep `bstar calibrate`
+    read), when the flags give no workload: no --trace, --prefix-cached-tokens or
+    prompt-sharing flag, and --input-len / --output-len at their defaults. None otherwise."""
+    if not profile or getattr(args, "trace", None) or args.prefix_cached_tokens \
+            or prompt_shape(args) is not None \
+            or (args.input_len, args.output_len) != DEFAULT_LENGTHS:
+        return None
+    from bstar.loadgen.measured import traffic_from_profile
+
+    return traffic_from_profile(profile)
 
 
 def study_options(args: argparse.Namespace) -> Any:

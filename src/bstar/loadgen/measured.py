@@ -8,6 +8,11 @@ length m becomes one shared prefix of round(h x m) tokens at the start of every 
 which the simulated cache serves after the first request (`shared_prefix_tokens`). This is
 the simplest identity with that hit rate. It cannot say which prompts shared what, so the
 report shows the simulated hit rate next to the measured one.
+
+`bstar calibrate RUN -o PROFILE` records the same traffic in the profile's [workload] table
+(`workload_toml`); `bstar simulate --profile PROFILE` and `bstar search --profile PROFILE`
+read it back (`traffic_from_profile`) and use it as --from-run would, when the user gives no
+workload of their own (docs/calibrate.md).
 """
 
 from __future__ import annotations
@@ -105,3 +110,67 @@ def measured_traffic(db: str | Path | None, run_id: str) -> MeasuredTraffic:
         raise BstarError(f"run {run_id} has no completed request with token counts")
     return MeasuredTraffic(run["id"], tuple(prompts), tuple(outputs),
                            hits if scraped else None, queries if scraped else None)
+
+
+MAX_PROFILE_LENGTHS = 2000  # lengths a profile's [workload] keeps per list
+
+
+def _kept_lengths(x: tuple[int, ...]) -> list[int]:
+    """All of them, or MAX_PROFILE_LENGTHS evenly spaced order statistics (the same
+    empirical distribution, to 1/MAX_PROFILE_LENGTHS in quantile)."""
+    if len(x) <= MAX_PROFILE_LENGTHS:
+        return list(x)
+    s = np.sort(np.asarray(x))
+    idx = np.rint(np.linspace(0, len(s) - 1, MAX_PROFILE_LENGTHS)).astype(np.int64)
+    return [int(v) for v in s[idx]]
+
+
+def workload_toml(m: MeasuredTraffic) -> str:
+    """The [workload] table of a calibration profile: the sweep's traffic (module
+    docstring). Counters absent when the sweep did not scrape them."""
+    import json
+
+    lines = ["\n[workload]  # the traffic the sweep measured; `--profile` simulates it when "
+             "no workload is given", f"run = {json.dumps(m.run_id)}",
+             f"requests = {len(m.prompt_tokens)}"]
+    if m.hit_tokens is not None and m.query_tokens is not None:
+        lines += [f"prefix_cache_hit_tokens = {m.hit_tokens}",
+                  f"prefix_cache_query_tokens = {m.query_tokens}",
+                  f"prefix_cache_hit_rate = {m.hit_rate!r}" if m.hit_rate is not None
+                  else "", f"shared_prefix_tokens = {m.shared_prefix_tokens}"]
+    lines += [f"prompt_tokens = {json.dumps(_kept_lengths(m.prompt_tokens))}",
+              f"output_tokens = {json.dumps(_kept_lengths(m.output_tokens))}"]
+    return "\n".join(ln for ln in lines if ln) + "\n"
+
+
+def _lengths(path: Any, tab: dict[str, Any], key: str) -> tuple[int, ...]:
+    x = tab.get(key)
+    if not isinstance(x, list) or not x or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000_000
+            for v in x):
+        raise BstarError(f"{path}: workload.{key} must be a list of token counts in "
+                         "1..10,000,000")
+    return tuple(x)
+
+
+def traffic_from_profile(path: str | Path) -> MeasuredTraffic | None:
+    """The [workload] table of a calibration profile, or None when it has none."""
+    from bstar import safeio
+
+    data = safeio.load_toml(Path(path), what="profile (TOML)")
+    tab = data.get("workload")
+    if tab is None:
+        return None
+    if not isinstance(tab, dict):
+        raise BstarError(f"{path}: [workload] must be a table")
+    counts = []
+    for k in ("prefix_cache_hit_tokens", "prefix_cache_query_tokens"):
+        v = tab.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise BstarError(f"{path}: workload.{k} must be a non-negative integer")
+        counts.append(v)
+    hits, queries = counts
+    if (hits is None) != (queries is None) or (hits is not None and hits > queries):
+        raise BstarError(f"{path}: workload needs both prefix-cache counters, hits <= queries")
+    return MeasuredTraffic(str(tab.get("run", "")), _lengths(path, tab, "prompt_tokens"),
+                           _lengths(path, tab, "output_tokens"), hits, queries)

@@ -203,15 +203,21 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
                    engine: str | None = None, deployment: Deployment | None = None,
                    max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
                    seed: int = 0, prefix_cache: bool = True,
-                   behaviour: EngineBehaviour | None = None) -> StagePrediction:
+                   behaviour: EngineBehaviour | None = None,
+                   workload: Workload | None = None) -> StagePrediction:
     """Simulate one stage like for like (the package docstring). The deployment is
-    `deployment` if given, else `stage_deployment(stage, engine, eff, behaviour)`."""
+    `deployment` if given, else `stage_deployment(stage, engine, eff, behaviour)`; the
+    requests are `workload` if given (e.g. the stage read back from a trace), else
+    `stage_workload`'s."""
     from bstar.sim import SchedulerConfig, SimConfig, simulate
 
     d = (deployment if deployment is not None
          else stage_deployment(stage, engine, eff, behaviour))
-    n = stage_requests(stage, max_window_s, max_requests)
-    w = stage_workload(stage, n, seed, prefix_cache)
+    if workload is None:
+        n = stage_requests(stage, max_window_s, max_requests)
+        w = stage_workload(stage, n, seed, prefix_cache)
+    else:
+        n, w = len(workload.prompt_tokens), workload
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
     run = simulate(d, cfg, w)
     r = run.requests
