@@ -398,8 +398,9 @@ class StepShape:
         num_dec = c.size - num_chunks
         d_end = end[~chunk] if num_chunks else end
         kv = score = attn = 0.0
-        for g in self.groups:
-            h = float(g.held(d_end).sum())
+        d_sum = float(d_end.sum())
+        for g in self.groups:  # a full layer without a window reads all it holds
+            h = d_sum if g.kind == "full" and not g.window_tokens else float(g.held(d_end).sum())
             kv += g.kv_s_per_token * h + g.state_s_per_seq * float(num_dec)
             score += g.score_s_per_pos * h
             attn += g.decode_attention_s_per_pos * h
