@@ -119,3 +119,23 @@ def test_a_missed_term_would_fail() -> None:
         moved = {**base, f.name: (not base[f.name]) if isinstance(base[f.name], bool)
                  else base[f.name] * 1.5}
         assert not np.allclose(prices(moved), ref, rtol=1e-9, atol=0), f.name
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_short_decode_runs_equal_step_price(model: str, num_gpus: int, weight: str) -> None:
+    """A decode run priced step by step (runs up to SHORT_RUN_STEPS) is `price` of it."""
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    shape = st.shape(d)
+    rng = np.random.default_rng(hash((model, weight)) % 2**32)
+    for _ in range(8):
+        params = random_params(rng)
+        k = type(coefficients(d))(shape, params)
+        for num_steps in (1, 2, 5, 16, 17, 40):
+            start = rng.integers(1, 40_000, int(rng.integers(1, 300)))
+            want = st.price(shape.decode_run(start, num_steps), params)
+            got = k.decode_run_step_s(start, num_steps)
+            assert got.shape == want.shape
+            ok = np.isnan(want)
+            assert np.array_equal(np.isnan(got), ok)
+            np.testing.assert_allclose(got[~ok], want[~ok], rtol=1e-12, atol=0)

@@ -39,6 +39,9 @@ from bstar import step as st
 from bstar.deployment import Deployment
 
 FloatArray = npt.NDArray[np.float64]
+# Decode runs up to this many steps are priced one step at a time (OneStep): cheaper than
+# numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
+SHORT_RUN_STEPS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +65,12 @@ class StepCoefficients:
         return st.price(self.shape.decode_held(b, held_sums), self.eff)
 
     def decode_run_step_s(self, start_tokens: npt.ArrayLike, num_steps: int) -> FloatArray:
-        """Times of `num_steps` consecutive pure-decode steps of the same sequences."""
-        return st.price(self.shape.decode_run(start_tokens, num_steps), self.eff)
+        """Times of `num_steps` consecutive pure-decode steps of the same sequences (a short
+        run priced step by step by `OneStep`: numpy's cost per call is most of a short one)."""
+        w = self.shape.decode_run(start_tokens, num_steps)
+        if num_steps > SHORT_RUN_STEPS:
+            return st.price(w, self.eff)
+        return np.array(self.one.price_work(w))
 
     def step_work(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> st.StepWork:
         return self.shape.scheduled(start_tokens, new_tokens)
@@ -111,6 +118,11 @@ class OneStep:
         hi = max(m, c, 1e-300)
         return hi * ((m / hi) ** k + (c / hi) ** k) ** (1.0 / k)
 
+    def price_work(self, w: st.StepWork) -> list[float]:
+        """Each step of `w` (`price(w, params)` as a list)."""
+        cols = [getattr(w, f).tolist() for f in _WORK_FIELDS]
+        return [self.price(*row) for row in zip(*cols, strict=True)]
+
     def price(self, num_seqs: float, num_decode: float, num_chunks: float, num_tokens: float,
               kv: float, score: float, dec_attn: float, chunk_kv: float, chunk_tiles_kv: float,
               chunk_attn: float, chunk_attn_gemm: float) -> float:
@@ -151,3 +163,9 @@ class OneStep:
         comm = s.comm_s_per_token * t + s.allreduce_calls * p["allreduce_latency_s"]
         overhead = p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs
         return kernels + layers + comm + overhead
+
+
+# `price`'s arguments: what `StepShape._work` takes, read back from a StepWork.
+_WORK_FIELDS = ("num_seqs", "num_decode", "num_chunks", "num_tokens", "kv_s", "score_s",
+                "decode_attention_s", "chunk_kv_s", "chunk_tiles_kv_s", "chunk_attention_s",
+                "chunk_attention_at_gemm_rate_s")
