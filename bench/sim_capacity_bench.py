@@ -11,7 +11,10 @@ tokens, Poisson 20 req/s, Llama-3-8B on an A100-80GB at vllm serve's defaults th
 - `bstar simulate` itself in a fresh interpreter (imports and printing included), against
   the 2 s budget;
 - one `bstar search` candidate (`search.evaluate`: capacity, then the SLO bisection below
-  it), against the 1 s budget.
+  it), against the 1 s budget;
+- the study of examples/traces/mooncake-sample.jsonl (300 requests of ~14k prompt tokens
+  through the prefix cache), without and with its capacity line, once each (issue 29:
+  "each bundled sample trace simulates offline in seconds").
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bstar.deployment import Deployment
@@ -31,6 +35,7 @@ from bstar.sim.traffic import parse_lengths
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
 
+MOONCAKE = Path(__file__).resolve().parent.parent / "examples/traces/mooncake-sample.jsonl"
 STUDY_BUDGET_S = 2.0
 CANDIDATE_BUDGET_S = 1.0
 REPEAT = 5
@@ -84,7 +89,15 @@ def main() -> int:
     print(f"  one search candidate (max_num_seqs 64): {cand_s:.3f} s  "
           f"({cand_s / CANDIDATE_BUDGET_S:.2f} of the {CANDIDATE_BUDGET_S:g} s budget; "
           f"{row.get('simulations', '?')} simulations)")
+    trace = StudyOptions(trace=str(MOONCAKE))
+    moon_base_s, _ = median_s(lambda: run_study(d, StudyOptions(trace=str(MOONCAKE),
+                                                                capacity=False)), 1)
+    moon_s, _ = median_s(lambda: run_study(d, trace), 1)
+    print(f"  {MOONCAKE.name} (300 requests), one run each: without capacity "
+          f"{moon_base_s:.3f} s, with capacity {moon_s:.3f} s (ratio "
+          f"{moon_s / moon_base_s:.2f})")
     ok = cli_s <= STUDY_BUDGET_S and cand_s <= CANDIDATE_BUDGET_S
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     print("PASS" if ok else "OVER BUDGET")
     return 0 if ok else 1
 

@@ -154,7 +154,6 @@ def params_dict(params: Any) -> Mapping[str, Any]:
     return {k: getattr(params, k) for k in _FIELDS}
 
 
-
 def concat(works: list[StepWork]) -> StepWork:
     """Several StepWorks of one deployment as one (arrays joined in order)."""
     first = works[0]
@@ -383,21 +382,30 @@ class StepShape:
     def scheduled(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> StepWork:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`
         (decode: 1 new token; a prompt chunk: more)."""
+        one = np.ones(1)
+        return self._work(*(one * v for v in self.scheduled_sums(start_tokens, new_tokens)))
+
+    def scheduled_sums(self, start_tokens: npt.ArrayLike,
+                       new_tokens: npt.ArrayLike) -> tuple[float, ...]:
+        """`scheduled`'s step as the floats `_work` takes (sequences, decodes, chunks,
+        tokens, decode KV / score / attention, chunk KV / tiles / attention / at the GEMM
+        rate): what `StepPricer` prices without arrays."""
         c = np.asarray(start_tokens, dtype=np.float64).ravel()
         n = np.asarray(new_tokens, dtype=np.float64).ravel()
         end = c + n
         chunk = n > 1
-        dec = ~chunk
-        d_end = end[dec]
-        one = np.ones(1)
+        num_chunks = int(np.count_nonzero(chunk))
+        num_dec = c.size - num_chunks
+        d_end = end[~chunk] if num_chunks else end
         kv = score = attn = 0.0
-        for g in self.groups:
-            h = float(g.held(d_end).sum())
-            kv += g.kv_s_per_token * h + g.state_s_per_seq * float(dec.sum())
+        d_sum = float(d_end.sum())
+        for g in self.groups:  # a full layer without a window reads all it holds
+            h = d_sum if g.kind == "full" and not g.window_tokens else float(g.held(d_end).sum())
+            kv += g.kv_s_per_token * h + g.state_s_per_seq * float(num_dec)
             score += g.score_s_per_pos * h
             attn += g.decode_attention_s_per_pos * h
         ckv = ctiles = cattn = cattn_g = 0.0
-        if chunk.any():
+        if num_chunks:
             cf, nf = c[chunk], n[chunk]
             ef = cf + nf
             tiles = np.ceil(nf / ATTENTION_TILE_TOKENS)
@@ -413,9 +421,8 @@ class StepShape:
                     (ef * g.held(ef) - cf * g.held(cf)).sum())
             cattn = area / occ
             cattn_g = area
-        return self._work(one * c.size, one * float(dec.sum()), one * float(chunk.sum()),
-                          one * float(n.sum()), one * kv, one * score, one * attn,
-                          one * ckv, one * ctiles, one * cattn, one * cattn_g)
+        return (float(c.size), float(num_dec), float(num_chunks), float(n.sum()), kv, score,
+                attn, ckv, ctiles, cattn, cattn_g)
 
     def prefill(self, prompt_tokens: int, batch: int = 1) -> StepWork:
         """The step that prefills `batch` prompts of `prompt_tokens` from scratch."""

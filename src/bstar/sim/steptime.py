@@ -1,13 +1,21 @@
 """Time of one engine step with a mixed batch (prefill chunks + decode tokens), for the
 simulator and the capacity search.
 
-No arithmetic of its own: `StepCoefficients` binds a deployment's per-GPU constants
+No formula of its own: `StepCoefficients` binds a deployment's per-GPU constants
 (`bstar.step.StepShape`) to its efficiencies, and every step is priced by `bstar.step.price`,
 the same function the plan's curve (`roofline.decode_step`), prefill (`roofline.prefill_s`)
 and calibration use. So:
 
 - a step of B decode sequences all at context s costs `roofline.decode_step(d, [B], s)`;
 - a step that prefills one prompt of n tokens from scratch costs `roofline.prefill_s(d, n)`.
+
+The simulator prices one step at a time, ~10^5 of them per run, and numpy's cost per call on
+one-element arrays was two thirds of a step (docs/simulate.md, "Speed"). So `OneStep` prices
+a single scheduled step (`batch_step_s`) with the same arithmetic in Python floats:
+`StepShape.scheduled_sums`' floats through `_work` and `price_parts` line by line.
+tests/test_sim_onestep.py holds it equal to `step.price(shape.scheduled(...))` (rel 1e-12)
+over random steps of dense, MoE, MLA, windowed, state and tensor-parallel deployments with
+every field of Efficiency drawn at random, so a term added to `price` and not here fails it.
 
 Per step, over the scheduled sequences i, each computing n_i new tokens on top of c_i already
 in the KV cache (decode: n_i = 1; a prompt chunk: n_i > 1), the work is: T = sum n_i tokens
@@ -20,7 +28,8 @@ weight GEMMs, not hidden under the weight read by one max over the step (measure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +39,9 @@ from bstar import step as st
 from bstar.deployment import Deployment
 
 FloatArray = npt.NDArray[np.float64]
+# Decode runs up to this many steps are priced one step at a time (OneStep): cheaper than
+# numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
+SHORT_RUN_STEPS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,10 @@ class StepCoefficients:
 
     shape: st.StepShape
     eff: Any  # Efficiency, or a mapping of its fields
+    one: OneStep = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "one", OneStep(self.shape, self.eff))
 
     def decode_step_s(self, num_seqs: npt.ArrayLike,
                       held_sums: tuple[npt.ArrayLike, ...] | None = None) -> FloatArray:
@@ -49,19 +65,107 @@ class StepCoefficients:
         return st.price(self.shape.decode_held(b, held_sums), self.eff)
 
     def decode_run_step_s(self, start_tokens: npt.ArrayLike, num_steps: int) -> FloatArray:
-        """Times of `num_steps` consecutive pure-decode steps of the same sequences."""
-        return st.price(self.shape.decode_run(start_tokens, num_steps), self.eff)
+        """Times of `num_steps` consecutive pure-decode steps of the same sequences (a short
+        run priced step by step by `OneStep`: numpy's cost per call is most of a short one)."""
+        w = self.shape.decode_run(start_tokens, num_steps)
+        if num_steps > SHORT_RUN_STEPS:
+            return st.price(w, self.eff)
+        return np.array(self.one.price_work(w))
 
     def step_work(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> st.StepWork:
         return self.shape.scheduled(start_tokens, new_tokens)
 
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
-        if np.asarray(new_tokens).size == 0:
+        if np.size(new_tokens) == 0:
             return 0.0
-        return float(st.price(self.shape.scheduled(start_tokens, new_tokens), self.eff)[0])
+        return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
 
 
 def coefficients(d: Deployment) -> StepCoefficients:
     """The simulator's step pricer for a deployment (its shape, its efficiencies)."""
     return StepCoefficients(st.shape(d), st.params_dict(d.eff))
+
+
+class OneStep:
+    """`step.price` of one step given as `StepShape.scheduled_sums`' floats, in Python floats
+    (see the module docstring): `_work`'s per-token terms, then `price_parts`, in its order."""
+
+    __slots__ = ("cap", "eager_layer_s", "grouped", "k", "kv_eff", "moe_c", "moe_layer_s", "p",
+                 "shape", "ws", "ws16")
+
+    def __init__(self, shape: st.StepShape, params: Any) -> None:
+        p = st.params_dict(params)
+        self.shape, self.p = shape, p
+        self.grouped = bool(p.get("grouped", True))
+        self.k = float(p.get("roof_sharpness", 2.0))
+        self.kv_eff = p["kv_bandwidth"] if self.grouped else p["bandwidth"]
+        self.ws = st.weight_stream(shape.weight_bits, p)
+        self.ws16 = st.weight_stream(16, p)
+        self.moe_c = float(p.get("moe_compute", 1.0))
+        self.moe_layer_s = float(p.get("moe_layer_s", 0.0))
+        self.cap = float(p.get("graph_max_tokens", 0.0))
+        self.eager_layer_s = float(p.get("eager_layer_s", 0.0))
+
+    def roof(self, m: float, c: float) -> float:
+        """`step.roof` of two floats (a negative one, which the formula should never give,
+        is left to numpy, as `price` would: Python's power would turn it complex)."""
+        k = self.k
+        if math.isinf(k):
+            return max(m, c)
+        if m < 0 or c < 0:
+            return float(st.roof(m, c, k))
+        hi = max(m, c, 1e-300)
+        return hi * ((m / hi) ** k + (c / hi) ** k) ** (1.0 / k)
+
+    def price_work(self, w: st.StepWork) -> list[float]:
+        """Each step of `w` (`price(w, params)` as a list)."""
+        cols = [getattr(w, f).tolist() for f in _WORK_FIELDS]
+        return [self.price(*row) for row in zip(*cols, strict=True)]
+
+    def price(self, num_seqs: float, num_decode: float, num_chunks: float, num_tokens: float,
+              kv: float, score: float, dec_attn: float, chunk_kv: float, chunk_tiles_kv: float,
+              chunk_attn: float, chunk_attn_gemm: float) -> float:
+        """The step's time in seconds (0 without sequences, as `price_parts`)."""
+        if not num_seqs > 0:
+            return 0.0
+        s, p, t = self.shape, self.p, num_tokens
+        weight_s = s.dense_weight_s + s.weight_s_per_token * t  # StepShape.weight_s
+        weight16_s = s.dense16_weight_s + s.weight_s_per_token * t
+        if s.num_experts:
+            frac = 1.0 - (1.0 - s.top_k / s.num_experts) ** t  # expert_fraction_read
+            weight_s = weight_s + s.expert_weight_s * frac
+            weight16_s = weight16_s + s.expert16_weight_s * frac
+        weight_mem = (weight_s - weight16_s) / self.ws + weight16_s / self.ws16
+        gemm_c = s.gemm_s_per_token * t / p["compute"]
+        if self.grouped and s.moe_layers:
+            gemm_c = gemm_c + s.expert_gemm_s_per_token * t * (1.0 / self.moe_c - 1.0) \
+                / p["compute"]
+        kv_mem = (kv + p["score_bytes"] * score) / self.kv_eff
+        attn_c = dec_attn / p["compute"]
+        if self.grouped:
+            has_dec, has_chunk = num_decode > 0, num_chunks > 0
+            kernels = self.roof(weight_mem, gemm_c) \
+                + (self.roof(kv_mem, attn_c) if has_dec else 0.0) \
+                + (self.roof(chunk_tiles_kv / self.kv_eff, chunk_attn / p["attention_compute"])
+                   if has_chunk else 0.0)
+            layers = s.num_layers * (p["layer_s"] + p["decode_layer_s"] * has_dec
+                                     + p["chunk_layer_s"] * has_chunk) \
+                + s.moe_layers * self.moe_layer_s
+            if self.cap > 0 and self.eager_layer_s > 0 and t > self.cap:
+                layers = layers + max(s.num_layers * self.eager_layer_s - kernels - layers,
+                                      0.0)
+        else:
+            memory = weight_mem + kv_mem + chunk_kv / p["bandwidth"]
+            compute = gemm_c + attn_c + chunk_attn_gemm / p["compute"]
+            kernels = max(memory, compute)
+            layers = s.num_layers * p["layer_s"]
+        comm = s.comm_s_per_token * t + s.allreduce_calls * p["allreduce_latency_s"]
+        overhead = p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs
+        return kernels + layers + comm + overhead
+
+
+# `price`'s arguments: what `StepShape._work` takes, read back from a StepWork.
+_WORK_FIELDS = ("num_seqs", "num_decode", "num_chunks", "num_tokens", "kv_s", "score_s",
+                "decode_attention_s", "chunk_kv_s", "chunk_tiles_kv_s", "chunk_attention_s",
+                "chunk_attention_at_gemm_rate_s")
