@@ -40,6 +40,14 @@ PROBE = DATA / "probe-20261130T1952.toml"
 # so its compute term is identified (+-0.17); the decode-only profile's (+-0.39) is not, and
 # a verify step of B x (K + 1) tokens is priced on exactly that term.
 PROFILE = DATA / "vllm-mixed-profile-20261130T1952.toml"
+# The decode and verify steps: priced from vLLM's own CPU GEMM (bench/cpu_gemm_rows.py:
+# onednn_mm's weight stream and rate at 1-256 rows, whose time adds the two, roof k = 1)
+# and the engine's fixed step cost fitted on the decode steps
+# (bench/specdec_cpu_step_profile.sh). The mixed-step profile above prices the prefill,
+# which costs ~2x per token what a GEMM row does on this engine (docs/cost-model.md,
+# "Speculative decoding on the CPU: the verify GEMM"); --mixed-only scores with it alone.
+STEP_PROBE = DATA / "specdec-probe-onednn-20261202T0840.toml"
+STEP_PROFILE = DATA / "specdec-step-profile-20261202T0840.toml"
 PATTERN = "the cat sat on the mat. "
 METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
            "vllm:spec_decode_num_accepted_tokens")
@@ -125,7 +133,8 @@ def measure(python: str, model_dir: Path, k: int, batches: list[int], max_tokens
             "plain": runs["plain"], "ngram": runs["ngram"]}
 
 
-def compare(m: dict[str, Any]) -> list[dict[str, Any]]:
+def compare(m: dict[str, Any], step_profile: Path | None = STEP_PROFILE,
+            step_probe: Path | None = STEP_PROBE) -> list[dict[str, Any]]:
     """Per batch: measured speedup, the acceptance the counters give, bstar's prediction."""
     from bstar import roofline as rl
     from bstar import specdec as sd
@@ -133,6 +142,11 @@ def compare(m: dict[str, Any]) -> list[dict[str, Any]]:
 
     d = DeploymentOptions(model=str(DATA / "tiny-config.json"), gpu=str(PROBE),
                           weight_dtype="fp32", kv_dtype="fp32", profile=str(PROFILE)).build()
+    dp = d  # prices the (identical) prefill of both runs
+    if step_profile is not None:  # decode and verify steps priced apart (--step-profile)
+        d = DeploymentOptions(model=str(DATA / "tiny-config.json"), gpu=str(step_probe),
+                              weight_dtype="fp32", kv_dtype="fp32",
+                              profile=str(step_profile)).build()
     k = int(m["num_speculative_tokens"])
     dr = sd.make_drafter(d, "ngram")
     out = []
@@ -146,7 +160,7 @@ def compare(m: dict[str, Any]) -> list[dict[str, Any]]:
         # Like for like: a static batch, its prefill then its decode steps, in both runs.
         pred_plain_ms = float(rl.decode_step(d, [b], ctx).step_s[0]) * 1e3
         pred_spec_ms = float(sd.spec_step_s(d, dr, [b], ctx, k)[0]) * 1e3
-        prefill_ms = rl.prefill_s(d, int(s["prompt_tokens"]), b) * 1e3
+        prefill_ms = rl.prefill_s(dp, int(s["prompt_tokens"]), b) * 1e3
         out_tokens = int(m["max_tokens"])
         plain_ms = prefill_ms + (out_tokens - 1) * pred_plain_ms
         spec_ms = prefill_ms + (out_tokens - 1) / sd.expected_tokens(a, k) * pred_spec_ms
@@ -185,9 +199,10 @@ def main() -> None:
 
     from bstar.tinymodel import default_tiny_dir
 
-    if len(sys.argv) == 3 and sys.argv[1] == "--score":
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--score":
         m = json.loads(Path(sys.argv[2]).read_text())
-        m["comparison"] = compare(m)
+        mixed_only = sys.argv[3:] == ["--mixed-only"]
+        m["comparison"] = compare(m, None) if mixed_only else compare(m)
         report(m)
         return
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else None
@@ -199,6 +214,7 @@ def main() -> None:
     m["comparison"] = compare(m)
     m["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     m["profile"] = PROFILE.name
+    m["step_profile"] = STEP_PROFILE.name
     text = json.dumps(m, indent=1)
     if out is not None:
         out.write_text(text + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +200,22 @@ def test_plan_report_refuses_speculation_by_name(tmp_path, capsys) -> None:  # t
                  str(tmp_path / "p.html")]) == 2
     assert "does not draw speculative decoding" in capsys.readouterr().err
     assert not (tmp_path / "p.html").exists()
+
+
+def test_acceptance_from_a_sweep_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--acceptance-rate from:RUN`: the rate the sweep's /metrics counters give, pooled
+    over the levels (a stored sweep --json fixture: 552 accepted of 1152 generated)."""
+    path = str(Path(__file__).parent / "fixtures" / "sweep-specdec.json")
+    levels = json.loads(Path(path).read_text())["levels"]
+    want = sd.acceptance_for(1152 / (1152 - 552), 3)
+    assert sd.acceptance_from_levels(levels, 3) == pytest.approx(want, rel=1e-9)
+    assert sd.expected_tokens(want, 3) == pytest.approx(1152 / 600, rel=1e-9)
+    with pytest.raises(BstarError):
+        sd.acceptance_from_levels(levels[:1], 3)  # no counters: speculation was off
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpu", "h200", "--context", "512",
+                 "--num-speculative-tokens", "3", "--acceptance-rate", f"from:{path}",
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["contexts"][0]["speculative"]
+    assert s["acceptance_rate"] == pytest.approx(want, rel=1e-9)
+    assert main(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
+                 "from:no-such-run-xyz"]) != 0

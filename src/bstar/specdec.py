@@ -81,6 +81,26 @@ def acceptance_for(tokens_per_step: float, num_speculative_tokens: int) -> float
     return 0.5 * (lo + hi)
 
 
+def acceptance_from_levels(levels: list[dict[str, Any]], num_speculative_tokens: int) -> float:
+    """The acceptance rate a sweep measured on the user's own traffic: the levels' vLLM
+    `spec_decode` counters (each level's `server` object of `bstar sweep --json`, or the
+    level itself: `spec_num_accepted_tokens` and `spec_tokens_per_step`) pooled over the
+    levels, tokens per step = generated / (generated - accepted), then `acceptance_for` at
+    K. A level without the counters (speculation off, another engine) is skipped."""
+    generated = accepted = 0.0
+    for lvl in levels:
+        srv = lvl.get("server") or lvl
+        acc, tps = srv.get("spec_num_accepted_tokens"), srv.get("spec_tokens_per_step")
+        if acc is None or tps is None or tps <= 1.0:
+            continue
+        generated += float(tps) * float(acc) / (float(tps) - 1.0)  # tps = g / (g - acc)
+        accepted += float(acc)
+    if generated <= 0.0:
+        raise BstarError("the run's levels hold no speculative-decoding counters (vLLM's "
+                         "spec_decode_* on /metrics): was speculation on?")
+    return acceptance_for(generated / (generated - accepted), num_speculative_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
     """What the flags say: K draft tokens, the per-token acceptance rate, the drafter

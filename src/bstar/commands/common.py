@@ -258,14 +258,49 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    type=positive_int, default=None, metavar="K",
                    help="draft tokens per step: price speculative decoding beside plain "
                         "decode (off when not given)")
-    s.add_argument("--acceptance-rate", dest="acceptance_rate", type=non_negative_float,
+    s.add_argument("--acceptance-rate", dest="acceptance_rate", type=acceptance_arg,
                    default=0.7, metavar="A",
-                   help="probability each draft token is accepted (default 0.7)")
+                   help="probability each draft token is accepted (default 0.7), or "
+                        "from:RUN: the rate `bstar sweep` read from vLLM's /metrics in a "
+                        "run (a sweep --json file or a run id in the default results DB)")
     s.add_argument("--drafter", default="auto",
                    help="eagle (an EAGLE head: one decoder layer + the LM head), mtp (the "
                         "target's multi-token-prediction layer), ngram (prompt lookup, CPU "
                         "only) or a draft model's preset/config.json (default auto: mtp when "
                         "the model ships MTP layers, else eagle)")
+
+
+def acceptance_arg(s: str) -> float | str:
+    """--acceptance-rate: a number in [0, 1], or from:RUN (resolved once K is known)."""
+    if s.startswith("from:") and len(s) > len("from:"):
+        return s
+    return non_negative_float(s)
+
+
+def measured_acceptance(source: str, num_speculative_tokens: int) -> float:
+    """The acceptance rate of a sweep run (`bstar.specdec.acceptance_from_levels`): `source`
+    a `bstar sweep --json` file, else a run id in the default results DB."""
+    import json
+    from pathlib import Path
+
+    from bstar.errors import BstarError
+    from bstar.specdec import acceptance_from_levels
+
+    path = Path(source)
+    if path.is_file():
+        try:
+            levels = json.loads(path.read_text()).get("levels") or []
+        except (OSError, ValueError, AttributeError) as e:
+            raise BstarError(f"--acceptance-rate from:{source}: not a sweep --json file "
+                             f"({e})") from None
+    else:
+        from bstar.loadgen.store import Store
+
+        with Store(None, readonly=True) as store:
+            levels = [{"server": r.server} for r in store.levels(source) if r.server]
+        if not levels:
+            raise BstarError(f"--acceptance-rate from:{source}: no such file or sweep run")
+    return acceptance_from_levels(levels, num_speculative_tokens)
 
 
 def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any, Any]:
@@ -276,7 +311,11 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
         return None, None
     from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig, make_drafter
 
-    cfg = SpecConfig(k, args.acceptance_rate, args.drafter)
+    rate = args.acceptance_rate
+    if isinstance(rate, str):  # from:RUN
+        rate = measured_acceptance(rate.removeprefix("from:"), k)
+        args.acceptance_rate = rate
+    cfg = SpecConfig(k, rate, args.drafter)
     draft = None
     if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
         from bstar.specs.presets import get_model
