@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bstar import step as st
@@ -63,3 +64,21 @@ def test_assume_unmodeled_flag_proceeds_where_the_default_refuses(
     assert main(["plan", "--model", str(path), "--gpu", "h100-sxm", "--assume-unmodeled",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weight_bytes"] > 0
+
+
+def test_a_chunked_layer_prices_a_prompt_chunk_from_its_own_chunk_start() -> None:
+    """Llama-4's chunked attention: a query attends within its 8,192-token chunk. A prompt
+    chunk that starts past a boundary was priced as end*held(end) - start*held(start), which
+    went negative (a chunk of 500 on top of 8,000 tokens: -0.018 s on 4 x H100)."""
+    from bstar.specs.presets import get_model
+
+    groups = {g.kind: g for g in get_model("llama-4-scout").layer_groups()}
+    chunked, full = groups["chunked"], groups["full"]
+    c = chunked.chunk_tokens
+    # Within one chunk it is a full layer's measure; a new chunk starts from zero.
+    assert chunked.prefill_pairs(0, 500) == full.prefill_pairs(0, 500) == 500 ** 2
+    assert chunked.prefill_pairs(c, c + 500) == 500 ** 2
+    # Across a boundary: the first chunk's rest, then the new chunk's start.
+    assert chunked.prefill_pairs(c - 192, c + 308) == (c ** 2 - (c - 192) ** 2) + 308 ** 2
+    spans = np.array([0.0, 4000, c - 192, c, 3 * c + 17])
+    assert np.all(chunked.prefill_pairs(spans, spans + 500) > 0)

@@ -418,7 +418,7 @@ class StepShape:
             area = 0.0
             for g in self.groups:
                 area += g.prefill_attention_s_per_pair * float(
-                    (ef * g.held(ef) - cf * g.held(cf)).sum())
+                    g.group.prefill_pairs(cf, ef).sum())
             cattn = area / occ
             cattn_g = area
         return (float(c.size), float(num_dec), float(num_chunks), float(n.sum()), kv, score,

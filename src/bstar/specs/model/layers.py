@@ -86,6 +86,26 @@ class LayerGroup:
 
         return (np.minimum(held, self.topk_tokens) * latent + held * idx) / whole
 
+    def prefill_pairs(self, start: Any, end: Any) -> Any:
+        """The prefill price's (query, key) measure of a prompt chunk whose queries run from
+        `start` to `end` tokens: end * read(end) - start * read(start) (a full layer's
+        end^2 - start^2). A chunked layer attends within its chunk of `chunk_tokens`, so
+        its measure restarts at each chunk boundary: whole chunks count chunk_tokens^2
+        each, the last its part squared, and the difference never goes negative (the
+        formula above did, for a chunk starting past the first boundary). numpy in, out."""
+        import numpy as np
+
+        if self.kind != "chunked":
+            return end * self.read(end) - start * self.read(start)
+        c = float(self.chunk_tokens)
+
+        def measure(x: Any) -> Any:
+            x = np.asarray(x, dtype=np.float64)
+            whole = np.floor(x / c)
+            return whole * c * c + (x - whole * c) ** 2
+
+        return measure(end) - measure(start)
+
     def kv_values_per_token_per_gpu(self, num_gpus: int) -> int:
         """Cached values per token per layer on each GPU: KV heads shard across GPUs (with
         fewer heads than GPUs each GPU keeps one copy); a replicated latent does not."""
