@@ -17,10 +17,6 @@ KV_SLACK = 0.9  # below this peak KV use the pool did not shape the schedule
 QUEUE_SLACK = 1.0  # fewer than one request waiting on average: arrivals are served, not queued
 
 
-# The advice is a `Recommendation` (bstar.recommend decides); the name stays for callers.
-SweepAdvice = Recommendation
-
-
 def advise(levels: list[SimSummary], slo: Slo | None = None) -> Recommendation:
     """The recommendation over simulated levels (`Recommendation.from_curve`, source
     "simulated"), with the facts only a simulation has: which levels the offered load, not
