@@ -20,10 +20,8 @@ tokens, Poisson 20 req/s, Llama-3-8B on an A100-80GB at vllm serve's defaults th
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from bstar.sim.study import StudyOptions, run_study
 from bstar.sim.traffic import parse_lengths
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
+from sim_bench import timed
 
 MOONCAKE = Path(__file__).resolve().parent.parent / "examples/traces/mooncake-sample.jsonl"
 STUDY_BUDGET_S = 2.0
@@ -46,12 +45,8 @@ CLI = ["simulate", "--model", MODEL, "--gpu", GPU, "--rate", "20", "--input-len"
 
 
 def median_s(fn: Callable[[], Any], repeat: int = REPEAT) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    """The median wall time of `repeat` calls and the last result (sim_bench's timer)."""
+    return timed(fn, repeat)
 
 
 def candidate() -> dict[str, Any]:
