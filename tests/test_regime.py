@@ -83,6 +83,12 @@ def test_classify_level() -> None:
     assert capped["regime"] == "batch-capped" and capped["number"] is None
     fits = regime.classify_level(_lv(8, 0, 0.3, 8, 0), "kv-dominated")
     assert fits["regime"] == "kv-dominated" and fits["number"] == 1
+    # No scrape saw the queue or the full cap (a loaded machine's samples missed them): the
+    # engine's counters still show the cap running full with more streams open than it.
+    counted = regime.classify_level(_lv(8, 0, 0.3, 5, 0, tokens_per_step=7.9), "kv-dominated")
+    assert counted["regime"] == "batch-capped" and "7.90 tokens per step" in counted["evidence"]
+    short = regime.classify_level(_lv(8, 0, 0.3, 5, 0, tokens_per_step=5.0), "kv-dominated")
+    assert short["regime"] == "kv-dominated"  # steps well under the cap: the batch fit
     # llama.cpp: slots are the cap.
     lc = {"concurrency": 8, "requests": 8, "preemptions": None, "kv_cache_usage_max": None,
           "running_max": 4, "waiting_max": 4, "server": {"slots": 4}}

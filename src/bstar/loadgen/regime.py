@@ -5,7 +5,10 @@ Per level (the scraper's figures, loadgen/scrape.py):
 - regime 3, "memory-exhausted": the engine preempted (vllm:num_preemptions_total rose,
   sglang retracted), or the KV pool sat at >= KV_FULL with requests waiting while fewer
   than max_num_seqs ran (the pool, not the cap, held them back);
-- "batch-capped": requests waited while max_num_seqs ran (the cap, not the pool);
+- "batch-capped": requests waited while max_num_seqs ran (the cap, not the pool): seen by
+  the scrapes (waiting > 0 while running reached the cap) or by the engine's counters,
+  which no sampling misses (more streams open than the cap, and its steps carrying at least
+  CAP_FULL x the cap's tokens on average);
 - otherwise the batch fit: the cost model's regime at that batch names the rest.
 
 The run (`analyze`): the measured B_mem (the server's num_gpu_blocks x block_size over the
@@ -22,6 +25,7 @@ from bstar.fit.points import level_batch
 from bstar.roofline import REGIMES
 
 KV_FULL = 0.95  # KV usage at or above this counts as full
+CAP_FULL = 0.9  # mean tokens per step at or above this x max_num_seqs: the cap ran full
 REGIME3 = REGIMES[3]  # "memory-exhausted"
 
 
@@ -46,7 +50,15 @@ def classify_level(lv: dict[str, Any], predicted_regime: str | None = None
         return {"regime": REGIME3, "number": 3, "evidence": evidence,
                 "reason": "the KV pool is full and requests wait for blocks below "
                           "max_num_seqs"}
-    if wait and cap is not None and run is not None and run >= cap:
+    # The engine's step and token counters read at the level's ends: a loaded machine's
+    # scrapes can miss the moments the queue and the cap show, the counters cannot.
+    tps = (lv.get("server") or {}).get("tokens_per_step")
+    conc = lv.get("concurrency")
+    if tps is not None:
+        evidence += f", {tps:.2f} tokens per step"
+    counted = (cap is not None and tps is not None and conc is not None and conc > cap
+               and tps >= CAP_FULL * cap)
+    if (wait and cap is not None and run is not None and run >= cap) or counted:
         return {"regime": "batch-capped", "number": None, "evidence": evidence,
                 "reason": f"max_num_seqs {cap} caps the batch; the KV pool has room"}
     reason = "the batch fits the KV pool"
