@@ -42,7 +42,11 @@ def test_each_distinct_prompt_has_its_own_hash_ids_sent_in_turn(tmp_path: Path) 
     w = stage_workload(st, n)
     assert [r["input_length"] for r in recs] == w.prompt_tokens.tolist()
     assert [r["output_length"] for r in recs] == w.output_tokens.tolist()
-    assert [r["timestamp"] for r in recs] == [round(i * 1e3 / st.rate_req_s) for i in range(n)]
+    # The generator's arrivals in ms: request i at a point of its own 1 / rate slot.
+    assert [r["timestamp"] for r in recs] == [round(t * 1e3) for t in w.arrival_s.tolist()]
+    slot_ms = 1e3 / st.rate_req_s
+    assert all(i * slot_ms - 0.5 <= r["timestamp"] <= (i + 1) * slot_ms + 0.5
+               for i, r in enumerate(recs))
     for i, r in enumerate(recs):
         assert len(r["hash_ids"]) == math.ceil(r["input_length"] / 512)
         if i >= k:
@@ -59,7 +63,8 @@ def test_each_distinct_prompt_has_its_own_hash_ids_sent_in_turn(tmp_path: Path) 
     b.write_trace(recs, path)
     tw = b.trace_workload(path)
     assert tw.prompt_tokens.tolist() == w.prompt_tokens.tolist()
-    np.testing.assert_allclose(tw.arrival_s, np.round(w.arrival_s, 3), atol=1e-9)
+    ms = np.round(w.arrival_s, 3)  # the reader starts the trace at its first timestamp
+    np.testing.assert_allclose(tw.arrival_s, ms - ms[0], atol=1e-9)
     segs = tw.prompt_ids.segments
     assert all(segs[i] == segs[i - k] for i in range(k, n))
     assert len({segs[i][0] for i in range(k)}) == k

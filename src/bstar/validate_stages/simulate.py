@@ -56,7 +56,13 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     `prefix_cache`, the requests carry their prompt identity and the simulator's prefix cache
     finds the hits (`bstar.sim.prefix_cache`): every prompt starts with the stage's one
     `shared_prefix_len`-token system prompt, and where the workload repeats
-    `distinct_prompts` prompts in turn, request i sends prompt i mod k again."""
+    `distinct_prompts` prompts in turn, request i sends prompt i mod k again.
+
+    A constant-rate client sends request i at i/rate, but the engine's step clock is not
+    locked to the client's: each request reaches the scheduler after the API server's
+    variable delay, and real step times vary. A simulated lattice of arrivals against the
+    simulated lattice of steps does lock, so each request is drawn at a uniform point of its
+    own 1/rate slot: the rate stays exact, and its phase against the steps is uniform."""
     from bstar.sim.traffic import Workload
 
     rng = np.random.default_rng(seed)
@@ -76,7 +82,11 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
                         prompt_ids=ids)
     assert stage.rate_req_s is not None
     if stage.arrival == "constant":
-        arrival = np.arange(num_requests, dtype=np.float64) / stage.rate_req_s
+        # One request per slot of 1/rate, at a uniform point of its slot: the rate is the
+        # client's, and the phase against the engine's steps is random, as on a real server
+        # (docs/validation.md, "Constant-rate stages").
+        slot = np.arange(num_requests, dtype=np.float64)
+        arrival = (slot + rng.uniform(0.0, 1.0, size=num_requests)) / stage.rate_req_s
     else:
         arrival = np.cumsum(rng.exponential(1.0 / stage.rate_req_s, size=num_requests))
     return Workload(inp, out, arrival, prompt_ids=ids)
