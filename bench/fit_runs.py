@@ -5,7 +5,9 @@
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
 (every run simulated like for like, as `bstar validate` does: bstar.validate_runs), and prints
-the fitted values with the medians of |predicted / measured - 1| before and after. The values
+the fitted values with the medians of |predicted / measured - 1| before and after. First, where
+one workload ran at three or more TP sizes, the measured TTFT split as a + b / N (`tp_split`):
+the part tensor parallelism does not divide, which `prompt_token_s` prices. The values
 go into src/bstar/presets/engines.toml with this command as their source. One set per engine,
 fitted over all its models and TP sizes: no per-model constant.
 """
@@ -27,25 +29,43 @@ from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.validate_stages import evaluate, fit_stages  # noqa: E402
 
-# The MoE terms (docs/cost-model.md, "2026 models") everywhere. vLLM: also the eager floor
-# (its piecewise graphs stop at 512 tokens) and the all-reduce latency (TP 1, 2, 4 and 8 of
-# one model pin it; the H100 stages could not). The engines never fitted on real load before
-# (sglang, trt-llm) also fit their CPU time per step and per request; their prompt steps run
-# outside graphs too, but under kernels longer than any launch floor: the runs cannot pin it.
-FIT = {"vllm": ("moe_compute", "moe_layer_s", "eager_layer_s", "allreduce_latency_s"),
+# The MoE terms (docs/cost-model.md, "2026 models") everywhere. vLLM: also the all-reduce
+# latency (TP 1, 2, 4 and 8 of one model pin it; the H100 stages could not) and the time per
+# prompt token that tensor parallelism does not divide (the same four TP sizes pin it: an
+# 8k prompt's TTFT falls as a + b / N, not b / N). Its eager floor (a step past the
+# captured graphs, 512 tokens) stays the profile's stated estimate: once the prompt tokens
+# are priced no run's step sits at the floor, so the runs cannot pin it. The engines never
+# fitted on real load before (sglang, trt-llm) also fit their CPU time per step and per
+# request; their prompt steps run outside graphs too, but under kernels longer than any
+# launch floor.
+FIT = {"vllm": ("moe_compute", "moe_layer_s", "allreduce_latency_s", "prompt_token_s"),
        "sglang": ("moe_compute", "moe_layer_s", "overhead_s", "request_overhead_s"),
        "trt-llm": ("moe_compute", "moe_layer_s", "overhead_s", "request_overhead_s")}
-
-# The eager floor is a max against the kernels: fitted from 0 it has no slope. It starts at
-# a launch-bound layer's time instead: ~25 kernels (norms, GEMMs, rope, the KV write,
-# attention, the fused-MoE kernels, all-reduces) at ~4 us of CPU each.
-EAGER_PRIOR_S = 100e-6
 
 
 def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour) -> dict[str, float]:
     scores, _ = evaluate(runs, eff, behaviour=beh)
     return {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
             for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
+
+
+def tp_split(runs: list) -> list[tuple[str, int, float, float, float]]:
+    """Where one model, workload and concurrency ran at three or more TP sizes N: the
+    least-squares TTFT = a + b / N over them (seconds), with the largest residual as a
+    fraction. `a` is the part of TTFT tensor parallelism does not divide."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in runs:
+        groups[(r.model, r.prompt_len[-1][1], r.output_len, r.concurrency)].append(r)
+    out = []
+    for (model, isl, osl, conc), rs in sorted(groups.items()):
+        if len({r.num_gpus for r in rs}) < 3:
+            continue
+        x = np.array([[1.0, 1.0 / r.num_gpus] for r in rs])
+        y = np.array([r.ttft_mean_ms / 1e3 for r in rs])
+        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        worst = float(np.max(np.abs(x @ np.array([a, b]) / y - 1)))
+        out.append((f"{model} {int(isl)}/{osl} c{conc}", len(rs), float(a), float(b), worst))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -60,10 +80,15 @@ def main(argv: list[str]) -> int:
         if not r.dp_attention and only in (None, r.engine):
             by_engine[r.engine].append(r)
     for eng, runs in sorted(by_engine.items()):
+        split = tp_split(runs)
+        if split:
+            print(f"{eng}: measured TTFT = a + b / N over the TP sizes N of one workload")
+        for name, n, a, b, worst in split:
+            print(f"  {name:28} {n} TP sizes: a {a * 1e3:6.1f} ms, b {b * 1e3:6.1f} ms "
+                  f"(worst residual {worst:.1%})")
         prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
         fit = FIT.get(eng, FIT["vllm"])
-        start = replace(prof, moe_compute=1.0, moe_layer_s=0.0,
-                        eager_layer_s=EAGER_PRIOR_S if "eager_layer_s" in fit else 0.0)
+        start = replace(prof, moe_compute=1.0, moe_layer_s=0.0, prompt_token_s=0.0)
         before = _medians(runs, start, beh)
         got = fit_stages(runs, start, fit, iterations=4, behaviour=beh)
         if got is None:

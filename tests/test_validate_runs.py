@@ -147,6 +147,19 @@ def test_eager_floor_only_past_the_captured_graphs() -> None:
     assert step.price(big, base)[0] < 32e-3
 
 
+def test_prompt_token_time_is_not_divided_by_tensor_parallel() -> None:
+    """prompt_token_s adds the same time per prompt token at every TP size (the part of a
+    prefill that tensor parallelism does not divide), and nothing to a decode step."""
+    term = replace(Efficiency(), prompt_token_s=10e-6)
+    for n in (1, 2, 8):
+        s = step.shape(_deployment("gpt-oss-120b", n))
+        pre = s.prefill(8000)
+        extra = step.price(pre, term) - step.price(pre, Efficiency())
+        assert np.allclose(extra, 8000 * 10e-6)
+        dec = s.decode(np.array([64.0]), 8000)
+        assert np.allclose(step.price(dec, term), step.price(dec, Efficiency()))
+
+
 def test_one_run_simulates_fast_and_deterministically() -> None:
     run = next(r for r in load_runs(TABLE) if r.engine == "sglang")
     a, b = simulate_stage(run), simulate_stage(run)

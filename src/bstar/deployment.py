@@ -78,6 +78,7 @@ class Efficiency:
     moe_layer_s: float = 0.0
     eager_layer_s: float = 0.0
     graph_max_tokens: float = 0.0
+    prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",
@@ -86,7 +87,7 @@ class Efficiency:
             if not 0 < v <= 1:
                 raise BstarError(f"{k} efficiency must be in (0, 1], got {v}")
         for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s", "layer_s",
-                  "decode_layer_s", "chunk_layer_s", "score_bytes"):
+                  "decode_layer_s", "chunk_layer_s", "score_bytes", "prompt_token_s"):
             if getattr(self, k) < 0:
                 raise BstarError(f"{k} must not be negative")
             # Seconds of one step (or one request): an engine's are milliseconds. A larger

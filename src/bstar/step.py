@@ -25,11 +25,11 @@ A step is described twice:
                          more than graph_max_tokens tokens: run outside CUDA graphs)
                         + comm_s + allreduce_calls * allreduce_latency_s
                         + overhead_s + overhead_per_seq_s * sequences
+                        + prompt_token_s * prompt chunks' tokens (not divided by TP)
 
 where the GEMMs' compute counts the routed experts' FLOPs at the fused-MoE kernels' rate,
-expert_gemm_s / (eta_c * moe_compute) (docs/cost-model.md, "2026 models").
-
-with roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard max at inf). With
+expert_gemm_s / (eta_c * moe_compute) (docs/cost-model.md, "2026 models"), and
+roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard max at inf). With
 `grouped` false (cost model 1, the seeds' arithmetic) the kernels are one max over the
 step's memory and compute totals.
 """
@@ -149,9 +149,7 @@ _FIELDS = EFFICIENCY_FIELDS
 
 def params_dict(params: Any) -> Mapping[str, Any]:
     """`params` as a mapping of Efficiency's field names (an Efficiency is read once)."""
-    if isinstance(params, Mapping):
-        return params
-    return {k: getattr(params, k) for k in _FIELDS}
+    return params if isinstance(params, Mapping) else {k: getattr(params, k) for k in _FIELDS}
 
 
 def concat(works: list[StepWork]) -> StepWork:
@@ -212,7 +210,9 @@ def price_parts(w: StepWork, params: Any) -> StepParts:
         layers = w.num_layers * p["layer_s"] + zero
     active = w.num_seqs > 0
     comm = np.where(active, w.comm_s + w.allreduce_calls * p["allreduce_latency_s"], 0.0)
-    overhead = np.where(active, p["overhead_s"] + p["overhead_per_seq_s"] * w.num_seqs, 0.0)
+    prompt = np.where(w.num_chunks > 0, w.num_tokens - w.num_decode, 0.0)  # chunks' tokens
+    overhead = np.where(active, p["overhead_s"] + p["overhead_per_seq_s"] * w.num_seqs
+                        + float(p.get("prompt_token_s", 0.0)) * prompt, 0.0)
     return StepParts(gemm, dec, chunk, np.where(active, kernels, 0.0),
                      np.where(active, layers, 0.0), comm, overhead, memory, compute)
 

@@ -92,7 +92,7 @@ class OneStep:
     (see the module docstring): `_work`'s per-token terms, then `price_parts`, in its order."""
 
     __slots__ = ("cap", "eager_layer_s", "grouped", "k", "kv_eff", "moe_c", "moe_layer_s", "p",
-                 "shape", "ws", "ws16")
+                 "prompt_token_s", "shape", "ws", "ws16")
 
     def __init__(self, shape: st.StepShape, params: Any) -> None:
         p = st.params_dict(params)
@@ -106,6 +106,7 @@ class OneStep:
         self.moe_layer_s = float(p.get("moe_layer_s", 0.0))
         self.cap = float(p.get("graph_max_tokens", 0.0))
         self.eager_layer_s = float(p.get("eager_layer_s", 0.0))
+        self.prompt_token_s = float(p.get("prompt_token_s", 0.0))
 
     def roof(self, m: float, c: float) -> float:
         """`step.roof` of two floats (a negative one, which the formula should never give,
@@ -161,7 +162,8 @@ class OneStep:
             kernels = max(memory, compute)
             layers = s.num_layers * p["layer_s"]
         comm = s.comm_s_per_token * t + s.allreduce_calls * p["allreduce_latency_s"]
-        overhead = p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs
+        overhead = p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs \
+            + (self.prompt_token_s * (t - num_decode) if num_chunks > 0 else 0.0)
         return kernels + layers + comm + overhead
 
 
