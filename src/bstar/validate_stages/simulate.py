@@ -84,7 +84,7 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
     if stage.arrival == "constant":
         # One request per slot of 1/rate, at a uniform point of its slot: the rate is the
         # client's, and the phase against the engine's steps is random, as on a real server
-        # (docs/validation.md, "Constant-rate stages").
+        # (docs/simulate.md, "Checked against a real vLLM under load").
         slot = np.arange(num_requests, dtype=np.float64)
         arrival = (slot + rng.uniform(0.0, 1.0, size=num_requests)) / stage.rate_req_s
     else:
