@@ -42,7 +42,8 @@ def test_defaults_build_bstar_plans_default_deployment() -> None:
     from importlib.resources import files
 
     toml = tomllib.loads(files("bstar.presets").joinpath("engines.toml").read_text())
-    assert d.eff.kv_bandwidth == toml["vllm"]["efficiency"]["kv_bandwidth"] != 0.93
+    assert d.eff.kv_bandwidth == toml["vllm"]["efficiency"]["kv_bandwidth"] \
+        != Efficiency().kv_bandwidth
     assert d.behaviour.scheduling_lag_steps == 1
 
 
