@@ -42,6 +42,59 @@ def test_request_overhead_adds_to_ttft_and_e2e_exactly() -> None:
     assert slow.tpot_ms["p50"] == pytest.approx(base.tpot_ms["p50"], rel=1e-12)
 
 
+def test_a_front_end_alone_is_a_delay_of_its_work() -> None:
+    # Requests far enough apart never queue at the front end: each reaches the engine its
+    # own tokenization later, exactly as a per-request overhead of that length would put
+    # it (whether the engine is idle or mid decode, where the multi-step jump must stop).
+    w = Workload(np.array([600, 600, 600]), np.array([300, 20, 20]),
+                 np.array([0.0, 0.25, 2.0]))
+    front = simulate(dep(front_token_s=20e-6, request_overhead_s=0.003), cfg(), w)
+    delay = simulate(dep(request_overhead_s=0.003 + 600 * 20e-6), cfg(), w)
+    assert np.array_equal(front.requests.first_token_s, delay.requests.first_token_s)
+    assert np.array_equal(front.requests.finish_s, delay.requests.finish_s)
+
+
+def test_a_burst_queues_at_the_front_end_first_come_first_served() -> None:
+    # Four one-token requests at once, listed out of arrival order, each tokenized in 40 ms
+    # (longer than its prefill): the front end's one thread takes them by arrival time (1 ms
+    # apart: 3, 1, 2, 0), so the k-th reaches an idle engine k + 1 tokenizations after t = 0.
+    prompt, work_s = 800, 800 * 50e-6
+    arrive = np.array([0.003, 0.001, 0.002, 0.0])
+    w = Workload(np.full(4, prompt), np.ones(4, dtype=np.int64), arrive)
+    first = simulate(dep(front_token_s=50e-6), cfg(), w).requests.first_token_s
+    alone_s = summarize(simulate(dep(), cfg(), lone(0.0, prompt=prompt, out=1))).ttft_ms[
+        "p50"] / 1e3
+    assert alone_s < work_s
+    for k, i in enumerate((3, 1, 2, 0)):
+        assert first[i] == pytest.approx((k + 1) * work_s + alone_s, rel=1e-9)
+    # A delay of the same length each, with no queue, hands them to the engine 1 ms apart:
+    # the last first token comes more than a tokenization sooner.
+    spread = simulate(dep(request_overhead_s=work_s), cfg(), w).requests.first_token_s
+    assert spread.max() < first.max() - work_s
+
+
+def test_a_closed_loop_queues_its_users_at_the_front_end() -> None:
+    # Eight users start at once: the k-th prompt (by request id, all arriving at t = 0) is
+    # tokenized after k others, so its TTFT is at least k + 1 tokenizations; the engine alone
+    # serves all eight sooner than that.
+    n, prompt, work_s = 8, 1000, 1000 * 30e-6
+    w = Workload(np.full(2 * n, prompt), np.full(2 * n, 16), num_users=n,
+                 think_s=np.zeros(2 * n))
+    queued = simulate(dep(front_token_s=30e-6), cfg(), w).requests
+    base = simulate(dep(), cfg(), w).requests
+    ttft = queued.first_token_s - queued.arrival_s
+    assert all(ttft[k] >= (k + 1) * work_s for k in range(n))
+    assert float(np.max(base.first_token_s[:n] - base.arrival_s[:n])) < n * work_s
+    assert queued.done.all()
+
+
+def test_front_token_s_must_not_be_negative() -> None:
+    from bstar.errors import BstarError
+
+    with pytest.raises(BstarError, match="front_token_s"):
+        dep(front_token_s=-1e-6)
+
+
 def _second_request_ttft_s(lag: int) -> float:
     """A long request decodes alone; a second arrives during its third step. TTFT of the
     second (its prompt is one token, so its own step is a decode-sized step)."""

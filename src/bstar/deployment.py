@@ -125,7 +125,11 @@ class EngineBehaviour:
       tokenization, hand-off to the engine, the first token's detokenization and stream):
       a request becomes schedulable this long after it arrives, so it adds to TTFT and E2E
       but not to a step. 0 by default (a bare step harness has none); engine profiles set
-      it and calibration against load stages fits it.
+      it and calibration against load stages fits it. Requests do this work side by side.
+    - front_token_s: the server's front-end work per prompt token on one thread (vLLM's API
+      server tokenizes on a single-thread executor): requests take it first come, first
+      served, before request_overhead_s, so a burst of long prompts queues there, not in
+      the engine. It adds to TTFT and E2E, not to a step. 0 by default (no such queue).
     - scheduling_lag_steps: 1 when the engine schedules step k+1 while step k runs (vLLM
       V1's async scheduling, SGLang's overlap scheduler): a request that arrives during a
       step joins the step after next. 0: it joins the next step. The engine's structure
@@ -133,6 +137,7 @@ class EngineBehaviour:
     """
 
     request_overhead_s: float = 0.0
+    front_token_s: float = 0.0
     scheduling_lag_steps: int = field(default=0, metadata={"structure": True})
 
     def __post_init__(self) -> None:
@@ -141,6 +146,8 @@ class EngineBehaviour:
                              f"{self.scheduling_lag_steps}")
         if self.request_overhead_s < 0:
             raise BstarError("request_overhead_s must not be negative")
+        if not self.front_token_s >= 0:
+            raise BstarError("front_token_s must not be negative")
 
 
 # Every field name of the two records (one source: dataclasses.fields).

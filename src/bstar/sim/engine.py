@@ -194,7 +194,11 @@ class _Loop:
                  reqs: Requests, bm: BlockManager, sched: Scheduler) -> None:
         self.d, self.cfg, self.w, self.k = d, cfg, w, k
         self.reqs, self.bm, self.sched = reqs, bm, sched
-        self.heap: list[tuple[float, int]] = []  # (arrival time, request id)
+        self.heap: list[tuple[float, int]] = []  # (time the engine sees it, request id)
+        # The server's front end: requests wait here, in arrival order, for its one thread
+        # to tokenize their prompts (EngineBehaviour.front_token_s; empty when that is 0).
+        self.front: list[tuple[float, int]] = []  # (arrival time, request id)
+        self.front_free_s = 0.0  # when the front end's thread is next free
         self.next_issue = 0
         if w.closed_loop:
             for _ in range(min(w.num_users, w.num_requests)):
@@ -207,10 +211,9 @@ class _Loop:
                 raise BstarError(f"request {bad + 1}'s arrival time is {arr[bad]!r}: "
                                  "arrivals must be finite and not negative")
             reqs.arrival_s[:] = w.arrival_s
-            # The server's per-request work before the engine can schedule it.
-            delay = d.behaviour.request_overhead_s
-            self.heap = [(float(t) + delay, i) for i, t in enumerate(w.arrival_s)]
-            heapq.heapify(self.heap)
+            for i in np.argsort(arr, kind="stable"):
+                self._enqueue(float(arr[i]), int(i))
+            self._drain_front(np.inf)  # every arrival is known, so is the front end's order
         self.now = 0.0
         # With a scheduling lag of one step, the schedule of the step starting now was made
         # when the previous step started: only requests that had arrived by then join it.
@@ -235,7 +238,35 @@ class _Loop:
         rid = self.next_issue
         self.next_issue += 1
         self.reqs.arrival_s[rid] = t
-        heapq.heappush(self.heap, (t + self.d.behaviour.request_overhead_s, rid))
+        self._enqueue(t, rid)
+
+    def _enqueue(self, t: float, rid: int) -> None:
+        """Request `rid` arrives at the server at `t`. The server's per-request work
+        (request_overhead_s) runs beside other requests'; its tokenization
+        (front_token_s per prompt token) waits for the front end's one thread."""
+        if self.d.behaviour.front_token_s > 0:
+            heapq.heappush(self.front, (t, rid))
+        else:
+            heapq.heappush(self.heap, (t + self.d.behaviour.request_overhead_s, rid))
+
+    def _drain_front(self, upto: float) -> None:
+        """Tokenize, first come first served, every request that has arrived by `upto`: the
+        order is final then, since a closed loop issues no request before the clock."""
+        b, front = self.d.behaviour, self.front
+        while front and front[0][0] <= upto:
+            t, rid = heapq.heappop(front)
+            self.front_free_s = max(t, self.front_free_s) \
+                + b.front_token_s * float(self.reqs.prompt_tokens[rid])
+            heapq.heappush(self.heap, (self.front_free_s + b.request_overhead_s, rid))
+
+    def _next_arrival_s(self) -> float:
+        """The earliest time a request not yet scheduled can reach the engine (inf: none)."""
+        t = self.heap[0][0] if self.heap else np.inf
+        if self.front:
+            a, rid = self.front[0]
+            t = min(t, max(a, self.front_free_s) + self.d.behaviour.request_overhead_s
+                    + self.d.behaviour.front_token_s * float(self.reqs.prompt_tokens[rid]))
+        return float(t)
 
     def run(self) -> SimRun:
         sched, heap, reqs = self.sched, self.heap, self.reqs
@@ -255,16 +286,19 @@ class _Loop:
             if passes > max_passes:
                 truncated, stop = True, "step limit"
                 break
+            if self.front:
+                self._drain_front(self.now)
             horizon = self.step_start if self.lag and not sched.idle else self.now
             while heap and heap[0][0] <= horizon:
                 sched.add(heapq.heappop(heap)[1])
             if sched.idle:
-                if not heap:
+                if not heap and not self.front:
                     break
-                if not heap[0][0] > self.now:  # NaN: the clock would never move
-                    raise BstarError(f"arrival time {heap[0][0]!r} does not advance the "
-                                     "clock")
-                self.now = heap[0][0]
+                nxt = min(heap[0][0] if heap else np.inf,
+                          self.front[0][0] if self.front else np.inf)
+                if not nxt > self.now:  # NaN: the clock would never move
+                    raise BstarError(f"arrival time {nxt!r} does not advance the clock")
+                self.now = nxt
                 continue
             if self.now >= limit:
                 truncated, stop = True, "time limit"
@@ -382,10 +416,10 @@ class _Loop:
         steps_s = self.k.decode_run_step_s(comp, k_max)
         ends = self.now + np.cumsum(steps_s)
         cut = k_max
-        if not admit_blocked and self.heap:
+        if not admit_blocked and (self.heap or self.front):
             # The step during which the arrival lands still runs; the next one sees it (with
             # a scheduling lag, the one after).
-            cut = min(cut, int(np.searchsorted(ends, self.heap[0][0], side="left")) + 1
+            cut = min(cut, int(np.searchsorted(ends, self._next_arrival_s(), side="left")) + 1
                       + int(self.lag))
         # Do not start steps past the time limit.
         cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
