@@ -59,11 +59,10 @@ def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour) -> dict[str, flo
             for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
 
 
-def tp_split(runs: list) -> list[tuple[str, int, float, float, float, int, int]]:
+def tp_split(runs: list) -> list[tuple[str, int, float, float, float]]:
     """Where one model, workload and concurrency ran at three or more TP sizes N: the
     least-squares TTFT = a + b / N over them (seconds), with the largest residual as a
-    fraction, the prompt length and the concurrency. `a` is the part of TTFT tensor
-    parallelism does not divide."""
+    fraction. `a` is the part of TTFT tensor parallelism does not divide."""
     groups: dict[tuple, list] = defaultdict(list)
     for r in runs:
         groups[(r.model, r.prompt_len[-1][1], r.output_len, r.concurrency)].append(r)
@@ -75,8 +74,7 @@ def tp_split(runs: list) -> list[tuple[str, int, float, float, float, int, int]]
         y = np.array([r.ttft_mean_ms / 1e3 for r in rs])
         (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
         worst = float(np.max(np.abs(x @ np.array([a, b]) / y - 1)))
-        out.append((f"{model} {int(isl)}/{osl} c{conc}", len(rs), float(a), float(b), worst,
-                    int(isl), conc))
+        out.append((f"{model} {int(isl)}/{osl} c{conc}", len(rs), float(a), float(b), worst))
     return out
 
 
@@ -95,7 +93,7 @@ def main(argv: list[str]) -> int:
         split = tp_split(runs)
         if split:
             print(f"{eng}: measured TTFT = a + b / N over the TP sizes N of one workload")
-        for name, n, a, b, worst, *_ in split:
+        for name, n, a, b, worst in split:
             print(f"  {name:28} {n} TP sizes: a {a * 1e3:6.1f} ms, b {b * 1e3:6.1f} ms "
                   f"(worst residual {worst:.1%})")
         prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
@@ -103,20 +101,13 @@ def main(argv: list[str]) -> int:
         start = replace(prof, moe_compute=1.0, moe_layer_s=0.0, prompt_token_s=0.0)
         sets = {"runs": runs}
         if eng in ALSO:
-            # Eight terms on two data sets: from a generic start four Gauss-Newton rounds
-            # stop short (the runs' TTFT at 19.5%), so this fit refines the bundled profile;
-            # run on its own output it moves little (docs/cost-model.md, "2026 models").
+            # Eight terms on two data sets: four Gauss-Newton rounds from a generic start
+            # stop short of the profile's optimum, so this fit refines the bundled profile
+            # (run on its own output it moves nothing: docs/cost-model.md, "2026 models").
+            # A start with the front end idle stays there: its queue pays only once it
+            # holds most of the undivided prompt time.
             sets[ALSO[eng].parent.name] = load_stages(ALSO[eng])
             start = prof
-        if "front_token_s" in fit and split and beh.front_token_s == 0:
-            # The fit does not leave a start with the front end idle (its queue only pays
-            # once it holds most of the prompt time): it starts holding all of the longest
-            # prompts' undivided time, a / prompt tokens at the lowest concurrency.
-            longest = max(split, key=lambda x: (x[5], -x[6]))
-            front = longest[2] / longest[5]
-            start = replace(start, prompt_token_s=0.0)
-            beh = replace(beh, front_token_s=front)
-            print(f"  front_token_s starts at {front * 1e6:.2f} us ({longest[0]}: a / prompt)")
         before = {k: _medians(v, start, beh) for k, v in sets.items()}
         got = fit_stages([x for v in sets.values() for x in v], start, fit, iterations=4,
                          behaviour=beh)

@@ -34,10 +34,11 @@ from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import load_stages  # noqa: E402
 from bstar.validate_stages import fit_stages  # noqa: E402
-from fit_runs import _medians  # noqa: E402  (bench/, the script's own folder)
+from fit_runs import FIT, _medians  # noqa: E402  (bench/, the script's own folder)
 
-RUN_FIT = ("moe_compute", "moe_layer_s", "allreduce_latency_s", "prompt_token_s")
-STAGE_FIT = ("kv_bandwidth", "overhead_s", "request_overhead_s")
+# The runs' own terms and the stages' own terms of the joint fit, without front_token_s.
+RUN_FIT = tuple(k for k in FIT["vllm"][:5] if k != "front_token_s")
+STAGE_FIT = FIT["vllm"][5:]
 
 
 def medians(items: list, eff: Efficiency, beh: EngineBehaviour) -> str:

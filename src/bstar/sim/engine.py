@@ -249,23 +249,26 @@ class _Loop:
         else:
             heapq.heappush(self.heap, (t + self.d.behaviour.request_overhead_s, rid))
 
+    def _tokenized_s(self, t: float, rid: int) -> float:
+        """When the front end's thread, free at front_free_s, finishes request `rid` that
+        arrived at `t`."""
+        return max(t, self.front_free_s) \
+            + self.d.behaviour.front_token_s * float(self.reqs.prompt_tokens[rid])
+
     def _drain_front(self, upto: float) -> None:
         """Tokenize, first come first served, every request that has arrived by `upto`: the
         order is final then, since a closed loop issues no request before the clock."""
-        b, front = self.d.behaviour, self.front
-        while front and front[0][0] <= upto:
-            t, rid = heapq.heappop(front)
-            self.front_free_s = max(t, self.front_free_s) \
-                + b.front_token_s * float(self.reqs.prompt_tokens[rid])
-            heapq.heappush(self.heap, (self.front_free_s + b.request_overhead_s, rid))
+        while self.front and self.front[0][0] <= upto:
+            t, rid = heapq.heappop(self.front)
+            self.front_free_s = self._tokenized_s(t, rid)
+            heapq.heappush(self.heap,
+                           (self.front_free_s + self.d.behaviour.request_overhead_s, rid))
 
     def _next_arrival_s(self) -> float:
         """The earliest time a request not yet scheduled can reach the engine (inf: none)."""
         t = self.heap[0][0] if self.heap else np.inf
         if self.front:
-            a, rid = self.front[0]
-            t = min(t, max(a, self.front_free_s) + self.d.behaviour.request_overhead_s
-                    + self.d.behaviour.front_token_s * float(self.reqs.prompt_tokens[rid]))
+            t = min(t, self._tokenized_s(*self.front[0]) + self.d.behaviour.request_overhead_s)
         return float(t)
 
     def run(self) -> SimRun:
