@@ -1,17 +1,21 @@
-"""Write InferenceMAX's H200 closed-loop runs as a runs table for `bstar validate`.
+"""Write InferenceMAX's closed-loop runs (H200, B200, MI300X) as a runs table for
+`bstar validate`.
 
-    python bench/to_inferencemax.py H200-RUNS.csv > data/inferencemax/runs.csv
+    python bench/to_inferencemax.py H200-RUNS.csv B200-RUNS.csv MI300X-RUNS.csv \
+        > data/inferencemax/runs.csv
 
-The input is the H200 rows of SemiAnalysis InferenceMAX's official aggregates, as committed in
-the public fork faradawn/InferenceMAX at commit 7a9f0000072e8f2f75455144c08e896efaf50e32,
-files official_data/agg_{gptoss,dsr1}_{1k1k,1k8k,8k1k}.json (one CSV row per JSON row, with
-the source file, isl and osl added). data/inferencemax/README.md says what each column is.
+The input is the rows of SemiAnalysis InferenceMAX's official aggregates for these GPUs, as
+committed in the public fork faradawn/InferenceMAX at commit
+7a9f0000072e8f2f75455144c08e896efaf50e32, files
+official_data/agg_{gptoss,dsr1}_{1k1k,1k8k,8k1k}.json (one CSV row per JSON row, with the
+source file, isl and osl added). data/inferencemax/README.md says what each column is.
 
 Per run, from the row: the model (a bundled preset, by its Hugging Face repo), tensor and
 expert parallel sizes, the engine, the concurrency and the stated lengths; times converted
 from seconds to ms (rounded to 0.1 us). From the benchmark scripts at that commit (the same
-for every row of an engine, data/inferencemax/README.md): the workload and the engine flags
-below. Nothing is fitted or typed per row.
+for every row of a GPU x engine, data/inferencemax/README.md): the workload and the engine
+flags below, which differ by GPU (memory fraction, KV dtype, block size, CUDA graphs, decode
+steps per scheduling round, stream interval). Nothing is fitted or typed per row.
 
 The client (kimbochen/bench_serving's benchmark_serving.py, `sample_random_requests`) draws
 every prompt length and every output length uniformly from the integers
@@ -29,7 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bstar.engine_defaults import vllm_batch_defaults  # noqa: E402
 from bstar.runs_table import COLUMNS  # noqa: E402
+from bstar.specs.gpu import get_gpu  # noqa: E402
 from bstar.specs.presets import get_model  # noqa: E402
 
 COMMIT = "7a9f0000072e8f2f75455144c08e896efaf50e32"
@@ -37,19 +43,70 @@ SOURCE = f"faradawn/InferenceMAX@{COMMIT[:7]} {{file}}"
 RANGE_RATIO = 0.8  # --random-range-ratio of every run
 PROMPTS_PER_USER = 10  # --num-prompts = 10 x CONC
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trt": "trt-llm"}
-VERSIONS = {"vllm": "v0.11.0"}  # the README of the source names vLLM's only
-GPUS = {"h200": "h200"}
+# The source's README names vLLM's version for the H200 runs only.
+VERSIONS = {("h200", "vllm"): "v0.11.0"}
+GPUS = {"h200": "h200", "b200": "b200", "mi300x": "mi300x"}
+# SGLang's default --max-running-requests is bounded by its request-to-token pool (at most
+# 4,096 requests; bstar.engine_defaults); the MI300X script leaves it at that default, far
+# above every run's concurrency (64 at most), so it never binds a closed loop.
+SGLANG_DEFAULT_RUNNING = 4096
 
 
-def _flags(engine: str, conc: int, isl: int, osl: int) -> tuple[int, int]:
+def vllm_default_graph_tokens(max_num_seqs: int) -> int:
+    """vLLM's largest captured CUDA graph when the script sets no cuda-graph-sizes:
+    min(2 x max_num_seqs, 512) (vllm/config: the default cuda_graph_sizes)."""
+    return min(2 * max_num_seqs, 512)
+
+
+def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the benchmark scripts give the engine."""
-    if engine == "vllm":  # --max-num-seqs CONC, max-num-batched-tokens 8192
-        return conc, 8192
-    if engine == "sglang":  # --max-running-requests 512 (1k/1k) or 256, chunked prefill 32k
-        return (512 if (isl, osl) == (1024, 1024) else 256), 32768
+    if engine == "vllm":
+        if gpu == "h200":  # --max-num-seqs CONC, max-num-batched-tokens 8192
+            return conc, 8192
+        if gpu == "b200":  # --max-num-seqs 512, max-num-batched-tokens 8192
+            return 512, 8192
+        # MI300X: neither flag; vLLM's defaults for a GPU of 70 GiB or more stand
+        d = vllm_batch_defaults(get_gpu(gpu).memory_bytes, get_gpu(gpu).name)
+        return d.max_num_seqs, d.max_num_batched_tokens
+    if engine == "sglang":
+        if gpu == "h200":  # --max-running-requests 512 (1k/1k) or 256, chunked prefill 32k
+            return (512 if (isl, osl) == (1024, 1024) else 256), 32768
+        if gpu == "b200":  # --max-running-requests 128, --chunked-prefill-size 32768
+            return 128, 32768
+        return SGLANG_DEFAULT_RUNNING, 196608  # MI300X: --chunked-prefill-size 196608
     # trtllm-serve: max_batch_size CONC; the scripts set no max_num_tokens, so TensorRT-LLM's
     # default of 8192 tokens per step stands.
     return conc, 8192
+
+
+def _settings(gpu: str, engine: str, model: str, max_num_seqs: int) -> dict[str, Any]:
+    """The server settings each GPU's script gives the engine (data/inferencemax/README.md);
+    blank where the script leaves the engine's default."""
+    s: dict[str, Any] = {}
+    if engine == "vllm":
+        s["memory_fraction"] = 0.95 if gpu == "mi300x" else 0.9
+        if gpu == "h200":  # compilation-config cudagraph_mode PIECEWISE, cuda-graph-sizes 2048
+            s["cuda_graph_mode"], s["cuda_graph_max_tokens"] = "piecewise", 2048
+        elif gpu == "b200":  # FULL_AND_PIECEWISE, cuda-graph-sizes 2048
+            s["cuda_graph_mode"], s["cuda_graph_max_tokens"] = "full_and_piecewise", 2048
+        else:  # MI300X: FULL_AND_PIECEWISE, vLLM's default capture sizes; --block-size 64
+            s["cuda_graph_mode"] = "full_and_piecewise"
+            s["cuda_graph_max_tokens"] = vllm_default_graph_tokens(max_num_seqs)
+            s["block_size"] = 64
+    elif engine == "sglang":
+        # SGLang captures decode batches only, up to --cuda-graph-max-bs
+        s["cuda_graph_mode"] = "full_decode_only"
+        if gpu == "h200":
+            s.update(memory_fraction=0.82, cuda_graph_max_tokens=512, stream_interval=10)
+        elif gpu == "b200":
+            s.update(memory_fraction=0.82, cuda_graph_max_tokens=128, stream_interval=30,
+                     kv_cache_dtype="fp8_e4m3")
+        else:  # MI300X: --num-continuous-decode-steps 4, SGLang's stream interval default 1
+            s.update(memory_fraction=0.8, cuda_graph_max_tokens=128,
+                     decode_steps_per_schedule=4)
+    elif engine == "trt" and model == "gpt-oss-120b":
+        s["memory_fraction"] = 0.85  # free_gpu_memory_fraction 0.85 (gpt-oss's script)
+    return s
 
 
 def _ms(seconds: str) -> float:
@@ -61,17 +118,17 @@ def _low(n: int) -> int:
 
 
 def run_row(r: dict[str, str]) -> dict[str, Any]:
-    eng = r["framework"]
+    eng, gpu = r["framework"], GPUS[r["hw"]]
     conc, isl, osl, tp = int(r["conc"]), int(r["isl"]), int(r["osl"]), int(r["tp"])
-    seqs, tokens = _flags(eng, conc, isl, osl)
+    seqs, tokens = _flags(gpu, eng, conc, isl, osl)
     model = get_model(r["model"]).name  # a bundled preset, by its Hugging Face repo
     dp = r["dp_attention"].lower() == "true"
     return {
-        "run": f"{model}-{ENGINES[eng]}-tp{tp}-ep{r['ep']}{'-dpa' if dp else ''}"
+        "run": f"{gpu}-{model}-{ENGINES[eng]}-tp{tp}-ep{r['ep']}{'-dpa' if dp else ''}"
                f"-{isl // 1024}k{osl // 1024}k-c{conc}",
-        "model": model, "gpu": GPUS[r["hw"]], "num_gpus": tp, "expert_parallel": r["ep"],
+        "model": model, "gpu": gpu, "num_gpus": tp, "expert_parallel": r["ep"],
         "dp_attention": str(dp).lower(), "engine": ENGINES[eng],
-        "engine_version": VERSIONS.get(eng, ""), "dtype": r["precision"],
+        "engine_version": VERSIONS.get((gpu, eng), ""), "dtype": r["precision"],
         "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "concurrency": conc,
         "num_prompts": PROMPTS_PER_USER * conc,
         "prompt_len_min": _low(isl), "prompt_len_max": isl,
@@ -85,21 +142,23 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         "output_tok_s_per_gpu": round(float(r["output_tput_per_gpu"]), 4),
         "total_tok_s_per_gpu": round(float(r["tput_per_gpu"]), 4),
         # SGLang streams its tokens in chunks of --stream-interval and sends its first chunk
-        # with the N-th token: N from the run's own chunk gap over its time per token.
-        "first_chunk_tokens": max(1, round(float(r["mean_itl"]) / float(r["mean_tpot"])))
-        if eng == "sglang" else 1,
+        # with the N-th token: the runs table reads it from stream_interval.
+        **_settings(gpu, eng, model, seqs),
         "source": SOURCE.format(file=r["file"]),
     }
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(argv[0], newline="", encoding="utf-8") as f:
-        rows = [run_row(r) for r in csv.DictReader(f) if r["hw"] in GPUS]
-    rows.sort(key=lambda r: (r["model"], r["engine"], r["num_gpus"], r["dp_attention"],
-                             r["prompt_len_max"], r["output_len_max"], r["concurrency"]))
+    rows = []
+    for path in argv:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows += [run_row(r) for r in csv.DictReader(f) if r["hw"] in GPUS]
+    rows.sort(key=lambda r: (r["gpu"], r["model"], r["engine"], r["num_gpus"],
+                             r["dp_attention"], r["prompt_len_max"], r["output_len_max"],
+                             r["concurrency"]))
     w = csv.DictWriter(sys.stdout, fieldnames=list(COLUMNS), lineterminator="\n")
     w.writeheader()
     w.writerows(rows)

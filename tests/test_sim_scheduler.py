@@ -64,3 +64,52 @@ def test_swap_keeps_computed_tokens() -> None:
     assert s.reqs.swapped.tolist() == [False, True]
     assert s.reqs.num_computed.tolist() == [5, 4]  # 1 keeps its 4 tokens on the host
     assert s.blocks.num_host_free == 99
+
+
+def test_continuous_decode_steps_open_the_queue_once_a_round() -> None:
+    """SGLang's --num-continuous-decode-steps N: a batch that only decodes looks at the queue
+    on the first step of each round of N, so a request that arrives mid-round waits for the
+    round's end; N = 1 admits it at the next step."""
+    def admitted_at(n: int, arrive_after: int) -> int:
+        reqs = Requests.new(np.array([4, 4]), np.array([40, 5]))
+        s = Scheduler(SchedulerConfig(8, 64, decode_steps_per_schedule=n), reqs,
+                      BlockManager(100, 4))
+        s.add(0)
+        t = 0.0
+        step(s, t)  # request 0's prompt
+        for k in range(1, 40):
+            if k == arrive_after:
+                s.add(1)
+            ids, _, _ = step(s, float(k))
+            if 1 in ids:
+                return k
+        raise AssertionError("never admitted")
+
+    for arrive in range(1, 9):
+        assert admitted_at(1, arrive) == arrive
+        at = admitted_at(4, arrive)
+        # decode steps 1, 5, 9, ... open the queue (the first decode step opens a round)
+        assert at >= arrive and (at - 1) % 4 == 0 and at - arrive < 4
+
+
+def test_decode_steps_per_schedule_is_checked() -> None:
+    import pytest
+
+    from bstar.errors import BstarError
+
+    with pytest.raises(BstarError, match="continuous-decode-steps"):
+        SchedulerConfig(8, 64, decode_steps_per_schedule=0)
+
+
+def test_simulate_takes_sglangs_continuous_decode_steps(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from bstar.cli import main
+
+    ttft = {}
+    for n in (1, 4):
+        assert main(["simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", "5",
+                     "--num-requests", "60", "--num-continuous-decode-steps", str(n),
+                     "--json"]) == 0
+        ttft[n] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
+    assert ttft[4] > ttft[1]  # requests wait for the round's end

@@ -17,7 +17,7 @@ from bstar import step
 from bstar.deployment import Efficiency
 from bstar.errors import BstarError
 from bstar.options import DeploymentOptions
-from bstar.runs_table import COLUMNS, is_runs_table, load_runs, runs_from_csv
+from bstar.runs_table import COLUMNS, REQUIRED, is_runs_table, load_runs, runs_from_csv
 from bstar.validate_runs import score_runs
 from bstar.validate_stages import simulate_stage, stage_workload
 from bstar.validate_stages.simulate import first_chunk_s
@@ -36,9 +36,11 @@ def _bench(name: str):  # a bench/ script as a module
 
 def test_shipped_table_reads_as_closed_loops() -> None:
     runs = load_runs(TABLE)
-    assert len(runs) == 131
+    assert len(runs) == 131 + 71 + 61  # H200, B200, MI300X (data/inferencemax/README.md)
+    assert {r.gpu for r in runs} == {"h200", "b200", "mi300x"}
     assert {r.engine for r in runs} == {"vllm", "sglang", "trt-llm"}
     assert {r.model for r in runs} == {"gpt-oss-120b", "deepseek-v3"}
+    assert len({r.stage for r in runs}) == len(runs)
     for r in runs:
         assert r.arrival == "concurrency" and r.warmup_fraction == 0.0
         assert r.requests_sent == 10 * r.concurrency
@@ -46,8 +48,20 @@ def test_shipped_table_reads_as_closed_loops() -> None:
         assert r.prompt_len[0][1] == int(0.8 * r.prompt_len[-1][1])
         assert r.output_len_min == int(0.8 * r.output_len)
     assert sum(r.dp_attention for r in runs) == 1
-    assert {r.first_chunk_tokens for r in runs if r.engine == "sglang"} == {10}
+    # SGLang's first chunk waits for its stream interval: 10 on H200, 30 on B200, the
+    # default 1 on MI300X (each GPU's script)
+    sg = {g: {r.first_chunk_tokens for r in runs if r.engine == "sglang" and r.gpu == g}
+          for g in ("h200", "b200", "mi300x")}
+    assert sg == {"h200": {10}, "b200": {30}, "mi300x": {1}}
     assert {r.first_chunk_tokens for r in runs if r.engine != "sglang"} == {1}
+    # each GPU's flags, read like for like
+    by = {(r.gpu, r.engine): r for r in runs}
+    assert by["b200", "sglang"].kv_cache_dtype == "fp8_e4m3"
+    assert by["mi300x", "vllm"].block_size == 64
+    assert by["mi300x", "vllm"].memory_fraction == 0.95
+    assert by["mi300x", "sglang"].decode_steps_per_schedule == 4
+    assert by["b200", "vllm"].cuda_graph_mode == "full_and_piecewise"
+    assert by["h200", "vllm"].cuda_graph_max_tokens == 2048
 
 
 def test_converter_writes_the_stated_ranges_and_flags() -> None:
@@ -60,7 +74,7 @@ def test_converter_writes_the_stated_ranges_and_flags() -> None:
            "p99_tpot": "0.02", "mean_itl": "0.01", "mean_e2el": "10", "median_e2el": "10",
            "p99_e2el": "12"}
     out = mod.run_row(row)
-    assert set(out) == set(COLUMNS)
+    assert set(REQUIRED) <= set(out) <= set(COLUMNS)
     assert (out["prompt_len_min"], out["prompt_len_max"]) == (6553, 8192)
     assert (out["output_len_min"], out["output_len_max"]) == (819, 1024)
     assert (out["max_num_seqs"], out["max_num_batched_tokens"]) == (16, 8192)
@@ -164,3 +178,99 @@ def test_one_run_simulates_fast_and_deterministically() -> None:
     run = next(r for r in load_runs(TABLE) if r.engine == "sglang")
     a, b = simulate_stage(run), simulate_stage(run)
     assert a == b and a.requests == 10 * run.concurrency
+
+
+# ---- every run read like for like (issue 37): dtypes, KV cache, memory, graphs ----------------
+
+def _one_run(**cells: str) -> str:
+    """A one-row runs table: the shipped table's first H200 gpt-oss run with `cells` set."""
+    rows = list(csv.DictReader(io.StringIO(TABLE.read_text())))
+    row = next(r for r in rows if r["gpu"] == "h200" and r["model"] == "gpt-oss-120b")
+    row.update(cells)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(row))
+    w.writeheader()
+    w.writerow(row)
+    return buf.getvalue()
+
+
+def _run_deployment(**cells: str):
+    from bstar.validate_stages import stage_deployment
+
+    (run,) = runs_from_csv(_one_run(**cells))
+    return stage_deployment(run)
+
+
+def test_nvfp4_runs_are_priced_with_nvfp4_weights() -> None:
+    """A run of an NVFP4 checkpoint is simulated with NVFP4 weights, not the model's FP8
+    default (the 4 x B200 DeepSeek-R1 runs got FP8's B_mem: 18 sequences at 2k tokens)."""
+    from bstar.roofline import b_mem, weight_bytes
+    from bstar.specs.presets import get_model
+
+    nv = _run_deployment(model="deepseek-v3", dtype="nvfp4", gpu="b200", num_gpus="4")
+    fp8 = _run_deployment(model="deepseek-v3", dtype="fp8", gpu="b200", num_gpus="4")
+    assert nv.weight.name == "nvfp4" and fp8.weight.name == "fp8-block"
+    assert weight_bytes(nv) < 0.6 * weight_bytes(fp8)
+    assert b_mem(nv, 2048) > 10 * b_mem(fp8, 2048)
+    # `fp4` names the checkpoint's own FP4 format: NVIDIA's NVFP4 DeepSeek-R1, gpt-oss's MXFP4
+    own = _run_deployment(model="nvidia/DeepSeek-R1-0528-FP4-v2", dtype="fp4", gpu="b200",
+                      num_gpus="4")
+    assert own.weight.name == "nvfp4" == get_model("deepseek-r1-0528-fp4").default_dtype
+    assert _run_deployment(dtype="fp4").weight.name == "mxfp4"
+    # the engines' spellings are the same formats
+    assert _run_deployment(model="deepseek-v3", dtype="modelopt_fp4", gpu="b200",
+                       num_gpus="4").weight.name == "nvfp4"
+
+
+def test_fp8_kv_cache_runs_get_an_fp8_pool() -> None:
+    from bstar.roofline import b_mem, kv_bytes_per_token
+
+    fp8 = _run_deployment(model="deepseek-v3", dtype="fp8", gpu="b200",
+                          kv_cache_dtype="fp8_e4m3", num_gpus="8")
+    auto = _run_deployment(model="deepseek-v3", dtype="fp8", gpu="b200", num_gpus="8")
+    assert (fp8.kv_dtype, auto.kv_dtype) == ("fp8", "bf16")
+    assert kv_bytes_per_token(fp8) * 2 == kv_bytes_per_token(auto)
+    assert b_mem(fp8, 2048) >= 2 * b_mem(auto, 2048) - 1
+
+
+def test_unknown_or_ambiguous_dtypes_are_refused_with_the_list() -> None:
+    with pytest.raises(BstarError, match=r"line 2: dtype: unknown precision 'fp5'.*nvfp4"):
+        runs_from_csv(_one_run(dtype="fp5"))  # refused as the table is read
+    with pytest.raises(BstarError, match="'fp4' is ambiguous for a fp8-block checkpoint"):
+        _run_deployment(model="deepseek-v3", dtype="fp4")
+    with pytest.raises(BstarError, match=r"kv_cache_dtype.*unknown precision 'int3'"):
+        runs_from_csv(_one_run(kv_cache_dtype="int3"))
+
+
+def test_memory_fraction_block_size_and_graphs_are_the_runs_own() -> None:
+    from bstar.deployment import Efficiency
+    from bstar.validate_stages.simulate import NO_GRAPHS
+
+    d = _run_deployment(memory_fraction="0.95", block_size="64", cuda_graph_max_tokens="2048")
+    assert (d.gpu_util, d.block_size, d.eff.graph_max_tokens) == (0.95, 64, 2048.0)
+    blank = _run_deployment(memory_fraction="", block_size="")
+    assert blank.gpu_util == DeploymentOptions().gpu_util
+    assert blank.block_size == DeploymentOptions().block_size
+    assert _run_deployment(cuda_graph_mode="none").eff.graph_max_tokens == NO_GRAPHS
+    # a fit's efficiencies keep the run's graph settings
+    from bstar.validate_stages import stage_deployment
+
+    (run,) = runs_from_csv(_one_run(cuda_graph_max_tokens="1024"))
+    assert stage_deployment(run, eff=Efficiency()).eff.graph_max_tokens == 1024.0
+    for bad in ({"memory_fraction": "1.5"}, {"cuda_graph_mode": "sometimes"},
+                {"decode_steps_per_schedule": "0"}, {"num_gpus": "1e300"}):
+        with pytest.raises(BstarError):
+            runs_from_csv(_one_run(**bad))
+
+
+def test_stream_interval_sets_the_first_chunk_and_decode_steps_reach_the_scheduler() -> None:
+    (run,) = runs_from_csv(_one_run(stream_interval="30", first_chunk_tokens=""))
+    assert run.first_chunk_tokens == 30
+    (run,) = runs_from_csv(_one_run(stream_interval="30", first_chunk_tokens="7"))
+    assert run.first_chunk_tokens == 7  # a stated first chunk wins
+    # four decode steps a round delay admissions: the closed loop's mean TTFT grows
+    (one,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16"))
+    (four,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16",
+                                     decode_steps_per_schedule="4"))
+    a, b = simulate_stage(one), simulate_stage(four)
+    assert b.ttft_mean_ms > a.ttft_mean_ms

@@ -75,6 +75,7 @@ class DeploymentOptions:
         about a profile calibrated on another GPU (its efficiencies are then a guess)."""
         from bstar.engines import get_engine
         from bstar.specs.gpu import get_gpu
+        from bstar.specs.precision import kv_dtype_for, weight_dtype_for
         from bstar.specs.presets import get_model
 
         engine = get_engine(self.engine)  # validates the name even under --ideal
@@ -93,10 +94,13 @@ class DeploymentOptions:
         if not 0 <= reserve_gib * GiB <= MAX_MEMORY_BYTES:
             raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                              f"GiB, got {reserve_gib:g}")
+        model = get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None)
         d = Deployment(
-            model=get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None),
-            gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
+            model=model, gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
+            # the engines' spellings (fp8_e4m3, modelopt_fp4, auto, a bare fp4) read as the
+            # one vocabulary (docs/models.md, "Precision names")
+            weight_dtype=weight_dtype_for(self.weight_dtype, model.default_dtype, "--dtype"),
+            kv_dtype=kv_dtype_for(self.kv_dtype, where="--kv-dtype"), gpu_util=self.gpu_util,
             reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
             eff=IDEAL if self.ideal else engine.efficiency(),
             engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour())

@@ -15,15 +15,27 @@ simulates and scores it with the load-stage machinery (`bstar.validate_runs`).
 Required columns: run, model, gpu, num_gpus, engine, max_num_seqs, max_num_batched_tokens,
 concurrency, num_prompts, prompt_len_min, prompt_len_max, output_len_min, output_len_max,
 ttft_mean_ms, tpot_mean_ms, e2e_mean_ms, source.
+
+Optional columns say how the run's server was set, so that every run is read like for like
+(a blank cell, or a table without the column: the engine's default for that GPU):
+`memory_fraction` (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static,
+TensorRT-LLM free_gpu_memory_fraction), `kv_cache_dtype` (any name `bstar plan --kv-dtype`
+takes, engines' spellings too: fp8_e4m3, auto), `block_size` (KV block, tokens),
+`cuda_graph_mode` (none, piecewise, full, full_and_piecewise, full_decode_only),
+`cuda_graph_max_tokens` (the largest step a captured graph runs), `decode_steps_per_schedule`
+(SGLang --num-continuous-decode-steps) and `stream_interval` (tokens per stream chunk).
+docs/validate.md says how the simulator honours each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bstar.errors import BstarError
 from bstar.fit.points import read_columns
+from bstar.specs.precision import check_weight_dtype, kv_dtype_for
 from bstar.stages_table import Stage, _float, _int
 
 REQUIRED = ("run", "model", "gpu", "num_gpus", "engine", "max_num_seqs",
@@ -37,7 +49,13 @@ COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention",
            "output_len_max", "ignore_eos", "ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms",
            "tpot_mean_ms", "tpot_median_ms", "tpot_p99_ms", "itl_mean_ms", "e2e_mean_ms",
            "e2e_median_ms", "e2e_p99_ms", "output_tok_s_per_gpu", "total_tok_s_per_gpu",
-           "first_chunk_tokens", "source")
+           "first_chunk_tokens", "memory_fraction", "kv_cache_dtype", "block_size",
+           "cuda_graph_mode", "cuda_graph_max_tokens", "decode_steps_per_schedule",
+           "stream_interval", "source")
+# vLLM's CUDAGraphMode names (vllm/config/compilation.py), lower case; SGLang and
+# TensorRT-LLM capture full decode graphs up to a batch size: full_decode_only.
+CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise", "full_decode_only")
+MAX_NUM_GPUS = 4096  # a table's num_gpus past this is a typo, not a deployment
 
 
 def is_runs_table(header: Sequence[str]) -> bool:
@@ -61,9 +79,11 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
         if not r["source"]:
             raise BstarError(f"{at}: every row needs its source")
         ints = {k: _int(r, k, at, required=True) or 1 for k in (
-            "num_gpus", "max_num_seqs", "max_num_batched_tokens", "concurrency",
+            "max_num_seqs", "max_num_batched_tokens", "concurrency",
             "num_prompts", "prompt_len_min", "prompt_len_max", "output_len_min",
             "output_len_max")}
+        ints["num_gpus"] = _int(r, "num_gpus", at, required=True,
+                                maximum=MAX_NUM_GPUS) or 1
         for lo, hi in (("prompt_len_min", "prompt_len_max"),
                        ("output_len_min", "output_len_max")):
             if ints[lo] > ints[hi]:
@@ -71,6 +91,10 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
         ttft, tpot, e2e = (_float(r, k, at, required=True) or 0.0
                            for k in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"))
         out_s = _float(r, "output_tok_s_per_gpu", at)
+        settings = _settings(r, at)
+        if not r.get("first_chunk_tokens") and settings["stream_interval"]:
+            # the first chunk leaves with the stream interval's N-th token
+            r["first_chunk_tokens"] = str(settings["stream_interval"])
         out.append(Stage(
             stage=r["run"] or at, model=r["model"], gpu=r["gpu"], num_gpus=ints["num_gpus"],
             engine=r["engine"], max_num_seqs=ints["max_num_seqs"],
@@ -90,10 +114,31 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
             output_len_min=ints["output_len_min"], warmup_fraction=0.0,
             expert_parallel=_int(r, "expert_parallel", at) or 1,
             dp_attention=_flag(r.get("dp_attention", ""), at, "dp_attention"),
-            first_chunk_tokens=_int(r, "first_chunk_tokens", at) or 1))
+            first_chunk_tokens=_int(r, "first_chunk_tokens", at) or 1, **settings))
     if not out:
         raise BstarError(f"{where}: no rows")
     return out
+
+
+def _settings(r: dict[str, str], at: str) -> dict[str, Any]:
+    """The run's optional server settings (module docstring), checked; blank: default."""
+    frac = _float(r, "memory_fraction", at)
+    if frac is not None and not 0 < frac <= 1:
+        raise BstarError(f"{at}: memory_fraction must be in (0, 1], got {r['memory_fraction']}")
+    check_weight_dtype(r.get("dtype", ""), f"{at}: dtype")
+    kv = r.get("kv_cache_dtype", "")
+    if kv:
+        kv_dtype_for(kv, where=f"{at}: kv_cache_dtype")  # refuses an unknown name
+    mode = r.get("cuda_graph_mode", "").lower()
+    if mode and mode not in CUDA_GRAPH_MODES:
+        raise BstarError(f"{at}: cuda_graph_mode {r['cuda_graph_mode']!r} is not one of "
+                         f"{', '.join(CUDA_GRAPH_MODES)}")
+    return {"memory_fraction": frac, "kv_cache_dtype": kv, "cuda_graph_mode": mode,
+            "block_size": _int(r, "block_size", at, maximum=1 << 16) or 0,
+            "cuda_graph_max_tokens": _int(r, "cuda_graph_max_tokens", at) or 0,
+            "decode_steps_per_schedule": _int(r, "decode_steps_per_schedule", at,
+                                              maximum=1024) or 1,
+            "stream_interval": _int(r, "stream_interval", at, maximum=1 << 20) or 0}
 
 
 def load_runs(path: str | Path) -> list[Stage]:

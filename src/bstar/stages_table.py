@@ -94,6 +94,20 @@ class Stage:
     # Tokens the engine's first stream chunk waits for (SGLang's --stream-interval N: the
     # client sees its first token when the N-th is generated); 1: the first token streams.
     first_chunk_tokens: int = 1
+    # The engine's settings as the run's server set them (bstar.runs_table; None, "" or 0:
+    # the engine's default for the GPU): its memory fraction (vLLM --gpu-memory-utilization,
+    # SGLang --mem-fraction-static, TensorRT-LLM free_gpu_memory_fraction), KV cache dtype,
+    # KV block size, CUDA graph mode (none, piecewise, full, full_and_piecewise,
+    # full_decode_only) and the largest step a captured graph runs, decode steps per
+    # scheduling round (SGLang --num-continuous-decode-steps) and stream interval (tokens
+    # per stream chunk: the first chunk waits for it unless `first_chunk_tokens` says).
+    memory_fraction: float | None = None
+    kv_cache_dtype: str = ""
+    block_size: int = 0
+    cuda_graph_mode: str = ""
+    cuda_graph_max_tokens: int = 0
+    decode_steps_per_schedule: int = 1
+    stream_interval: int = 0
 
     @property
     def group(self) -> tuple[str, str]:
@@ -135,8 +149,13 @@ def _float(r: Mapping[str, str], k: str, at: str, required: bool = False,
     return x
 
 
+# The largest count a table cell may hold (GPUs, tokens, requests): past it the number is
+# a typo or an attack, and simulating it would never end.
+MAX_COUNT = 10**9
+
+
 def _int(r: Mapping[str, str], k: str, at: str, required: bool = False,
-         minimum: int = 1) -> int | None:
+         minimum: int = 1, maximum: int = MAX_COUNT) -> int | None:
     v = _cell(r, k)
     if not v:
         if required:
@@ -150,6 +169,8 @@ def _int(r: Mapping[str, str], k: str, at: str, required: bool = False,
         raise BstarError(f"{at}: {k} {v!r} is not an integer")
     if n < minimum:
         raise BstarError(f"{at}: {k} must be >= {minimum}, got {n}")
+    if n > maximum:
+        raise BstarError(f"{at}: {k} must be <= {maximum}, got {v}")
     return n
 
 

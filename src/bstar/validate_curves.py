@@ -50,10 +50,6 @@ METRICS = ("step_ms", "throughput_tok_s")
 
 
 # ---- deployments --------------------------------------------------------------------------
-_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
-           "int8": "int8"}
-
-
 def _resolve(name: str, base_dir: str) -> str:
     if CurveRow._is_path(name) and base_dir and not Path(name).is_absolute():
         return str(Path(base_dir) / name)
@@ -76,13 +72,16 @@ def deployment_for(row: CurveRow, eff: Efficiency, model: Any = None,
     """The row's deployment at `eff` (`model` and `gpu`, when given, are the row's specs
     already read: a fit builds thousands of deployments)."""
     from bstar.specs.gpu import get_gpu
+    from bstar.specs.precision import kv_dtype_for, weight_dtype_for
 
-    return Deployment(model or model_for(row),
-                         gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
-                         num_gpus=row.num_gpus, weight_dtype=_DTYPES.get(row.dtype, ""),
-                         kv_dtype=_DTYPES.get(row.kv_dtype, "") or (
-                             "fp32" if row.dtype == "fp32" else "bf16"),
-                         eff=eff)
+    m = model or model_for(row)
+    where = f"{row.where}: " if getattr(row, "where", "") else ""
+    weight = weight_dtype_for(row.dtype, m.default_dtype, f"{where}dtype")
+    return Deployment(m, gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
+                      num_gpus=row.num_gpus, weight_dtype=weight,
+                      kv_dtype=kv_dtype_for(row.kv_dtype, "fp32" if (weight or m.default_dtype)
+                                            == "fp32" else "bf16", f"{where}kv_dtype"),
+                      eff=eff)
 
 
 def measured(row: CurveRow) -> dict[str, float]:

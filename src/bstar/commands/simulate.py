@@ -31,6 +31,12 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="token budget per step; chunked prefill splits prompts to fit "
                         "(default: vllm serve's, 2048, or 8192 on >= 70 GiB non-A100 GPUs)")
+    s.add_argument("--num-continuous-decode-steps", "--decode-steps-per-schedule",
+                   dest="decode_steps_per_schedule", type=positive_int, default=1,
+                   metavar="N",
+                   help="decode steps a batch that only decodes runs before the scheduler "
+                        "looks at the queue again (SGLang --num-continuous-decode-steps; "
+                        "default 1, as vLLM)")
     s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what a preempted request loses: recompute (V1) drops its KV; swap "
                         "(V0) parks it in host memory (default recompute)")
@@ -145,6 +151,7 @@ def study_options(args: argparse.Namespace) -> Any:
     return StudyOptions(
         max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
+        decode_steps_per_schedule=args.decode_steps_per_schedule,
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
         trace=args.trace, think_time_s=args.think_time_s, input_len=input_len,
         output_len=output_len, num_requests=args.num_requests, seed=args.seed,

@@ -466,4 +466,5 @@ class _Loop:
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut
+        self.sched.note_decode_steps(cut)
 

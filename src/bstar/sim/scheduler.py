@@ -48,12 +48,19 @@ class SchedulerConfig:
     # KV slots reserved past each scheduled sequence's new tokens: speculative decoding's
     # K draft tokens (vLLM V1's num_lookahead_tokens; bstar.sim.speculative). 0: none.
     lookahead_tokens: int = 0
+    # Decode steps a batch that only decodes runs before the scheduler looks at the queue
+    # again (SGLang's --num-continuous-decode-steps; 1: every step, as vLLM does). A request
+    # that arrives meanwhile waits for the round's end.
+    decode_steps_per_schedule: int = 1
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise BstarError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise BstarError("--max-num-batched-tokens must be at least 1")
+        if not 1 <= self.decode_steps_per_schedule <= 1024:
+            raise BstarError("--num-continuous-decode-steps must be in 1..1024, got "
+                             f"{self.decode_steps_per_schedule}")
         if self.preemption not in PREEMPTION_MODES:
             raise BstarError(f"--preemption must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {self.preemption!r}")
@@ -92,6 +99,8 @@ class Scheduler:
         self.running = np.zeros(min(cfg.max_num_seqs, len(reqs)) + 1, dtype=np.int64)
         self.num_running = 0
         self.num_preemptions = 0
+        # Pure decode steps in the current round (SchedulerConfig.decode_steps_per_schedule).
+        self.decode_round = 0
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
@@ -144,7 +153,8 @@ class Scheduler:
         else:
             comp = sched = ids
         swap_in = 0
-        if not preempted and self.waiting:
+        queue_open = self._queue_open(ids, comp, sched)
+        if not preempted and self.waiting and queue_open:
             new_ids: list[int] = []
             new_comp: list[int] = []
             new_sched: list[int] = []
@@ -179,6 +189,29 @@ class Scheduler:
                 comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
                 sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
         return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _queue_open(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
+        """Whether this step may admit from the queue: always, unless the engine runs
+        `decode_steps_per_schedule` = N > 1 decode steps per scheduling round and this step
+        only decodes; then only the round's first step looks at the queue (steps
+        0, N, 2N, ... of a run of pure decode steps)."""
+        n = self.cfg.decode_steps_per_schedule
+        if n == 1:
+            return True
+        r = self.reqs
+        decoding = ids.size > 0 and bool((sched == 1).all()) and bool(
+            (comp + 1 == r.prompt_tokens[ids] + r.num_generated[ids]).all()
+            and r.num_generated[ids].all())
+        if not decoding:
+            self.decode_round = 0
+            return True
+        self.decode_round += 1
+        return (self.decode_round - 1) % n == 0
+
+    def note_decode_steps(self, k: int) -> None:
+        """`k` pure decode steps ran at once (the simulator's multi-step jump)."""
+        if self.cfg.decode_steps_per_schedule > 1:
+            self.decode_round += k
 
     def _admit_cached(self, rid: int, computed: int, budget: int) -> tuple[int, int, int]:
         """Admission through the prefix cache: (computed tokens after its hits, tokens to

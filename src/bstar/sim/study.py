@@ -40,6 +40,8 @@ class StudyOptions:
     prefix_caching: bool = True  # vLLM V1's automatic prefix caching (--no-prefix-caching)
     # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
     speculative: Any = None
+    # SGLang's --num-continuous-decode-steps (SchedulerConfig.decode_steps_per_schedule).
+    decode_steps_per_schedule: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,8 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
     if not 0 <= o.swap_space_gib * GiB <= MAX_MEMORY_BYTES:
         raise BstarError(f"--swap-space-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                          f"GiB, got {o.swap_space_gib:g}")
-    cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption),
+    cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption,
+                                    decode_steps_per_schedule=o.decode_steps_per_schedule),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
                     max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching,
                     speculative=o.speculative)

@@ -93,6 +93,10 @@ _ALIASES = {
     "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
     "w8a8": "int8", "w4a16": "int4", "awq": "int4", "gptq": "int4", "float8": "fp8",
     "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "int4-g128": "int4",
+    # The engines' spellings (vLLM --quantization / --kv-cache-dtype, SGLang, TensorRT-LLM,
+    # ModelOpt's quant_algo): the same formats under other names.
+    "fp8_e4m3fn": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
+    "fp8_ds_mla": "fp8", "modelopt_fp4": "nvfp4", "nvfp4_e2m1": "nvfp4", "mxfp4_e2m1": "mxfp4",
 }
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -124,6 +128,65 @@ def _family_precision(key: str) -> Precision | None:
     return Precision(key, bits, group_size=group,
                      scale_bits_per_group=16 + (bits if asym else 0), tensor_bits=128,
                      compute="bf16")
+
+
+# A checkpoint's 4-bit float format: a table's or an engine's bare "fp4" names whichever of
+# these the checkpoint is (InferenceMAX's `precision` column says fp4 for gpt-oss's MXFP4
+# and for NVIDIA's NVFP4 DeepSeek-R1 alike).
+FP4_FORMATS = ("mxfp4", "nvfp4")
+# Names that mean "the checkpoint's own" (vLLM's and SGLang's `auto`).
+_OWN = ("", "auto", "default")
+
+
+def weight_dtype_for(name: str, checkpoint: str, where: str = "") -> str:
+    """The weight precision that `name` (a flag's, a table's or an engine's spelling) means
+    for a model whose checkpoint is `checkpoint` (its `default_dtype`): "" (the checkpoint's
+    own) where the name is blank or `auto`, or names the family the checkpoint already is
+    ("fp8" of an fp8-block checkpoint, "fp4" of an MXFP4 or NVFP4 one); else bstar's name
+    for it. An unknown name, or "fp4" of a checkpoint that is no FP4 format (MXFP4 or NVFP4:
+    say which), is refused with the list. docs/models.md ("Precision names")."""
+    key = name.strip().lower()
+    at = f"{where}: " if where else ""
+    if key in _OWN:
+        return ""
+    own = get_precision(checkpoint)
+    if key == "fp4":
+        if own.name in FP4_FORMATS:
+            return ""
+        raise BstarError(f"{at}'fp4' is ambiguous for a {own.name} checkpoint: name "
+                         f"the format ({', '.join(FP4_FORMATS)})")
+    try:
+        found = get_precision(key, allowed=(*WEIGHT_DTYPES, *CHECKPOINT_DTYPES, "fp32"))
+    except BstarError as e:
+        raise BstarError(f"{at}{e}") from None
+    if found.name == own.name or (found.name == "fp8" and own.name.startswith("fp8")):
+        return ""  # the checkpoint's own format, with its exact scales
+    return found.name
+
+
+def check_weight_dtype(name: str, where: str = "") -> None:
+    """Refuse, with the list, a weight dtype name no checkpoint could mean (a table is read
+    before its models are: `weight_dtype_for` then says what the name means for each)."""
+    key = name.strip().lower()
+    if key in _OWN or key == "fp4":
+        return
+    try:
+        get_precision(key, allowed=(*WEIGHT_DTYPES, *CHECKPOINT_DTYPES, "fp32"))
+    except BstarError as e:
+        raise BstarError(f"{where}: {e}" if where else str(e)) from None
+
+
+def kv_dtype_for(name: str, default: str = "bf16", where: str = "") -> str:
+    """The KV-cache precision `name` means (vLLM's `--kv-cache-dtype` spellings: auto, fp8,
+    fp8_e4m3, fp8_e5m2, ...): `default` where blank or auto; an unknown name is refused with
+    the list."""
+    key = name.strip().lower()
+    if key in _OWN:
+        return default
+    try:
+        return get_precision(key, allowed=(*KV_DTYPES, "fp32")).name
+    except BstarError as e:
+        raise BstarError(f"{where}: {e}" if where else str(e)) from None
 
 
 def get_precision(name: str, *, allowed: tuple[str, ...] | None = None) -> Precision:

@@ -23,6 +23,7 @@ from bstar.validate_stages.simulate import (
     STEADY,
     WARMUP_FRACTION,
     StagePrediction,
+    graph_settings,
     growing_stage_capacity_req_s,
     measured_growth,
     measured_state,
@@ -199,7 +200,8 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
     def simulate_at(values: Mapping[str, float]) -> np.ndarray:
         """log of the predicted means, aligned with `pairs`."""
         e, b = _with_values(prior, behaviour, values)
-        preds = {i: simulate_stage(s, deployment=base[i].with_eff(e).with_behaviour(b),
+        preds = {i: simulate_stage(s, deployment=base[i].with_eff(graph_settings(s, e))
+                                   .with_behaviour(b),
                                    max_window_s=max_window_s, seed=seed).values()
                  for i, s in enumerate(steady)}
         y = np.array([preds[i][k] for i, k, _ in pairs])

@@ -4,14 +4,16 @@ and its saturation state, measured or simulated (`saturation_state`)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bstar.deployment import Deployment, Efficiency, EngineBehaviour
+from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.sim.capacity import GROWTH_SLOPE
+from bstar.specs.precision import kv_dtype_for, weight_dtype_for
 from bstar.stages_table import Stage
 from bstar.stats import per_request_tpot, percentiles_ms
 
@@ -106,8 +108,6 @@ def stage_prompt_ids(inp: np.ndarray, shared_prefix_len: int, k: int) -> Any:
     return PromptIds(tuple(segments), tuple(answer + i for i in range(inp.size)))
 
 
-_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "fp32": "fp32", "int4": "int4",
-           "int8": "int8", "float16": "fp16", "bfloat16": "bf16"}
 _DEPLOYMENTS: dict[tuple[Any, ...], Deployment] = {}
 
 
@@ -121,24 +121,54 @@ def _resolve(name: str, base_dir: str) -> str:
 def stage_deployment(stage: Stage, engine: str | None = None,
                      eff: Efficiency | None = None,
                      behaviour: EngineBehaviour | None = None) -> Deployment:
-    """The stage's deployment: its model, GPU, TP and dtype with the engine profile `engine`
-    (default: the stage's own engine), through `DeploymentOptions` (vLLM's memory defaults:
-    gpu_util 0.9); `eff` replaces the profile's efficiencies, `behaviour` its behaviour.
-    Built once per setting."""
+    """The stage's deployment: its model, GPU, TP, weight and KV dtypes, memory fraction
+    and KV block size (blank: vLLM's defaults, gpu_util 0.9 and 16-token blocks; the KV cache
+    in the weights' 16-bit dtype, else bf16: the engines' `auto`) with the engine profile
+    `engine` (default: the stage's own engine), through `DeploymentOptions`; `eff` replaces
+    the profile's efficiencies, `behaviour` its behaviour. The run's CUDA graph settings
+    apply over either (`graph_settings`). A dtype name is read as `bstar plan --dtype`
+    reads it (bstar.specs.precision.weight_dtype_for): `fp4` is the checkpoint's MXFP4 or
+    NVFP4, an unknown name is refused. Built once per setting."""
     from bstar.options import DeploymentOptions
+    from bstar.specs.presets import get_model
 
-    dtype = _DTYPES.get(stage.dtype.lower(), "")
-    opts = DeploymentOptions(model=_resolve(stage.model, stage.base_dir),
+    where = stage.where or stage.stage
+    model = _resolve(stage.model, stage.base_dir)
+    checkpoint = get_model(model).default_dtype
+    dtype = weight_dtype_for(stage.dtype, checkpoint, f"{where}: dtype")
+    weights = dtype or checkpoint
+    kv = kv_dtype_for(stage.kv_cache_dtype,
+                      weights if weights in ("fp16", "bf16", "fp32") else "bf16",
+                      f"{where}: kv_cache_dtype")
+    opts = DeploymentOptions(model=model,
                              gpu=_resolve(stage.gpu, stage.base_dir), num_gpus=stage.num_gpus,
-                             weight_dtype=dtype,
-                             kv_dtype=dtype if dtype in ("fp16", "bf16", "fp32") else "bf16",
+                             weight_dtype=dtype, kv_dtype=kv,
+                             gpu_util=stage.memory_fraction or GPU_MEMORY_UTILIZATION,
+                             block_size=stage.block_size or BLOCK_SIZE,
                              engine=stage.engine if engine is None else engine)
     key = tuple(opts.to_dict().values())
     d = _DEPLOYMENTS.get(key)
     if d is None:
         d = _DEPLOYMENTS[key] = opts.build()
     d = d if eff is None else d.with_eff(eff)
+    d = d.with_eff(graph_settings(stage, d.eff))
     return d if behaviour is None else d.with_behaviour(behaviour)
+
+
+# graph_max_tokens when no step runs in a captured graph: every step of a token or more is
+# past it, and pays the eager floor (bstar.step).
+NO_GRAPHS = 0.5
+
+
+def graph_settings(stage: Stage, eff: Efficiency) -> Efficiency:
+    """`eff` with the run's CUDA graph settings: no graphs (`cuda_graph_mode` none) puts every
+    step past the capture limit; a stated `cuda_graph_max_tokens` is the limit; else the
+    profile's stands."""
+    if stage.cuda_graph_mode == "none":
+        return replace(eff, graph_max_tokens=NO_GRAPHS)
+    if stage.cuda_graph_max_tokens:
+        return replace(eff, graph_max_tokens=float(stage.cuda_graph_max_tokens))
+    return eff
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +258,8 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
         w = stage_workload(stage, n, seed, prefix_cache)
     else:
         n, w = len(workload.prompt_tokens), workload
-    cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens))
+    cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens,
+                                    decode_steps_per_schedule=stage.decode_steps_per_schedule))
     run = simulate(d, cfg, w)
     r = run.requests
     warmup = WARMUP_FRACTION if stage.warmup_fraction is None else stage.warmup_fraction
