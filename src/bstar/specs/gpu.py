@@ -2,6 +2,11 @@
 
 Memory is exact bytes as the device reports it (nvidia-smi's MiB x 2**20): datasheets say
 "80GB" for 81,920 MiB. Bandwidth and FLOP/s are decimal, as datasheets give them.
+
+Beside the roofline's figures, each entry says what the kernels see (docs/gpus.md): the
+architecture family, the precisions its tensor cores run natively, SMs and clock, board
+power, and the path and latency of a small all-reduce. All of these are optional, so that
+GPU files written before them still load; none of them prices a step yet.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from bstar import safeio
 from bstar.errors import BstarError, closest
+from bstar.specs.precision import get_precision
 
 # Bounds of a GPU file's figures, far past any accelerator (an H200: 141 GB, 4.8e12 B/s,
 # 1e15 FLOP/s), so that a typo or an infinity is an error, not a plan of nonsense
@@ -27,7 +33,25 @@ MAX_MEMORY_BYTES = 2**50
 # CPU's): a typo, not a slow device.
 MIN_RATE = 1e6
 _MAX_RATE = {"hbm_bandwidth_bytes_s": 1e16, "interconnect_bytes_s": 1e16,
-             "bf16_flops": 1e19, "fp16_flops": 1e19, "fp8_flops": 1e19, "int8_ops": 1e19}
+             "bf16_flops": 1e19, "fp16_flops": 1e19, "fp8_flops": 1e19, "int8_ops": 1e19,
+             "fp4_flops": 1e19}
+
+# Architecture families, as the kernels tell them apart (a kernel path is chosen per family:
+# Hopper's wgmma, datacenter Blackwell's tcgen05, the sm_120 parts' mma.sync block-scaled
+# path, CDNA's MFMA). "blackwell-rtx" is compute capability 12.x (RTX PRO / GeForce
+# Blackwell): same formats as B200, other tensor-core instructions and kernels.
+ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell", "blackwell-rtx",
+         "cdna2", "cdna3", "cdna4", "rdna3", "rdna4", "cpu")
+# Formats a tensor core (matrix core) can run natively. All but the last two are
+# bstar.specs.precision names; mxfp8 and mxfp6 are tensor-core formats no checkpoint
+# precision of bstar's uses yet (OCP MX: e4m3/e2m3 values, one e8m0 scale per 32).
+NATIVE_PRECISIONS = ("fp16", "bf16", "fp8", "int8", "int4", "nvfp4", "mxfp4")
+TENSOR_ONLY_PRECISIONS = ("mxfp8", "mxfp6")
+# How a tensor-parallel all-reduce travels between the GPUs of one instance.
+ALLREDUCE_LINKS = ("nvlink-nvswitch", "nvlink-nvl72", "nvlink-bridge", "xgmi", "pcie", "none")
+# Bounds of the descriptive figures: 0 is "unknown"; anything else in range.
+_RANGE = {"boost_clock_mhz": (10.0, 10_000.0), "tdp_w": (1.0, 10_000.0),
+          "allreduce_latency_us": (0.01, 1e6)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +72,27 @@ class GpuSpec:
     # Streaming multiprocessors (AMD: compute units); 0 = unknown. Attention over one short
     # prompt chunk runs heads x query-tiles blocks: fewer blocks than SMs leave SMs idle.
     num_sms: int = 0
+    # The chip as the kernels see it (docs/gpus.md); "" / () / 0 = unknown.
+    fp4_flops: float = 0.0  # dense FP4 tensor rate (NVFP4 / MXFP4) where it is native
+    arch: str = ""  # one of ARCHS
+    native_precisions: tuple[str, ...] = ()  # NATIVE_PRECISIONS + TENSOR_ONLY_PRECISIONS
+    boost_clock_mhz: float = 0.0
+    tdp_w: float = 0.0  # board power (TDP / TBP / TGP) as the datasheet states it
+    allreduce_link: str = ""  # one of ALLREDUCE_LINKS
+    # One small-message (one-shot) all-reduce across the instance's GPUs, the whole
+    # collective (not per log2 round); allreduce_source says whether measured or estimated.
+    allreduce_latency_us: float = 0.0
+    chip_source: str = ""  # where arch, precisions, SMs, clock and power come from
+    allreduce_source: str = ""
+
+    @property
+    def sm_count(self) -> int:
+        """SMs (AMD: CUs); the catalog's key is num_sms."""
+        return self.num_sms
 
     def __post_init__(self) -> None:
-        for k in ("id", "name", "vendor", "source", "memory_source", "provenance"):
+        for k in ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
+                  "allreduce_link", "chip_source", "allreduce_source"):
             if not isinstance(getattr(self, k), str):
                 raise BstarError(f"GPU {self.id!r}: {k} must be a string, got "
                                  f"{getattr(self, k)!r}")
@@ -75,6 +117,31 @@ class GpuSpec:
             if v and v < MIN_RATE:
                 raise BstarError(f"GPU {self.id!r}: {k} must be 0 (unknown) or at least "
                                  f"{MIN_RATE:g}, got {v!r}")
+        self._check_chip()
+
+    def _check_chip(self) -> None:
+        """The descriptive fields: known names, finite figures in range."""
+        if self.arch and self.arch not in ARCHS:
+            raise BstarError(f"GPU {self.id!r}: unknown arch {self.arch!r} (one of: "
+                             f"{', '.join(ARCHS)})" + closest(self.arch, ARCHS))
+        if self.allreduce_link and self.allreduce_link not in ALLREDUCE_LINKS:
+            raise BstarError(f"GPU {self.id!r}: unknown allreduce_link "
+                             f"{self.allreduce_link!r} (one of: {', '.join(ALLREDUCE_LINKS)})"
+                             + closest(self.allreduce_link, ALLREDUCE_LINKS))
+        known = NATIVE_PRECISIONS + TENSOR_ONLY_PRECISIONS
+        if not isinstance(self.native_precisions, tuple):
+            raise BstarError(f"GPU {self.id!r}: native_precisions must be a list of names")
+        for p in self.native_precisions:
+            if p not in known:
+                raise BstarError(f"GPU {self.id!r}: unknown native_precisions entry {p!r} "
+                                 f"(one of: {', '.join(known)})" + closest(str(p), known))
+        for k, (lo, hi) in _RANGE.items():
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise BstarError(f"GPU {self.id!r}: {k} must be a finite number, got {v!r}")
+            if v and not lo <= v <= hi:
+                raise BstarError(f"GPU {self.id!r}: {k} must be 0 (unknown) or between "
+                                 f"{lo:g} and {hi:g}, got {v!r}")
 
     def peak_flops(self, compute: str) -> float:
         """Dense tensor rate for a compute dtype, falling back to 16-bit where the
@@ -91,7 +158,21 @@ class GpuSpec:
 
 _FIELDS = set(GpuSpec.__dataclass_fields__)
 _NUMERIC = {"hbm_bandwidth_bytes_s", "bf16_flops", "fp16_flops", "fp8_flops", "int8_ops",
-            "interconnect_bytes_s"}
+            "interconnect_bytes_s", "fp4_flops"}
+_STRINGS = ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
+            "allreduce_link", "chip_source", "allreduce_source")
+
+
+def _native_name(name: str) -> str:
+    """A native-precision name as the catalog spells it: the precision vocabulary's own
+    spelling for its aliases (fp8_e4m3 -> fp8, bfloat16 -> bf16), lower case otherwise."""
+    key = name.strip().lower()
+    if key in NATIVE_PRECISIONS or key in TENSOR_ONLY_PRECISIONS:
+        return key
+    try:
+        return get_precision(key).name
+    except BstarError:
+        return key  # refused by GpuSpec with the list of known names
 
 
 def gpu_from_mapping(gpu_id: str, d: Mapping[str, Any], where: str) -> GpuSpec:
@@ -125,9 +206,26 @@ def gpu_from_mapping(gpu_id: str, d: Mapping[str, Any], where: str) -> GpuSpec:
     if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms <= 1_000_000:
         raise BstarError(f"{where}: num_sms must be an integer between 0 and 1000000, "
                          f"got {sms!r}")
-    for k in ("id", "name", "vendor", "source", "memory_source", "provenance"):
+    for k in _STRINGS:
         if k in kw and not isinstance(kw[k], str):
             raise BstarError(f"{where}: {k} must be a string, got {kw[k]!r}")
+    for k in ("arch", "allreduce_link"):
+        if k in kw:
+            kw[k] = kw[k].strip().lower()
+    if "native_precisions" in kw:
+        names = kw["native_precisions"]
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise BstarError(f"{where}: native_precisions must be a list of precision names "
+                             f"(strings), got a {type(names).__name__}")
+        kw["native_precisions"] = tuple(dict.fromkeys(_native_name(n) for n in names))
+    for k in _RANGE.keys() & kw.keys():
+        if isinstance(kw[k], bool) or not isinstance(kw[k], int | float):
+            raise BstarError(f"{where}: {k} must be a number, got {kw[k]!r}")
+        try:
+            kw[k] = float(kw[k])
+        except OverflowError:
+            raise BstarError(f"{where}: {k} must be a finite number, got an integer too "
+                             "large for a float") from None
     try:
         return GpuSpec(**kw)
     except BstarError as e:
