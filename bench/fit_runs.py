@@ -1,6 +1,6 @@
 """Fit the engine profiles' MoE and request terms to closed-loop runs (data/inferencemax/).
 
-    python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME]
+    python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME] [--path ARCH:PATH]
 
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
@@ -11,7 +11,10 @@ the part tensor parallelism does not divide, which `prompt_token_s` and `front_t
 vLLM's terms are fitted to both vLLM data sets at once, these runs and the H100 load stages
 (data/vllm-h100/stages.csv), since one profile serves both. The values go into
 src/bstar/presets/engines.toml with this command as their source. One set per engine, fitted
-over all its models and TP sizes: no per-model constant.
+over all its models and TP sizes: no per-model constant. The profile's own terms are fitted
+on the runs of its kernel path (`kernel_path` in engines.toml); `--path ARCH:PATH` fits an
+entry's kernel terms (moe_compute, moe_layer_s) on the runs that take that path
+(`[ENGINE.kernels."ARCH:PATH"]`; docs/cost-model.md, "Kernel paths").
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from bstar.deployment import Efficiency, EngineBehaviour  # noqa: E402
+from bstar.deployment import KERNEL_FIELDS, Efficiency, EngineBehaviour  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import load_stages  # noqa: E402
-from bstar.validate_stages import evaluate, fit_stages, measured_state  # noqa: E402
+from bstar.validate_stages import (  # noqa: E402
+    evaluate,
+    fit_stages,
+    measured_state,
+    stage_deployment,
+)
 from bstar.validate_stages.score import STEADY  # noqa: E402
 
 # The MoE terms (docs/cost-model.md, "2026 models") everywhere. vLLM: also the all-reduce
@@ -52,8 +61,9 @@ FIT = {"vllm": ("moe_compute", "moe_layer_s", "allreduce_latency_s", "prompt_tok
 ALSO = {"vllm": ROOT / "data" / "vllm-h100" / "stages.csv"}
 
 
-def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour) -> dict[str, float]:
-    scores, _ = evaluate(runs, eff, behaviour=beh)
+def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour,
+             path: str | None = None) -> dict[str, float]:
+    scores, _ = evaluate(runs, eff, behaviour=beh, kernel_path=path)
     scores = [s for s, r in zip(scores, runs, strict=True) if measured_state(r) == STEADY]
     return {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
             for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
@@ -78,18 +88,57 @@ def tp_split(runs: list) -> list[tuple[str, int, float, float, float]]:
     return out
 
 
+def run_path(run: Any) -> str:
+    """The kernel path a run's deployment takes (bstar.deployment.kernel_path)."""
+    return stage_deployment(run).kernel_path
+
+
+def fit_entry(runs: list, eng: str, path: str) -> None:
+    """Fit the engine's kernel terms (KERNEL_FIELDS) for kernel path `path` on the runs that
+    take it, from the profile with the generic kernel terms; print them and the medians."""
+    prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
+    start = replace(prof, **{k: getattr(Efficiency(), k) for k in KERNEL_FIELDS})
+    before = _medians(runs, start, beh, path)
+    got = fit_stages(runs, start, KERNEL_FIELDS, iterations=4, behaviour=beh,
+                     kernel_path=path)
+    if got is None:
+        print(f"{eng} {path}: the runs cannot determine {', '.join(KERNEL_FIELDS)}")
+        return
+    e, b = got
+    print(f"{eng} [kernels.{path!r}] ({len(runs)} runs): " + ", ".join(
+        f"{k} = {getattr(e, k):.4g}" for k in KERNEL_FIELDS))
+    for name, m in (("before (generic kernel terms)", before),
+                    ("after", _medians(runs, e, b, path))):
+        print(f"  runs {name}: median |error| " + ", ".join(
+            f"{q.split('_')[0].upper()} {x:.1%}" for q, x in m.items()))
+
+
 def main(argv: list[str]) -> int:
-    only = None
+    only = entry = None
     if "--engine" in argv:
         i = argv.index("--engine")
         only = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    if "--path" in argv:
+        i = argv.index("--path")
+        entry = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
     path = argv[0] if argv else str(ROOT / "data" / "inferencemax" / "runs.csv")
     by_engine: dict[str, list] = defaultdict(list)
     for r in load_runs(path):
         if not r.dp_attention and only in (None, r.engine):
             by_engine[r.engine].append(r)
+    if entry is not None:  # one kernel-path entry: the runs that take that path
+        for eng, runs in sorted(by_engine.items()):
+            mine = [r for r in runs if run_path(r) == entry]
+            if mine:
+                fit_entry(mine, eng, entry)
+        return 0
     for eng, runs in sorted(by_engine.items()):
+        # The profile's own terms are fitted on the runs of its kernel path (its kernel
+        # terms belong to that path; the other GPUs' runs get entries: --path).
+        home = get_engine(eng).kernel_path
+        runs = [r for r in runs if not home or run_path(r) == home]
         split = tp_split(runs)
         if split:
             print(f"{eng}: measured TTFT = a + b / N over the TP sizes N of one workload")

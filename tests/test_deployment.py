@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,14 +31,25 @@ def profile_file(tmp_path: Path, gpu: str = "a100-80gb-sxm") -> Path:
     return path
 
 
+def _off_path(engine: Any) -> Efficiency:
+    """The engine's efficiencies on a kernel path it has no terms for: generic MoE terms."""
+    from bstar.deployment import KERNEL_FIELDS
+
+    return replace(engine.efficiency(), **{k: getattr(Efficiency(), k) for k in KERNEL_FIELDS})
+
+
 def test_defaults_build_bstar_plans_default_deployment() -> None:
     d = DeploymentOptions().build()
     # The default engine is vLLM: its fitted profile over Efficiency's defaults.
     from bstar.engines import get_engine
 
+    # Its fused-MoE terms belong to the kernel path they were fitted on (docs/cost-model.md,
+    # "Kernel paths"): a bf16 Llama on an A100 is not that path.
     assert d == Deployment(get_model("llama-3-8b"), get_gpu("a100-80gb-sxm"),
-                              eff=get_engine("vllm").apply(Efficiency()), engine="vllm",
-                              behaviour=get_engine("vllm").behaviour())
+                           eff=get_engine("vllm").apply(Efficiency()), engine="vllm",
+                           behaviour=get_engine("vllm").behaviour(),
+                           kernel_terms_path=get_engine("vllm").kernel_path)
+    assert d.kernel_path == "ampere:bf16" and d.eff.moe_layer_s == Efficiency().moe_layer_s
     import tomllib
     from importlib.resources import files
 
@@ -58,7 +70,7 @@ def test_flags_map_onto_the_deployment() -> None:
     assert d.reserve_bytes == round(1.5 * 2**30) and d.block_size == 32
     from bstar.engines import get_engine
 
-    assert d.eff == replace(get_engine("vllm").efficiency(), bandwidth=0.6, overhead_s=2e-3)
+    assert d.eff == replace(_off_path(get_engine("vllm")), bandwidth=0.6, overhead_s=2e-3)
     assert DeploymentOptions(ideal=True).build().eff == IDEAL
 
 
@@ -136,14 +148,14 @@ def test_a_profile_applies_exactly_the_fields_it_names(tmp_path: Path) -> None:
     p = tmp_path / "few.toml"
     p.write_text("[efficiency]\nbandwidth = 0.5\n")
     d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(p)).build()
-    assert d.eff == replace(vllm.efficiency(), bandwidth=0.5)
+    assert d.eff == replace(_off_path(vllm), bandwidth=0.5)
     assert d.behaviour == vllm.behaviour()
     # A profile written before [behaviour] existed named its fields under [efficiency].
     p.write_text("[efficiency]\nbandwidth = 0.5\nrequest_overhead_s = 0.002\n"
                  "scheduling_lag_steps = 0\n")
     d = DeploymentOptions("llama-3-8b", "a100-80gb-sxm", profile=str(p)).build()
     assert (d.behaviour.request_overhead_s, d.behaviour.scheduling_lag_steps) == (0.002, 0)
-    assert d.eff == replace(vllm.efficiency(), bandwidth=0.5)
+    assert d.eff == replace(_off_path(vllm), bandwidth=0.5)
     p.write_text("[efficiency]\nbandwidth = 0.5\n[behaviour]\nscheduling_lag_steps = 2\n")
     with pytest.raises(Exception, match="scheduling_lag_steps must be 0 or 1"):
         cal.load_profile(p)

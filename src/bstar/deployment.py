@@ -165,6 +165,32 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
             {k: v for k, v in values.items() if k in BEHAVIOUR_FIELDS})
 
 
+# The step terms that belong to a kernel path: the fused-MoE kernels of one weight precision
+# on one architecture (Hopper dequantizing MXFP4 in Marlin/Triton, Blackwell's native FP4,
+# FP8 block-scaled GEMMs, AITER on CDNA). Fitted on one path they never price another: a
+# deployment on another path gets Efficiency's generic values for them (docs/cost-model.md,
+# "Kernel paths").
+KERNEL_FIELDS = ("moe_compute", "moe_layer_s")
+
+
+def kernel_path(gpu: GpuSpec, weight: Precision) -> str:
+    """The kernel path a model's linears take on `gpu`: "ARCH:FAMILY-native" where the
+    GPU's tensor cores run the weights' format (the catalog's `native_precisions`),
+    "ARCH:FAMILY-dequant" where kernels convert it first (MXFP4 on Hopper or CDNA3), and
+    "ARCH:bf16" for 16- and 32-bit weights; ARCH is the catalog's `arch` ("unknown" for a GPU
+    file without one)."""
+    arch = gpu.arch or "unknown"
+    if weight.bits >= 16:
+        return f"{arch}:bf16"
+    if weight.name in ("mxfp4", "nvfp4"):
+        family, native = "fp4", weight.name in gpu.native_precisions
+    elif weight.compute in ("fp8", "int8"):
+        family, native = weight.compute, weight.compute in gpu.native_precisions
+    else:  # weight-only integer formats: dequantized to the 16-bit compute dtype
+        family, native = f"int{weight.bits}", False
+    return f"{arch}:{family}-{'native' if native else 'dequant'}"
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """One model on `num_gpus` GPUs (tensor parallel) with its serving memory settings."""
@@ -182,6 +208,9 @@ class Deployment:
     eff: Efficiency = field(default_factory=Efficiency)
     engine: str = ""  # the engine profile the efficiencies started from (a label)
     behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)
+    # The kernel path `eff`'s KERNEL_FIELDS were fitted on ("": any, e.g. a calibration on
+    # this very GPU). On another path they are replaced by Efficiency's generic values.
+    kernel_terms_path: str = ""
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
@@ -195,6 +224,22 @@ class Deployment:
         get_precision(self.weight_dtype or self.model.default_dtype,
                       allowed=(*WEIGHT_DTYPES, "fp8-block", "fp32"))
         get_precision(self.kv_dtype, allowed=KV_DTYPES)
+        if self.kernel_terms_path and self.kernel_terms_path != self.kernel_path:
+            generic = Efficiency()
+            reset = {k: getattr(generic, k) for k in KERNEL_FIELDS
+                     if getattr(self.eff, k) != getattr(generic, k)}
+            if reset:  # a frozen record: set once, here, as it is made
+                object.__setattr__(self, "eff", replace(self.eff, **reset))
+
+    @property
+    def kernel_path(self) -> str:
+        """The kernel path this deployment's linears take (`kernel_path`)."""
+        return kernel_path(self.gpu, self.weight)
+
+    @property
+    def kernel_terms_priced(self) -> bool:
+        """Whether `eff`'s kernel terms are the ones fitted on this deployment's path."""
+        return not self.kernel_terms_path or self.kernel_terms_path == self.kernel_path
 
     @property
     def weight(self) -> Precision:

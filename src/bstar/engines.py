@@ -19,7 +19,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
-from bstar.deployment import BEHAVIOUR_FIELDS, EFFICIENCY_FIELDS, Efficiency, EngineBehaviour
+from bstar.deployment import (
+    BEHAVIOUR_FIELDS,
+    EFFICIENCY_FIELDS,
+    KERNEL_FIELDS,
+    Efficiency,
+    EngineBehaviour,
+)
 from bstar.errors import BstarError
 
 DEFAULT_ENGINE = "vllm"
@@ -35,6 +41,26 @@ class EngineProfile:
     aliases: tuple[str, ...] = ()
     note: str = ""
     behaviour_values: tuple[tuple[str, float], ...] = ()  # EngineBehaviour fields it sets
+    # The kernel path its KERNEL_FIELDS were fitted on ("": the profile sets none), and its
+    # entries for other paths (bstar.deployment.kernel_path), each with its basis.
+    kernel_path: str = ""
+    kernels: tuple[KernelEntry, ...] = ()
+
+    def for_path(self, path: str) -> tuple[Efficiency, str, str]:
+        """(efficiencies, the path their kernel terms belong to, the basis in words) for a
+        deployment whose linears take kernel path `path`: the profile's own terms where
+        `path` is the one they were fitted on, an entry's where the profile has one for
+        `path`, else the profile's (which the Deployment then replaces by the generic
+        values: a term learned on one path never prices another)."""
+        eff = self.efficiency()
+        for k in self.kernels:
+            if k.path == path:
+                return replace(eff, **dict(k.values)), path, f"{path}: {k.basis} ({k.source})"
+        if not self.kernel_path or self.kernel_path == path:
+            return eff, self.kernel_path, f"{path}: the {self.name} profile's own"
+        return eff, self.kernel_path, (
+            f"{path}: no entry in the {self.name} profile (generic {', '.join(KERNEL_FIELDS)};"
+            f" its fitted ones belong to {self.kernel_path})")
 
     def apply(self, eff: Efficiency) -> Efficiency:
         """`eff` with this profile's efficiency values."""
@@ -47,6 +73,30 @@ class EngineProfile:
         """EngineBehaviour's defaults with this profile's values."""
         return replace(EngineBehaviour(), **{k: type(getattr(EngineBehaviour(), k))(v)
                                              for k, v in self.behaviour_values})
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEntry:
+    """A profile's kernel terms for one kernel path (`[ENGINE.kernels."ARCH:PATH"]`)."""
+
+    path: str
+    basis: str  # "fitted" (on which rows: `source`) or "guess" (what would pin it)
+    source: str
+    values: tuple[tuple[str, float], ...]
+
+
+def _kernels(name: str, tab: dict) -> tuple[KernelEntry, ...]:
+    out = []
+    for path, k in tab.get("kernels", {}).items():
+        at = f"engines.toml [{name}.kernels.{path!r}]"
+        vals = k.get("efficiency", {})
+        if set(vals) - set(KERNEL_FIELDS):
+            raise BstarError(f"{at}: only {', '.join(KERNEL_FIELDS)} belong to a kernel path")
+        if k.get("basis") not in ("fitted", "guess") or not k.get("source"):
+            raise BstarError(f"{at}: needs basis 'fitted' or 'guess' and a source")
+        out.append(KernelEntry(path, str(k["basis"]), str(k["source"]),
+                               tuple((a, float(v)) for a, v in vals.items())))
+    return tuple(out)
 
 
 @cache
@@ -64,7 +114,11 @@ def engine_profiles() -> dict[str, EngineProfile]:
                                   str(tab["source"]),
                                   tuple((k, float(v)) for k, v in vals.items()),
                                   tuple(tab.get("aliases", ())), str(tab.get("note", "")),
-                                  tuple((k, float(v)) for k, v in beh.items()))
+                                  tuple((k, float(v)) for k, v in beh.items()),
+                                  str(tab.get("kernel_path", "")), _kernels(name, tab))
+        if set(vals) & set(KERNEL_FIELDS) and not out[name].kernel_path:
+            raise BstarError(f"engines.toml [{name}]: kernel terms need the kernel_path they "
+                             "were fitted on")
     return out
 
 

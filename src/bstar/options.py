@@ -19,9 +19,11 @@ from bstar.deployment import (
     DEFAULT_MODEL,
     DEFAULT_RESERVE_GIB,
     IDEAL,
+    KERNEL_FIELDS,
     Deployment,
     Efficiency,
     EngineBehaviour,
+    kernel_path,
 )
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
@@ -75,7 +77,7 @@ class DeploymentOptions:
         about a profile calibrated on another GPU (its efficiencies are then a guess)."""
         from bstar.engines import get_engine
         from bstar.specs.gpu import get_gpu
-        from bstar.specs.precision import kv_dtype_for, weight_dtype_for
+        from bstar.specs.precision import get_precision, kv_dtype_for, weight_dtype_for
         from bstar.specs.presets import get_model
 
         engine = get_engine(self.engine)  # validates the name even under --ideal
@@ -95,18 +97,25 @@ class DeploymentOptions:
             raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                              f"GiB, got {reserve_gib:g}")
         model = get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None)
+        gpu = get_gpu(self.gpu or DEFAULT_GPU)
+        # the engines' spellings (fp8_e4m3, modelopt_fp4, auto, a bare fp4) read as the
+        # one vocabulary (docs/models.md, "Precision names")
+        weight = weight_dtype_for(self.weight_dtype, model.default_dtype, "--dtype")
+        # the engine's terms for the kernels these weights take on this GPU
+        eff, terms_path, _ = engine.for_path(
+            kernel_path(gpu, get_precision(weight or model.default_dtype)))
         d = Deployment(
-            model=model, gpu=get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
-            # the engines' spellings (fp8_e4m3, modelopt_fp4, auto, a bare fp4) read as the
-            # one vocabulary (docs/models.md, "Precision names")
-            weight_dtype=weight_dtype_for(self.weight_dtype, model.default_dtype, "--dtype"),
+            model=model, gpu=gpu, num_gpus=self.num_gpus, weight_dtype=weight,
             kv_dtype=kv_dtype_for(self.kv_dtype, where="--kv-dtype"), gpu_util=self.gpu_util,
             reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
-            eff=IDEAL if self.ideal else engine.efficiency(),
-            engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour())
+            eff=IDEAL if self.ideal else eff,
+            engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour(),
+            kernel_terms_path="" if self.ideal else terms_path)
         if prof is not None:
             # The profile sets exactly the fields it names over the engine's priors, and
             # scales the GPU where the engine beat a probed figure.
+            if {k for k, _ in prof.values} & set(KERNEL_FIELDS):
+                d = replace(d, kernel_terms_path="")  # calibrated here: this path's own
             d = prof.apply(d)
         d = d.with_eff(self._override(d.eff))
         if prof is not None and prof.gpu and prof.gpu != d.gpu.id and warn is not None:

@@ -142,7 +142,7 @@ class Plan:
             # cost model 2's terms (docs/cost-model.md); times in ms
             "efficiency": _record_dict(e),
             "behaviour": _record_dict(d.behaviour),
-            "engine_profile": _engine_dict(d.engine),
+            "engine_profile": _engine_dict(d),
             "units": {"bytes": "exact bytes", "GB": 1e9, "GiB": GiB,
                       "tpot_ms": "per-request time between tokens (= step time)",
                       "amortized_ms_per_token": "step time / batch = 1 / throughput "
@@ -163,14 +163,21 @@ def _record_dict(record: Any) -> dict[str, Any]:
     return out
 
 
-def _engine_dict(name: str) -> dict[str, str] | None:
-    """Which bundled engine priors the efficiencies started from, and on what basis."""
+def _engine_dict(d: Deployment) -> dict[str, str] | None:
+    """Which bundled engine priors the efficiencies started from, and on what basis; the
+    kernel path the deployment's linears take and whose terms price it
+    (`EngineProfile.for_path`; docs/cost-model.md, "Kernel paths")."""
     from bstar.engines import engine_profiles
 
-    p = engine_profiles().get(name)
+    p = engine_profiles().get(d.engine)
     if p is None:
         return None
-    return {"name": p.name, "title": p.title, "basis": p.basis, "source": p.source}
+    path = d.kernel_path
+    kernel_basis = p.for_path(path)[2]
+    if not d.kernel_terms_path and p.kernel_path and p.kernel_path != path:
+        kernel_basis = f"{path}: calibrated (a profile's own kernel terms)"
+    return {"name": p.name, "title": p.title, "basis": p.basis, "source": p.source,
+            "kernel_path": path, "kernel_basis": kernel_basis}
 
 
 def check_contexts(contexts: list[int] | tuple[int, ...]) -> None:

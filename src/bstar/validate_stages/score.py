@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bstar.deployment import Efficiency, EngineBehaviour, split_values
+from bstar.deployment import Deployment, Efficiency, EngineBehaviour, split_values
 from bstar.errors import BstarError
 from bstar.stages_table import Stage
 from bstar.validate_stages.simulate import (
@@ -120,13 +120,22 @@ def summarize_scores(scores: Sequence[StageScore]) -> Summary:
 def evaluate(stages: Sequence[Stage], eff: Efficiency | None = None, *,
              engine: str | None = None, max_window_s: float = MAX_WINDOW_S,
              max_requests: int = MAX_REQUESTS, seed: int = 0,
-             behaviour: EngineBehaviour | None = None
+             behaviour: EngineBehaviour | None = None, kernel_path: str | None = None
              ) -> tuple[list[StageScore], Summary]:
     """Every stage simulated at `eff` and `behaviour` (None: the engine profile's, `engine`
-    or the stage's) and scored: the call for a loop over candidate efficiencies."""
+    or the stage's) and scored: the call for a loop over candidate efficiencies. With
+    `kernel_path`, `eff`'s kernel terms belong to that path (as in `fit_stages`)."""
+    def deployment(s: Stage) -> Deployment | None:
+        if kernel_path is None:
+            return None
+        d = stage_deployment(s, engine, eff, behaviour)
+        # eff anew: built under the profile's path, its kernel terms were set aside
+        return replace(d, kernel_terms_path=kernel_path,
+                       eff=graph_settings(s, eff if eff is not None else d.eff))
+
     scores = [score_stage(s, simulate_stage(s, eff, engine=engine, max_window_s=max_window_s,
                                             max_requests=max_requests, seed=seed,
-                                            behaviour=behaviour))
+                                            behaviour=behaviour, deployment=deployment(s)))
               for s in stages]
     return scores, summarize_scores(scores)
 
@@ -166,14 +175,22 @@ def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.
     return out
 
 
+def _on_path(d: Deployment, kernel_path: str | None) -> Deployment:
+    """`d`, its efficiencies' kernel terms taken as `kernel_path`'s (None: as built)."""
+    return d if kernel_path is None else replace(d, kernel_terms_path=kernel_path)
+
+
 def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
                max_window_s: float = FIT_WINDOW_S, seed: int = 0,
-               iterations: int = FIT_ITERATIONS, behaviour: EngineBehaviour | None = None
+               iterations: int = FIT_ITERATIONS, behaviour: EngineBehaviour | None = None,
+               kernel_path: str | None = None
                ) -> tuple[Efficiency, EngineBehaviour] | None:
     """The parameters `fit` (fields of Efficiency or EngineBehaviour) fitted to the stages'
     measured E2E, TTFT and per-token means (the measured-steady stages), each stage simulated
     for at most `max_window_s`, starting from `prior` and `behaviour` (None: the first
-    stage's engine profile's). None when they cannot determine them.
+    stage's engine profile's). None when they cannot determine them. With `kernel_path`, the
+    kernel terms of `prior` belong to that path (an engine profile's entry for it): the
+    stages' deployments price them as theirs (`Deployment.kernel_terms_path`).
 
     A simulation costs ~0.3 s a stage, too much for a least-squares fit that calls it a few
     hundred times, so the fit runs on a surrogate refreshed by simulation (Gauss-Newton with
@@ -193,7 +210,7 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
              if v > 0]
     if not fit or len(pairs) < len(fit) + 1:
         return None
-    base = {i: stage_deployment(s) for i, s in enumerate(steady)}
+    base = {i: _on_path(stage_deployment(s), kernel_path) for i, s in enumerate(steady)}
     behaviour = base[0].behaviour if behaviour is None else behaviour
     log_meas = np.log([v for _, _, v in pairs])
 
@@ -327,14 +344,15 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
         prof_terms = (prof.efficiency(), prof.behaviour())
         if progress:
             progress(f"{gpu} x {eng}: generic and {prof.name} profile, {len(ss)} stages")
-        preds: dict[tuple[Efficiency, EngineBehaviour], list[StageScore]] = {}
-        scores: dict[str, list[StageScore]] = {}
-        for way, (e, b) in (("generic", generic), ("profile", prof_terms)):
-            if (e, b) not in preds:  # a profile equal to the generic defaults: simulated once
-                preds[e, b] = [score_stage(s, simulate_stage(s, e, engine=engine,
-                                                             behaviour=b, **kw))
-                               for s in ss]
-            scores[way] = preds[e, b]
+        scores: dict[str, list[StageScore]] = {
+            "generic": [score_stage(s, simulate_stage(s, generic[0], engine=engine,
+                                                      behaviour=generic[1], **kw))
+                        for s in ss]}
+        if prof_terms == generic:  # a profile equal to the generic defaults: simulated once
+            scores["profile"] = scores["generic"]
+        else:  # each stage's deployment with the profile's terms for its kernel path
+            scores["profile"] = [score_stage(s, simulate_stage(s, engine=engine, **kw))
+                                 for s in ss]
         models = sorted({s.model for s in ss})
         lomo_eff: dict[str, dict[str, float]] = {}
         if lomo and len(models) > 1:

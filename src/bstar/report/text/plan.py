@@ -71,6 +71,8 @@ def deployment_lines(plan: Plan, st: Styler) -> list[str]:
     if prof:
         out.append(f"  engine priors    {prof['name']} ({prof['basis']}; --engine, "
                    "docs/cost-model.md; a --profile replaces them)")
+        if prof.get("kernel_basis"):
+            out.append(f"  kernel terms     {prof['kernel_basis']}")
     elif d.engine == "ideal":
         out.append("  engine priors    none (--ideal: the pure roofline, cost model 1)")
     return out

@@ -1,0 +1,114 @@
+"""Kernel paths (issue 37): the fused-MoE terms an engine profile fitted on one kernel path
+(a weight precision's kernels on one architecture) never price another path."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from bstar.deployment import KERNEL_FIELDS, Efficiency, kernel_path
+from bstar.engines import engine_profiles, get_engine
+from bstar.errors import BstarError
+from bstar.options import DeploymentOptions
+from bstar.specs.gpu import get_gpu
+from bstar.specs.precision import get_precision
+
+
+@pytest.mark.parametrize(("gpu", "dtype", "path"), [
+    ("h200", "mxfp4", "hopper:fp4-dequant"),  # Hopper has no FP4 tensor cores
+    ("b200", "mxfp4", "blackwell:fp4-native"),
+    ("b200", "nvfp4", "blackwell:fp4-native"),
+    ("mi300x", "mxfp4", "cdna3:fp4-dequant"),
+    ("h100-sxm", "bf16", "hopper:bf16"),
+    ("h200", "fp8-block", "hopper:fp8-native"),
+    ("a100-80gb-sxm", "fp8", "ampere:fp8-dequant"),  # no FP8 tensor cores on Ampere
+    ("h100-sxm", "int4", "hopper:int4-dequant"),
+])
+def test_kernel_path_follows_the_catalogs_native_precisions(gpu: str, dtype: str,
+                                                            path: str) -> None:
+    g = get_gpu(gpu)
+    assert kernel_path(g, get_precision(dtype)) == path
+    fam = path.split(":")[1].split("-")[0]
+    if path.endswith("-native"):
+        assert fam in g.native_precisions or dtype in g.native_precisions
+
+
+def _eff(model: str, gpu: str, engine: str = "vllm", **kw: str) -> Efficiency:
+    return DeploymentOptions(model=model, gpu=gpu, engine=engine, **kw).build().eff
+
+
+def test_terms_fitted_on_one_path_do_not_price_another() -> None:
+    vllm = get_engine("vllm")
+    generic = Efficiency()
+    # gpt-oss on H200 is the path vLLM's MoE terms were fitted on
+    assert vllm.kernel_path == "hopper:fp4-dequant"
+    home = _eff("gpt-oss-120b", "h200")
+    assert (home.moe_compute, home.moe_layer_s) == (vllm.efficiency().moe_compute,
+                                                    vllm.efficiency().moe_layer_s)
+    assert home.moe_layer_s > 0
+    # Mixtral's bf16 experts on H100, FP8 DeepSeek on H200, gpt-oss natively on a B200 and
+    # dequantized on an MI300X: none of them is that path
+    for model, gpu in (("mixtral-8x7b", "h100-sxm"), ("deepseek-v3", "h200"),
+                       ("gpt-oss-120b", "b200"), ("gpt-oss-120b", "mi300x")):
+        e = _eff(model, gpu)
+        assert all(getattr(e, k) == getattr(generic, k) for k in KERNEL_FIELDS), (model, gpu)
+        # the engine's other terms still apply
+        assert e.overhead_s == vllm.efficiency().overhead_s
+
+
+def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trt = get_engine("trt-llm")
+    (entry,) = [k for k in trt.kernels if k.path == "hopper:fp8-native"]
+    e = _eff("deepseek-v3", "h200", "trt-llm")
+    assert (e.moe_compute, e.moe_layer_s) == (dict(entry.values)["moe_compute"],
+                                              dict(entry.values)["moe_layer_s"])
+    # a profile calibrated on this GPU names its own kernel terms: they are this path's
+    prof = tmp_path / "p.toml"
+    prof.write_text('[profile]\ngpu = "b200"\nengine = "vllm"\n'
+                    '[efficiency]\nmoe_compute = 0.4\nmoe_layer_s = 3e-5\n')
+    d = DeploymentOptions(model="gpt-oss-120b", gpu="b200", profile=str(prof)).build()
+    assert (d.eff.moe_compute, d.eff.moe_layer_s) == (0.4, 3e-5)
+
+
+def test_a_fit_for_a_path_prices_that_paths_runs() -> None:
+    """fit_stages(kernel_path=...) prices the candidate terms on the runs of that path."""
+    from bstar.validate_stages import stage_deployment
+
+    d = DeploymentOptions(model="gpt-oss-120b", gpu="b200").build()
+    moved = replace(d, kernel_terms_path="blackwell:fp4-native",
+                    eff=replace(d.eff, moe_layer_s=5e-5))
+    assert moved.eff.moe_layer_s == 5e-5
+    assert d.with_eff(replace(d.eff, moe_layer_s=5e-5)).eff.moe_layer_s == 0.0
+    assert callable(stage_deployment)
+
+
+def test_engines_toml_entries_name_their_basis() -> None:
+    for p in engine_profiles().values():
+        if any(k in dict(p.values) for k in KERNEL_FIELDS):
+            assert p.kernel_path, p.name
+        for k in p.kernels:
+            assert k.basis in ("fitted", "guess") and k.source
+            assert set(dict(k.values)) <= set(KERNEL_FIELDS)
+
+
+def test_plan_says_whose_kernel_terms_price_it(capsys) -> None:  # type: ignore[no-untyped-def]
+    from bstar.cli import main
+
+    assert main(["plan", "--model", "gpt-oss-120b", "--gpu", "b200", "--context", "2048",
+                 "--json"]) == 0
+    prof = json.loads(capsys.readouterr().out)["engine_profile"]
+    assert prof["kernel_path"] == "blackwell:fp4-native"
+    assert "blackwell:fp4-native" in prof["kernel_basis"]
+    assert main(["plan", "--model", "gpt-oss-120b", "--gpu", "h200", "--context", "2048"]) == 0
+    assert "kernel terms     hopper:fp4-dequant: the vllm profile's own" in \
+        capsys.readouterr().out
+
+
+def test_a_gpu_file_with_an_unknown_arch_name_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "g.toml"
+    bad.write_text('id = "x"\nname = "X"\nmemory_bytes = 85899345920\n'
+                   'hbm_bandwidth_bytes_s = 2e12\nbf16_flops = 3e14\narch = "hoper"\n')
+    with pytest.raises(BstarError, match="arch"):
+        get_gpu(str(bad))
