@@ -1,6 +1,7 @@
 """Fit the engine profiles' MoE and request terms to closed-loop runs (data/inferencemax/).
 
-    python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME] [--path ARCH:PATH]
+    python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME]
+        [--path ARCH:PATH [--also TERM,TERM]]
 
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
@@ -14,7 +15,8 @@ src/bstar/presets/engines.toml with this command as their source. One set per en
 over all its models and TP sizes: no per-model constant. The profile's own terms are fitted
 on the runs of its kernel path (`kernel_path` in engines.toml); `--path ARCH:PATH` fits an
 entry's kernel terms (moe_compute, moe_layer_s) on the runs that take that path
-(`[ENGINE.kernels."ARCH:PATH"]`; docs/cost-model.md, "Kernel paths").
+(`[ENGINE.kernels."ARCH:PATH"]`), and with `--also` engine terms of that architecture
+with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths").
 """
 
 from __future__ import annotations
@@ -93,20 +95,22 @@ def run_path(run: Any) -> str:
     return stage_deployment(run).kernel_path
 
 
-def fit_entry(runs: list, eng: str, path: str) -> None:
+def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> None:
     """Fit the engine's kernel terms (KERNEL_FIELDS) for kernel path `path` on the runs that
-    take it, from the profile with the generic kernel terms; print them and the medians."""
+    take it, from the profile with the generic kernel terms, and the engine terms `also`
+    (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print them and the
+    medians."""
     prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
     start = replace(prof, **{k: getattr(Efficiency(), k) for k in KERNEL_FIELDS})
+    fit = (*KERNEL_FIELDS, *also)
     before = _medians(runs, start, beh, path)
-    got = fit_stages(runs, start, KERNEL_FIELDS, iterations=4, behaviour=beh,
-                     kernel_path=path)
+    got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path)
     if got is None:
-        print(f"{eng} {path}: the runs cannot determine {', '.join(KERNEL_FIELDS)}")
+        print(f"{eng} {path}: the runs cannot determine {', '.join(fit)}")
         return
     e, b = got
-    print(f"{eng} [kernels.{path!r}] ({len(runs)} runs): " + ", ".join(
-        f"{k} = {getattr(e, k):.4g}" for k in KERNEL_FIELDS))
+    print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs): " + ", ".join(
+        f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}" for k in fit))
     for name, m in (("before (generic kernel terms)", before),
                     ("after", _medians(runs, e, b, path))):
         print(f"  runs {name}: median |error| " + ", ".join(
@@ -123,6 +127,11 @@ def main(argv: list[str]) -> int:
         i = argv.index("--path")
         entry = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
+    also: tuple[str, ...] = ()
+    if "--also" in argv:  # engine terms of the path's architecture, fitted with it
+        i = argv.index("--also")
+        also = tuple(argv[i + 1].split(","))
+        argv = argv[:i] + argv[i + 2:]
     path = argv[0] if argv else str(ROOT / "data" / "inferencemax" / "runs.csv")
     by_engine: dict[str, list] = defaultdict(list)
     for r in load_runs(path):
@@ -132,7 +141,7 @@ def main(argv: list[str]) -> int:
         for eng, runs in sorted(by_engine.items()):
             mine = [r for r in runs if run_path(r) == entry]
             if mine:
-                fit_entry(mine, eng, entry)
+                fit_entry(mine, eng, entry, also)
         return 0
     for eng, runs in sorted(by_engine.items()):
         # The profile's own terms are fitted on the runs of its kernel path (its kernel

@@ -48,12 +48,12 @@ def test_shipped_table_reads_as_closed_loops() -> None:
         assert r.prompt_len[0][1] == int(0.8 * r.prompt_len[-1][1])
         assert r.output_len_min == int(0.8 * r.output_len)
     assert sum(r.dp_attention for r in runs) == 1
-    # SGLang's first chunk waits for its stream interval: 10 on H200, 30 on B200, the
-    # default 1 on MI300X (each GPU's script)
-    sg = {g: {r.first_chunk_tokens for r in runs if r.engine == "sglang" and r.gpu == g}
+    # SGLang streams in chunks of its --stream-interval (10 on H200, 30 on B200, the
+    # default 1 on MI300X: each GPU's script), but sends the first token at once
+    sg = {g: {r.stream_interval for r in runs if r.engine == "sglang" and r.gpu == g}
           for g in ("h200", "b200", "mi300x")}
-    assert sg == {"h200": {10}, "b200": {30}, "mi300x": {1}}
-    assert {r.first_chunk_tokens for r in runs if r.engine != "sglang"} == {1}
+    assert sg == {"h200": {10}, "b200": {30}, "mi300x": {0}}
+    assert {r.first_chunk_tokens for r in runs} == {1}
     # each GPU's flags, read like for like
     by = {(r.gpu, r.engine): r for r in runs}
     assert by["b200", "sglang"].kv_cache_dtype == "fp8_e4m3"
@@ -263,11 +263,14 @@ def test_memory_fraction_block_size_and_graphs_are_the_runs_own() -> None:
             runs_from_csv(_one_run(**bad))
 
 
-def test_stream_interval_sets_the_first_chunk_and_decode_steps_reach_the_scheduler() -> None:
+def test_stream_interval_leaves_the_first_token_and_decode_steps_reach_the_scheduler() -> None:
+    # SGLang sends a request's first token at once whatever its stream interval
+    # (sgl-project/sglang@004ec01 scheduler_output_processor_mixin.stream_output_generation:
+    # len(output_ids) % interval == 1); a table states a first chunk that waits
     (run,) = runs_from_csv(_one_run(stream_interval="30", first_chunk_tokens=""))
-    assert run.first_chunk_tokens == 30
+    assert (run.first_chunk_tokens, run.stream_interval) == (1, 30)
     (run,) = runs_from_csv(_one_run(stream_interval="30", first_chunk_tokens="7"))
-    assert run.first_chunk_tokens == 7  # a stated first chunk wins
+    assert run.first_chunk_tokens == 7
     # four decode steps a round delay admissions: the closed loop's mean TTFT grows
     (one,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16"))
     (four,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16",

@@ -45,6 +45,26 @@ class EngineProfile:
     # entries for other paths (bstar.deployment.kernel_path), each with its basis.
     kernel_path: str = ""
     kernels: tuple[KernelEntry, ...] = ()
+    # Entries for one architecture's build of the engine (`[ENGINE.arch.ARCH]`).
+    archs: tuple[ArchEntry, ...] = ()
+
+    def arch_entry(self, arch: str) -> ArchEntry | None:
+        return next((a for a in self.archs if a.arch == arch), None)
+
+    def for_gpu(self, arch: str, path: str
+                ) -> tuple[Efficiency, EngineBehaviour, str, str]:
+        """(efficiencies, behaviour, the path their kernel terms belong to, the basis in
+        words) for a deployment on a GPU of architecture `arch` whose linears take kernel
+        path `path`: the profile's terms, with its entry for `arch` over them where it has
+        one, and the kernel terms of `for_path`."""
+        eff, terms_path, basis = self.for_path(path)
+        beh = self.behaviour()
+        a = self.arch_entry(arch)
+        if a is not None:
+            eff = replace(eff, **dict(a.values))
+            beh = replace(beh, **{k: type(getattr(beh, k))(v) for k, v in a.behaviour_values})
+            basis += f"; {arch}: {a.basis} ({a.source})"
+        return eff, beh, terms_path, basis
 
     def for_path(self, path: str) -> tuple[Efficiency, str, str]:
         """(efficiencies, the path their kernel terms belong to, the basis in words) for a
@@ -85,6 +105,37 @@ class KernelEntry:
     values: tuple[tuple[str, float], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ArchEntry:
+    """A profile's engine terms on one architecture (`[ENGINE.arch.ARCH]`): where the
+    engine's build for that platform differs (another CPU path, other graphs, another
+    front end) and data show it; each with its basis."""
+
+    arch: str
+    basis: str
+    source: str
+    values: tuple[tuple[str, float], ...]  # Efficiency fields (no kernel terms)
+    behaviour_values: tuple[tuple[str, float], ...]
+
+
+def _archs(name: str, tab: dict) -> tuple[ArchEntry, ...]:
+    out = []
+    for arch, a in tab.get("arch", {}).items():
+        at = f"engines.toml [{name}.arch.{arch}]"
+        vals, beh = a.get("efficiency", {}), a.get("behaviour", {})
+        if set(vals) & set(KERNEL_FIELDS):
+            raise BstarError(f"{at}: kernel terms belong to a kernel path ([{name}.kernels])")
+        unknown = (set(vals) - set(EFFICIENCY_FIELDS)) | (set(beh) - set(BEHAVIOUR_FIELDS))
+        if unknown:
+            raise BstarError(f"{at}: unknown field(s) {sorted(unknown)}")
+        if a.get("basis") not in ("fitted", "guess") or not a.get("source"):
+            raise BstarError(f"{at}: needs basis 'fitted' or 'guess' and a source")
+        out.append(ArchEntry(arch, str(a["basis"]), str(a["source"]),
+                             tuple((k, float(v)) for k, v in vals.items()),
+                             tuple((k, float(v)) for k, v in beh.items())))
+    return tuple(out)
+
+
 def _kernels(name: str, tab: dict) -> tuple[KernelEntry, ...]:
     out = []
     for path, k in tab.get("kernels", {}).items():
@@ -115,7 +166,8 @@ def engine_profiles() -> dict[str, EngineProfile]:
                                   tuple((k, float(v)) for k, v in vals.items()),
                                   tuple(tab.get("aliases", ())), str(tab.get("note", "")),
                                   tuple((k, float(v)) for k, v in beh.items()),
-                                  str(tab.get("kernel_path", "")), _kernels(name, tab))
+                                  str(tab.get("kernel_path", "")), _kernels(name, tab),
+                                  _archs(name, tab))
         if set(vals) & set(KERNEL_FIELDS) and not out[name].kernel_path:
             raise BstarError(f"engines.toml [{name}]: kernel terms need the kernel_path they "
                              "were fitted on")

@@ -102,14 +102,15 @@ class DeploymentOptions:
         # one vocabulary (docs/models.md, "Precision names")
         weight = weight_dtype_for(self.weight_dtype, model.default_dtype, "--dtype")
         # the engine's terms for the kernels these weights take on this GPU
-        eff, terms_path, _ = engine.for_path(
-            kernel_path(gpu, get_precision(weight or model.default_dtype)))
+        eff, beh, terms_path, _ = engine.for_gpu(
+            gpu.arch, kernel_path(gpu, get_precision(weight or model.default_dtype)))
         d = Deployment(
             model=model, gpu=gpu, num_gpus=self.num_gpus, weight_dtype=weight,
             kv_dtype=kv_dtype_for(self.kv_dtype, where="--kv-dtype"), gpu_util=self.gpu_util,
             reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
             eff=IDEAL if self.ideal else eff,
-            engine="ideal" if self.ideal else engine.name, behaviour=self.behaviour(),
+            engine="ideal" if self.ideal else engine.name,
+            behaviour=EngineBehaviour() if self.ideal else beh,
             kernel_terms_path="" if self.ideal else terms_path)
         if prof is not None:
             # The profile sets exactly the fields it names over the engine's priors, and

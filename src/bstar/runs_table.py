@@ -23,7 +23,9 @@ TensorRT-LLM free_gpu_memory_fraction), `kv_cache_dtype` (any name `bstar plan -
 takes, engines' spellings too: fp8_e4m3, auto), `block_size` (KV block, tokens),
 `cuda_graph_mode` (none, piecewise, full, full_and_piecewise, full_decode_only),
 `cuda_graph_max_tokens` (the largest step a captured graph runs), `decode_steps_per_schedule`
-(SGLang --num-continuous-decode-steps) and `stream_interval` (tokens per stream chunk).
+(SGLang --num-continuous-decode-steps) and `stream_interval` (tokens per stream chunk: the
+ITL's chunks; SGLang streams a request's first token at once, so it does not delay TTFT:
+`first_chunk_tokens` says when an engine's first chunk waits).
 docs/validate.md says how the simulator honours each.
 """
 
@@ -92,9 +94,6 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
                            for k in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"))
         out_s = _float(r, "output_tok_s_per_gpu", at)
         settings = _settings(r, at)
-        if not r.get("first_chunk_tokens") and settings["stream_interval"]:
-            # the first chunk leaves with the stream interval's N-th token
-            r["first_chunk_tokens"] = str(settings["stream_interval"])
         out.append(Stage(
             stage=r["run"] or at, model=r["model"], gpu=r["gpu"], num_gpus=ints["num_gpus"],
             engine=r["engine"], max_num_seqs=ints["max_num_seqs"],

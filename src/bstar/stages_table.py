@@ -91,8 +91,8 @@ class Stage:
     warmup_fraction: float | None = None
     expert_parallel: int = 1
     dp_attention: bool = False
-    # Tokens the engine's first stream chunk waits for (SGLang's --stream-interval N: the
-    # client sees its first token when the N-th is generated); 1: the first token streams.
+    # Tokens the engine's first stream chunk waits for (1: the first token streams at once,
+    # as SGLang does whatever its --stream-interval: `len(req.output_ids) == 1` streams).
     first_chunk_tokens: int = 1
     # The engine's settings as the run's server set them (bstar.runs_table; None, "" or 0:
     # the engine's default for the GPU): its memory fraction (vLLM --gpu-memory-utilization,
@@ -100,7 +100,7 @@ class Stage:
     # KV block size, CUDA graph mode (none, piecewise, full, full_and_piecewise,
     # full_decode_only) and the largest step a captured graph runs, decode steps per
     # scheduling round (SGLang --num-continuous-decode-steps) and stream interval (tokens
-    # per stream chunk: the first chunk waits for it unless `first_chunk_tokens` says).
+    # per stream chunk after the first: SGLang streams the first token at once).
     memory_fraction: float | None = None
     kv_cache_dtype: str = ""
     block_size: int = 0
