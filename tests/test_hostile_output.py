@@ -1,0 +1,116 @@
+"""Issue 40, part B: hostile output and process cases, each through the CLI or the
+function that owns the rule.
+
+- The overwrite guard (-o, --plot, demo's files) replaces only a file that starts with the
+  header bstar writes for that kind of output, never one that quotes a marker further down
+  (item 6), and demo checks all its files before anything starts (item 8).
+- A full disk or a closed stdout is one line and exit 1; a broken pipe exits quietly (item 7).
+- A key in the --url query is masked where passwords are (item 9); "passwd: No such file"
+  is not a secret.
+- Ray failures past the retry budget are one line naming the candidate (item 10).
+- demo stops its server and prints one line on SIGTERM/SIGHUP in every phase (item 11).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from bounded import Hang, bounded
+from bstar import safeio
+from bstar.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BOUND_S = 30
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """`bstar ARGV` in-process: (status, stdout, stderr), bounded in time."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with bounded(BOUND_S), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            try:
+                status = main(argv)
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 2
+    except Hang:
+        pytest.fail(f"bstar {' '.join(argv)[:200]} ran past {BOUND_S} s")
+    return status, out.getvalue(), err.getvalue()
+
+
+def one_line_error(argv: list[str], *words: str, status: int = 2) -> str:
+    got, _, err = run(argv)
+    lines = err.strip().splitlines()
+    assert got == status, (argv[:6], got, err[-800:])
+    assert "Traceback" not in err and len(lines) == 1, err[-800:]
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- item 6: the overwrite guard reads a header at the start ------------------------------
+# The markers the guard once looked for anywhere in a file's first 8 KB.
+QUOTED_MARKERS = (
+    b'<meta name="generator" content="bstar 1.0">',
+    b"tEXtSoftware\x00bstar",
+    b"<dc:title>bstar</dc:title>",
+    b"# bstar calibration profile (`bstar calibrate`); use with --profile THIS_FILE",
+    b"# Measured by `bstar probe`; load with --gpu THIS_FILE.",
+    b'{"generator": "bstar 1.0"}',
+)
+
+
+@pytest.mark.parametrize("marker", QUOTED_MARKERS)
+def test_a_marker_quoted_in_a_users_file_is_not_bstars_header(tmp_path: Path,
+                                                               marker: bytes) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"My notes on bstar's outputs. Its files carry:\n" + marker + b"\n")
+    assert not safeio.written_by_bstar(notes)
+    # ...and so bstar refuses to replace it, whatever it would write there.
+    for flag in ("-o", "--plot"):
+        with pytest.raises(safeio.BstarError, match="--force"):
+            safeio.check_output(notes, flag)
+    safeio.check_output(notes, "-o", force=True)  # --force still overrides
+
+
+def test_each_writers_own_header_is_recognised_for_its_kind_only() -> None:
+    from bstar.probe import probe_cpu
+
+    probe = probe_cpu(1 << 20, 32, 1, 1).to_toml().encode()
+    assert safeio.starts_as_bstars(probe, ("probe",))
+    assert not safeio.starts_as_bstars(probe, ("profile", "html", "png", "svg", "json"))
+    # Indenting the header, or text before it, is no longer bstar's start.
+    assert not safeio.starts_as_bstars(b"x\n" + probe)
+    assert not safeio.starts_as_bstars(b" " + probe)
+
+
+@pytest.mark.slow  # ~3 s: draws a report, a PNG and an SVG
+def test_outputs_replace_only_their_own_kind(tmp_path: Path) -> None:
+    report = tmp_path / "report.html"
+    assert run(["report", "plan", "--context", "512", "-o", str(report)])[0] == 0
+    html = report.read_bytes()
+    assert safeio.starts_as_bstars(html, ("html",))
+    pts = tmp_path / "pts.csv"
+    pts.write_text("batch,tpot_ms\n1,10\n2,10.4\n4,11\n8,12.5\n")
+    # calibrate -o onto a report: a report is bstar's, but not a profile.
+    one_line_error(["calibrate", str(pts), "--model", "llama-3-8b", "--gpu", "h100-sxm",
+                    "--context", "1024", "-o", str(report)], "--force", "calibration profile")
+    one_line_error(["plan", "--plot", str(report)], "--force")
+    assert report.read_bytes() == html
+    profile = tmp_path / "cal.toml"
+    assert run(["calibrate", str(pts), "--model", "llama-3-8b", "--gpu", "h100-sxm",
+                "--context", "1024", "-o", str(profile)])[0] == 0
+    assert safeio.starts_as_bstars(profile.read_bytes(), ("profile",))
+    for suffix in (".png", ".svg"):
+        pic = tmp_path / f"p{suffix}"
+        assert run(["plan", "--context", "512", "--plot", str(pic)])[0] == 0
+        assert safeio.starts_as_bstars(pic.read_bytes(), (suffix[1:],)), suffix
+        assert run(["plan", "--context", "512", "--plot", str(pic)])[0] == 0, suffix
+        # A report's -o never replaces a chart.
+        html_name = pic.with_suffix(".html")
+        html_name.write_bytes(pic.read_bytes())
+        one_line_error(["report", "plan", "-o", str(html_name)], "--force")
