@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,45 @@ def test_outputs_replace_only_their_own_kind(tmp_path: Path) -> None:
         html_name = pic.with_suffix(".html")
         html_name.write_bytes(pic.read_bytes())
         one_line_error(["report", "plan", "-o", str(html_name)], "--force")
+
+
+# ---- item 7: stdout that cannot be written ------------------------------------------------
+def _bstar(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "bstar", *argv], env=env, text=True,
+                          stderr=subprocess.PIPE, timeout=120, check=False, **kw)  # type: ignore[call-overload]
+
+
+def _one_line(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1, err[-800:]
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.slow  # starts four interpreters
+@pytest.mark.parametrize("argv", [["plan", "--json"], ["plan"]])
+def test_a_full_disk_or_a_closed_stdout_is_one_line_and_exit_1(argv: list[str]) -> None:
+    if not Path("/dev/full").exists():  # pragma: no cover
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        r = _bstar(argv, stdout=full)
+    assert r.returncode == 1
+    _one_line(r.stderr, "cannot write to standard output", "No space left")
+    # `bstar ... >&-`: fd 1 closed before Python starts (sys.stdout is None).
+    r = _bstar(argv, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 1
+    _one_line(r.stderr, "standard output is closed")
+
+
+@pytest.mark.slow  # starts two interpreters
+@pytest.mark.parametrize("argv", [["gpus", "--json"], ["gpus"]])
+def test_a_broken_pipe_ends_quietly(argv: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen([sys.executable, "-m", "bstar", *argv], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # `| head -c 0`: the reader is gone before bstar writes
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 1
+    assert err == "", err[-800:]
