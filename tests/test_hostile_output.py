@@ -18,6 +18,7 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,66 @@ def test_a_broken_pipe_ends_quietly(argv: list[str]) -> None:
     err = p.stderr.read()
     assert p.wait(timeout=120) == 1
     assert err == "", err[-800:]
+
+
+# ---- item 9: a key in the --url query; "passwd: No such file" -----------------------------
+QUERY_KEY = "Qk4vT9zLm2Xw7RbN5cJ8"  # no pattern's shape: only its place in the URL tells
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored() -> Iterator[None]:
+    """The redaction registry as it was: what a test registers stays in that test."""
+    from bstar import redact
+
+    saved = set(redact._registered)
+    yield
+    redact._registered.clear()
+    redact._registered.update(saved)
+
+
+@pytest.mark.parametrize("param", ["token", "key", "api_key", "access_token", "X-Amz-Signature"])
+def test_a_url_query_credential_is_masked_and_registered(param: str) -> None:
+    from bstar import redact
+
+    url = f"http://127.0.0.1:8000/v1?{param}={QUERY_KEY}&max_tokens=16"
+    assert redact.redact_url(url) == f"http://127.0.0.1:8000/v1?{param}=***&max_tokens=16"
+    # The registry has it: a server's echo of the bare value is masked too.
+    redact.register_url(url)
+    assert redact.redact(f"unknown key {QUERY_KEY}") == "unknown key ***"
+
+
+def test_an_os_error_after_passwd_is_not_a_secret() -> None:
+    from bstar.redact import redact
+
+    for text in ("passwd: No such file", "cat: /etc/passwd: No such file or directory",
+                 "secret: Permission denied", f"password: {os.strerror(21)}"):
+        assert redact(text) == text
+    # Real masking holds: one word, a quoted value, a near miss, an `=` pair.
+    assert redact("passwd: hunter2") == "passwd: ***"
+    assert redact("password: No") == "password: ***"
+    assert redact('{"password": "No such file"}') == '{"password": "*** such file"}'
+    assert redact("passwd: Nosuchfile or directory") == "passwd: *** or directory"
+    assert redact("password=No such") == "password=*** such"
+
+
+def test_a_url_query_key_is_never_stored_or_printed(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from hostile_fake import HostileServer
+
+    db = tmp_path / "store" / "r.db"
+    with HostileServer() as s:
+        url = f"{s.url}/?token={QUERY_KEY}"
+        rc = main(["sweep", "--url", url, "--served-model", "tiny", "--concurrency", "1",
+                   "--input-len", "8", "--output-len", "4", "--num-requests", "2",
+                   "--warmup-requests", "0", "--max-error-rate", "1", "--db", str(db),
+                   "--json", "--quiet"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-800:]
+    texts = [out.out, out.err]
+    for argv in (["list"], ["list", "--json"]):
+        main(["runs", "--db", str(db), *argv])
+        texts.append(capsys.readouterr().out)
+    assert "token=***" in texts[-1]  # the run is there, its key masked
+    files = [p.read_bytes().decode("utf-8", "replace") for p in db.parent.rglob("*")
+             if p.is_file()]
+    assert not [t for t in texts + files if QUERY_KEY in t]
