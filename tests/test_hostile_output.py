@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -223,3 +225,120 @@ def test_a_url_query_key_is_never_stored_or_printed(tmp_path: Path,
     files = [p.read_bytes().decode("utf-8", "replace") for p in db.parent.rglob("*")
              if p.is_file()]
     assert not [t for t in texts + files if QUERY_KEY in t]
+
+
+# ---- item 8: demo guards each file it writes, up front ------------------------------------
+DEMO_RUN = ROOT / "tests" / "fixtures" / "demo-run" / "bstar-demo"
+DEMO_FILES = ["this-cpu.toml", "sweep.json", "report.html", "calibration.toml", "bstar.db",
+              "tiny-llama/config.json"]
+
+
+@pytest.mark.parametrize("name", DEMO_FILES)
+def test_demo_refuses_a_users_file_before_anything_starts(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("xllamacpp", reason="demo needs the extra bstar[llamacpp]")
+    out = tmp_path / "demo"
+    mine = out / name
+    mine.parent.mkdir(parents=True)
+    mine.write_text("my own notes\n")
+    one_line_error(["demo", "-o", str(out), "--concurrency", "1,2,4"], name, "--force")
+    assert mine.read_text() == "my own notes\n"
+    # Nothing started: no model copy, no probe, no server log, no DB.
+    made = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert made == [name]
+
+
+def test_demo_replaces_an_earlier_demos_files_and_force_replaces_a_users(
+        tmp_path: Path) -> None:
+    import shutil
+
+    from bstar.commands.demo import DB_NAME, guard_demo_outputs
+    from bstar.errors import BstarError
+
+    out = tmp_path / "demo"
+    shutil.copytree(DEMO_RUN, out)  # an earlier demo's probe file, model config and DB
+    (out / "sweep.json").write_text('{\n  "generator": "bstar 0.1",\n  "levels": []\n}\n')
+    guard_demo_outputs(out, force=False)
+    # A foreign bstar.db is refused, and replaced (removed first) only with --force.
+    (out / DB_NAME).write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
+    with pytest.raises(BstarError, match="not a bstar results DB"):
+        guard_demo_outputs(out, force=False)
+    guard_demo_outputs(out, force=True)
+    assert not (out / DB_NAME).exists()
+
+
+def test_demo_refuses_fewer_levels_than_the_fit_needs_at_once(tmp_path: Path) -> None:
+    from bstar.fit.points import MIN_POINTS
+
+    levels = ",".join(str(2 ** i) for i in range(MIN_POINTS - 1))
+    one_line_error(["demo", "-o", str(tmp_path / "d"), "--concurrency", levels],
+                   "--concurrency", f"at least {MIN_POINTS}")
+    assert not (tmp_path / "d").exists()  # refused before the folder was made
+
+
+# ---- item 11: demo and signals --------------------------------------------------------------
+def _servers_logging_to(log: Path) -> list[int]:
+    """The processes whose stdout is `log` (the llama.cpp server demo started, and only it:
+    the log is this test's own file)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(d / "fd" / "1") == str(log):
+                    pids.append(int(d.name))
+    return pids
+
+
+def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.slow  # starts llama.cpp on the CPU
+@pytest.mark.parametrize(("sig", "phase"), [(signal.SIGTERM, "starting"),
+                                            (signal.SIGTERM, "sweeping"),
+                                            (signal.SIGHUP, "sweeping")])
+def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: int,
+                                                           phase: str) -> None:
+    pytest.importorskip("xllamacpp", reason="demo needs the extra bstar[llamacpp]")
+    out = tmp_path / "demo"
+    log = out / "llamacpp.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.Popen([sys.executable, "-m", "bstar", "demo", "-o", str(out),
+                          "--concurrency", "1,2,4", "--num-requests", "8", "--output-len",
+                          "32", "--threads", "1"], env=env, text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert p.stderr is not None
+    seen: list[str] = []
+    try:
+        if phase == "starting":
+            # As soon as the server process exists: it is loading, not yet healthy.
+            assert _wait_for(lambda: bool(_servers_logging_to(log)) or p.poll() is not None,
+                             120), "no server started"
+        else:
+            for line in p.stderr:  # the first level measured: inside the sweep
+                seen.append(line)
+                if "tok/s" in line:
+                    break
+            assert _servers_logging_to(log), seen
+        p.send_signal(sig)
+        err = p.stderr.read()
+        assert p.wait(timeout=120) == 130, [*seen[-5:], err[-2000:]]
+        assert "Traceback" not in err, err[-2000:]
+        lines = [x for x in err.splitlines() if x.startswith("bstar:")]
+        assert len(lines) == 1 and "demo interrupted" in lines[0], err[-2000:]
+        assert "--resume" not in err  # the server a resume would need is gone
+        if phase == "sweeping":  # what was measured is named, and kept
+            assert "runs show" in lines[0], lines[0]
+        # The server is stopped, not left to init.
+        assert _wait_for(lambda: not _servers_logging_to(log), 10), _servers_logging_to(log)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for pid in _servers_logging_to(log):  # what the code under test left: this test's
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
