@@ -342,3 +342,24 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
         for pid in _servers_logging_to(log):  # what the code under test left: this test's
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+# ---- round 2's leftover: a 300-character name in a --plot, --db or -o path -------------------
+LONG = "a" * 300
+
+
+@pytest.mark.parametrize("where", [f"{LONG}/x", f"{LONG}"], ids=["folder", "file"])
+@pytest.mark.parametrize("argv", [
+    ["plan", "--plot", "{p}.png"],
+    ["report", "plan", "-o", "{p}.html"],
+    ["runs", "--db", "{p}.db", "list"],
+    ["sweep", "--db", "{p}.db", "--url", "http://127.0.0.1:9", "--concurrency", "1",
+     "--num-requests", "1", "--served-model", "m", "--quiet"],
+    ["search", "--db", "{p}.db", "--rate", "1", "--slo", "ttft:1000"],
+])
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path: Path, where: str,
+                                                         argv: list[str]) -> None:
+    path = str(tmp_path / where)
+    line = one_line_error([a.replace("{p}", path) for a in argv], "over the 255")
+    assert "Traceback" not in line and "OSError" not in line
+    assert list(tmp_path.iterdir()) == []

@@ -43,6 +43,8 @@ def _describe(e: OSError, what: str = "") -> str:
         return "is a folder; give a file"
     if e.errno == errno.EACCES:
         return "permission denied"
+    if e.errno == errno.ENAMETOOLONG:
+        return "a file or folder name in the path is too long for the file system"
     return f"cannot read: {e.strerror or e}"
 
 
@@ -231,6 +233,29 @@ def written_by_bstar(path: str | Path, kinds: tuple[str, ...] = OWN_KINDS) -> bo
     return not head or starts_as_bstars(head, kinds)
 
 
+# The longest file or folder name (one path component) that Linux's, macOS's and Windows'
+# file systems hold, and the longest path Linux's system calls take (PATH_MAX, with its NUL).
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+
+
+def check_path_names(path: str | Path, flag: str) -> None:
+    """A path that no file system can hold (a file or folder name over 255 bytes, the whole
+    over 4,095) as one line naming `flag` and the name, before any system call says `OSError:
+    File name too long` from deep inside a command."""
+    p = Path(path)
+    for part in p.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX_BYTES:
+            what = "the file name" if part == p.name else "a folder name in the path"
+            raise BstarError(f"{flag} {part[:40]}...: {what} is {size} bytes, over the "
+                             f"{NAME_MAX_BYTES} a file system allows")
+    size = len(os.fsencode(str(p)))
+    if size > PATH_MAX_BYTES:
+        raise BstarError(f"{flag} {str(p)[:40]}...: the path is {size} bytes, over the "
+                         f"{PATH_MAX_BYTES} the system allows")
+
+
 def check_output(path: str | Path, flag: str, force: bool = False,
                  kinds: tuple[str, ...] = OWN_KINDS) -> None:
     """Refuse to write `flag` PATH where that would change a file bstar did not write: an
@@ -239,9 +264,7 @@ def check_output(path: str | Path, flag: str, force: bool = False,
     symlink, a folder, a FIFO or device, a name the file system refuses. `force` allows
     replacing an existing regular file (or a symlink's target); never a folder."""
     p = Path(path)
-    if len(p.name.encode()) > 255:
-        raise BstarError(f"{flag} {p.name[:40]}...: the file name is {len(p.name.encode())} "
-                         "bytes, over the 255 a file system allows")
+    check_path_names(p, flag)
     try:
         st = os.stat(p)
     except FileNotFoundError:
