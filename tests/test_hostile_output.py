@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -363,3 +364,106 @@ def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path: Path, where: 
     line = one_line_error([a.replace("{p}", path) for a in argv], "over the 255")
     assert "Traceback" not in line and "OSError" not in line
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- item 10: Ray failures past the retry budget -------------------------------------------
+class _FakeRay:
+    """Ray's API as RayBackend uses it, run in this process: the `crash_at`-th task's
+    result is `error` (what Ray raises once a task's retries are spent); the others run."""
+
+    def __init__(self, error: BaseException, crash_at: int) -> None:
+        import ray.exceptions
+
+        self.exceptions = ray.exceptions
+        self.error, self.crash_at = error, crash_at
+        self.submitted = 0
+        self.cancelled: list[object] = []
+
+    def remote(self, **_: object) -> Callable[[Callable[[object], object]], object]:
+        fake = self
+
+        class _Remote:
+            def __init__(self, fn: Callable[[object], object]) -> None:
+                self.fn = fn
+
+            def remote(self, x: object) -> tuple[int, Callable[[object], object], object]:
+                fake.submitted += 1
+                return (fake.submitted, self.fn, x)
+
+        return _Remote
+
+    def wait(self, pending: list[object], num_returns: int) -> tuple[list[object], list[object]]:
+        return pending[:num_returns], pending[num_returns:]
+
+    def get(self, ref: tuple[int, Callable[[object], object], object]) -> object:
+        n, fn, x = ref
+        if n == self.crash_at:
+            raise self.error
+        return fn(x)
+
+    def cancel(self, ref: object, force: bool) -> None:
+        self.cancelled.append(ref)
+
+
+@pytest.mark.slow  # imports Ray (seconds) and runs a small search twice
+@pytest.mark.parametrize("error", ["WorkerCrashedError", "LocalRayletDiedError"])
+def test_a_ray_task_past_its_retries_is_one_line_and_the_search_resumes(
+        tmp_path: Path, error: str) -> None:
+    pytest.importorskip("ray")
+    import ray.exceptions
+
+    from bstar.errors import BstarError
+    from bstar.search import (
+        InProcess,
+        RayBackend,
+        SearchSpec,
+        SearchStore,
+        Traffic,
+        run_search,
+    )
+    from bstar.sim import parse_lengths, parse_slo
+
+    spec = SearchSpec(("llama-3-8b",), ("a100-80gb-sxm",),
+                      Traffic(4.0, parse_lengths("fixed:128"), parse_lengths("fixed:32"),
+                              num_requests=30, seed=1, draws=1),
+                      parse_slo("ttft:2000,tpot:100"), num_gpus=(1, 2), max_num_seqs=(16, 64))
+    fake = _FakeRay(getattr(ray.exceptions, error)(), crash_at=2)
+    backend = RayBackend(None, 1)
+    backend._ray = fake
+    store = SearchStore(tmp_path / "s.db")
+    with pytest.raises(BstarError) as e:
+        run_search(spec, backend, store)
+    line = str(e.value)
+    assert "\n" not in line and error in line and "--resume" in line
+    assert "candidate llama-3-8b|a100-80gb-sxm|tp" in line  # the one that failed, named
+    assert fake.cancelled  # what was still pending was cancelled
+    # Resumable: the row finished before the failure is reused, the rest run.
+    with InProcess() as b:
+        resumed = run_search(spec, b, SearchStore(tmp_path / "s.db"), resume=True)
+    with InProcess() as b:
+        fresh = run_search(spec, b, SearchStore(tmp_path / "fresh.db"))
+    assert resumed.timing["evaluations_reused"] == 1
+    assert json.dumps(resumed.rows, sort_keys=True) == json.dumps(fresh.rows, sort_keys=True)
+
+
+def _die(code: int) -> None:
+    os._exit(code)  # a worker killed in the middle of its task, every time
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a local Ray head: 20 s
+def test_a_real_ray_worker_killed_twice_is_a_task_failure() -> None:
+    pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    from bstar.search.backends import RAY_MAX_RETRIES, RayBackend, TaskFailed
+
+    # The workers cannot import this test module: the function travels by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with RayBackend(None, 1) as b, pytest.raises(TaskFailed) as e:
+            list(b.imap_unordered(_die, [3]))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert e.value.index == 0
+    assert "WorkerCrashedError" in e.value.why and f"after {RAY_MAX_RETRIES} retry" in e.value.why
