@@ -153,6 +153,24 @@ def test_a_full_disk_or_a_closed_stdout_is_one_line_and_exit_1(argv: list[str]) 
 
 
 @pytest.mark.slow  # starts two interpreters
+def test_a_closed_stderr_never_lands_in_stdout() -> None:
+    # `2>&-`: Python's sys.stderr is None, and print(file=None) writes to stdout.
+    def close_stderr() -> None:
+        os.close(2)
+
+    r = subprocess.run([sys.executable, "-m", "bstar", "plan", "--model", "no-such-model"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, text=True,
+                       stdout=subprocess.PIPE, timeout=120, check=False,
+                       preexec_fn=close_stderr)
+    assert r.returncode == 2 and r.stdout == ""
+    r = subprocess.run([sys.executable, "-m", "bstar", "plan", "--json"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, text=True,
+                       stdout=subprocess.PIPE, timeout=120, check=False,
+                       preexec_fn=close_stderr)
+    assert r.returncode == 0 and json.loads(r.stdout)["model"]
+
+
+@pytest.mark.slow  # starts two interpreters
 @pytest.mark.parametrize("argv", [["gpus", "--json"], ["gpus"]])
 def test_a_broken_pipe_ends_quietly(argv: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -122,6 +122,33 @@ class _Stdout:
         return getattr(self.stream, name)
 
 
+class _Stderr:
+    """`sys.stderr` while a command runs: a closed one (None) or one whose writes fail
+    takes the text and drops it (there is nowhere left to say anything)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream is not None and bool(self.stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        if self.stream is None:
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
 def _hold_closed_std_fds() -> None:
     """A closed fd 0, 1 or 2 (`bstar ... >&-`) gets /dev/null, so that no file bstar opens
     later (a DB, a report) takes that number and receives what a child server or a stray
@@ -161,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     quietly with 1, as a Unix tool ends on SIGPIPE (no message: the reader chose to stop)
     and as rich's consoles end on it (`Console.on_broken_pipe`)."""
     _hold_closed_std_fds()
+    err_was = sys.stderr
+    # A closed stderr (`2>&-`: None, where print(file=None) would write into stdout's --json
+    # document), or one that refuses writes: what bstar says there goes nowhere.
+    sys.stderr = _Stderr(err_was)  # type: ignore[assignment]
     out = _Stdout(sys.stdout)
     sys.stdout = out  # type: ignore[assignment]
     try:
@@ -180,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if sys.stdout is out:
             sys.stdout = out.stream
+        if isinstance(sys.stderr, _Stderr):
+            sys.stderr = err_was
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
