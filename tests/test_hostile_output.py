@@ -223,6 +223,7 @@ def test_an_os_error_after_passwd_is_not_a_secret() -> None:
     assert redact("password=No such") == "password=*** such"
 
 
+@pytest.mark.slow  # a sweep against a 127.0.0.1 server: ~2 s
 def test_a_url_query_key_is_never_stored_or_printed(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from hostile_fake import HostileServer
