@@ -8,10 +8,11 @@ inside its `run`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from bstar import __version__
 from bstar.errors import BstarError
@@ -80,7 +81,141 @@ def _command_in(argv: Sequence[str]) -> str | None:
 ERROR_CHARS = 2000  # the most of one error line that is printed
 
 
+class OutputError(Exception):
+    """Standard output could not take what a command printed (a full disk, a closed
+    stream): one line and exit 1, never the OSError's traceback."""
+
+
+class _Stdout:
+    """`sys.stdout` while a command runs: a write or flush that fails raises OutputError,
+    a closed stdout (`>&-`: Python's `sys.stdout` is None) too, at the first write (a
+    command that prints nothing to stdout still runs). A broken pipe stays
+    BrokenPipeError (`| head`: quiet)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def _call(self, name: str, *a: Any) -> Any:
+        if self.stream is None:
+            raise OutputError("standard output is closed")
+        try:
+            return getattr(self.stream, name)(*a)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as e:  # ValueError: "I/O operation on closed file"
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise OutputError(f"cannot write to standard output: {why}") from None
+
+    def write(self, text: str) -> int:
+        return int(self._call("write", text))
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            self._call("flush")
+
+    def isatty(self) -> bool:
+        return self.stream is not None and bool(self.stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        if self.stream is None:
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+class _Stderr:
+    """`sys.stderr` while a command runs: a closed one (None) or one whose writes fail
+    takes the text and drops it (there is nowhere left to say anything)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream is not None and bool(self.stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        if self.stream is None:
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+def _hold_closed_std_fds() -> None:
+    """A closed fd 0, 1 or 2 (`bstar ... >&-`) gets /dev/null, so that no file bstar opens
+    later (a DB, a report) takes that number and receives what a child server or a stray
+    write sends to standard output. What bstar itself prints still fails (_Stdout)."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                got = os.open(os.devnull, os.O_RDWR)
+                if got != fd:  # a lower one was closed too, and took it; this one stays
+                    os.close(got)
+
+
+def _print_error(message: str) -> None:
+    if sys.stderr is not None:  # print(file=None) would write to stdout
+        with contextlib.suppress(OSError, ValueError):
+            print(f"bstar: error: {message}", file=sys.stderr)
+
+
+def _drop_stdout() -> None:
+    """After a broken pipe: what is still buffered for stdout goes to /dev/null, so that
+    Python's flush at exit does not raise again ("Exception ignored ... BrokenPipeError")."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `bstar` command; its exit status. Output that cannot be written (a full
+    disk, a closed stdout) is one line and 1; a closed pipe (`bstar ... | head`) ends
+    quietly with 1, as a Unix tool ends on SIGPIPE (no message: the reader chose to stop)
+    and as rich's consoles end on it (`Console.on_broken_pipe`)."""
+    _hold_closed_std_fds()
+    err_was = sys.stderr
+    # A closed stderr (`2>&-`: None, where print(file=None) would write into stdout's --json
+    # document), or one that refuses writes: what bstar says there goes nowhere.
+    sys.stderr = _Stderr(err_was)  # type: ignore[assignment]
+    out = _Stdout(sys.stdout)
+    sys.stdout = out  # type: ignore[assignment]
+    try:
+        try:
+            status = _main(argv)
+        finally:
+            if sys.stdout is out:
+                out.flush()
+        return status
+    except OutputError as e:
+        _print_error(str(e))
+        return 1
+    except BrokenPipeError:
+        sys.stdout = out.stream
+        _drop_stdout()
+        return 1
+    finally:
+        if sys.stdout is out:
+            sys.stdout = out.stream
+        if isinstance(sys.stderr, _Stderr):
+            sys.stderr = err_was
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command_in(argv)
     # `bstar --help` and a typo need every command's one-line help only; a command needs
@@ -127,8 +262,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bstar: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

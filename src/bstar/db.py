@@ -137,6 +137,9 @@ def open_db(path: Path, what: str, own: Set[str], schema: str, *, readonly: bool
     (CREATE ... IF NOT EXISTS) and committed. With `readonly`: an existing DB opened
     read-only (`connect_readonly`; `missing` completes its error), its `need` tables
     checked, nothing written. Every failure is one BstarError; the connection is closed."""
+    from bstar.safeio import check_path_names
+
+    check_path_names(path, "--db")  # `OSError: File name too long` from is_file() below
     if not readonly and path.is_file() and path.stat().st_size:
         # An existing file is checked read-only first: nothing is written to a foreign DB
         # (not even the WAL switch) before it is refused.

@@ -10,13 +10,15 @@ so the store, `--json` and error lines all pass their text through `redact` (or
   URL's password (`register_url`) and the keys a `--server-cmd` passes its server
   (`register_command`), replaced wherever they appear;
 - patterns: `user:password@` in a URL, `Bearer <token>` / `Basic <token>`, `sk-...` style
-  keys and `api_key=...`-style pairs.
+  keys, `api_key=...`-style pairs and credential-like URL query parameters (`?token=`,
+  `?key=`; `register_url` registers their values too).
 
 Pure text in, text out; no I/O beyond reading the environment variable.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -35,6 +37,16 @@ _KEY_LIKE = re.compile(r"\b(?:sk|pk|rk|hf|ghp|gho|xox[abp])[-_][A-Za-z0-9_\-]{6,
 _PAIR = re.compile(r"(?i)(?P<key>[\"']?(?:api[_-]?key|apikey|access[_-]?token|auth[_-]?token"
                    r"|password|passwd|secret|x-api-key)[\"']?\s*[:=]\s*[\"']?)"
                    r"(?P<val>[^\s\"'&,;}\]]+)")
+# A URL query parameter whose name's last word says it holds a credential: `?token=`,
+# `?key=`, `&api_key=`, `?X-Amz-Signature=`, `?client_secret=`, `?sig=` (`?max_tokens=`
+# is no credential: its last word is "tokens").
+_QUERY_KEY_WORDS = ("token", "key", "apikey", "secret", "password", "passwd", "pwd", "pass",
+                    "auth", "sig", "signature", "credential", "credentials", "jwt", "session")
+_QUERY_KEY = re.compile(r"(?i)(?P<key>[?&;](?:[\w.~%-]*[_.~-])?(?:"
+                        + "|".join(_QUERY_KEY_WORDS) + r")=)(?P<val>[^&#\s\"'<>]+)")
+# "/etc/passwd: No such file or directory" names a file, not a password: a pair whose value
+# reads as an OS error message (strerror, for every errno this system knows) is left alone.
+_OS_ERRORS = tuple({os.strerror(n) for n in errno.errorcode})
 
 
 # Cheap tests first (substring search): a pattern runs only on text that holds what it
@@ -53,8 +65,9 @@ def register_secret(value: str | None) -> None:
 
 def register_url(url: str | None) -> None:
     """Register a URL's credentials (`http://user:PW@host`): the password (or a token given
-    as the user), and both as the Basic auth header carries them, base64-encoded."""
-    if not isinstance(url, str) or "@" not in url:
+    as the user), and both as the Basic auth header carries them, base64-encoded; and the
+    value of each credential-like query parameter (`?token=K`, `?key=K`, `&api_key=K`)."""
+    if not isinstance(url, str):
         return
     from urllib.parse import unquote, urlsplit
 
@@ -63,6 +76,11 @@ def register_url(url: str | None) -> None:
         user, password = parts.username, parts.password
     except ValueError:
         return
+    # A credential in the query (`?token=K`, `&api_key=K`): its value is a secret like a
+    # password, masked wherever it appears (stored, printed, echoed by a server).
+    for m in _QUERY_KEY.finditer(f"?{parts.query}" if parts.query else ""):
+        register_secret(m.group("val"))
+        register_secret(unquote(m.group("val")))
     if user is None:
         return
     secret = password if password is not None else user
@@ -149,10 +167,31 @@ def redact(text: str, *, patterns: bool = True, secrets: list[str] | None = None
         text = _AUTH_SCHEME.sub(_auth, text)
     if any(k in text for k in _KEY_PREFIXES):
         text = _KEY_LIKE.sub(MASK, text)
+    if "=" in text and ("?" in text or "&" in text or ";" in text):
+        text = _QUERY_KEY.sub(lambda m: f"{m.group('key')}{MASK}", text)
     lower = text.lower()
     if any(w in lower for w in _PAIR_WORDS):
-        text = _PAIR.sub(lambda m: f"{m.group('key')}{MASK}", text)
+        text = _PAIR.sub(_pair, text)
     return text
+
+
+def _pair(m: re.Match[str]) -> str:
+    key = m.group("key")
+    # A quoted value (`"password": "..."`) is a value, whatever it reads like.
+    # The longest OS error message is under 60 characters: 200 of the rest are enough.
+    rest = m.string[m.start("val"):m.start("val") + 200]
+    if not key.endswith(("'", '"')) and _is_os_error(rest):
+        return m.group(0)  # "passwd: No such file or directory": a file's name, an OS error
+    return f"{key}{MASK}"
+
+
+def _is_os_error(rest: str) -> bool:
+    """Whether `rest` (what follows `passwd:`) reads as an OS error message: one whole
+    ("Permission denied"), or cut after at least three words ("No such file")."""
+    phrase = " ".join(re.split(r"[\n\"'(\[{;,]", rest, maxsplit=1)[0].split())
+    if any(phrase.startswith(e) for e in _OS_ERRORS):
+        return True
+    return len(phrase.split()) >= 3 and any(e.startswith(phrase) for e in _OS_ERRORS)
 
 
 def clip(text: str, n: int) -> str:

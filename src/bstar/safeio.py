@@ -43,6 +43,8 @@ def _describe(e: OSError, what: str = "") -> str:
         return "is a folder; give a file"
     if e.errno == errno.EACCES:
         return "permission denied"
+    if e.errno == errno.ENAMETOOLONG:
+        return "a file or folder name in the path is too long for the file system"
     return f"cannot read: {e.strerror or e}"
 
 
@@ -162,37 +164,107 @@ def load_toml(path: str | Path, max_bytes: int = MAX_SMALL_BYTES,
     return parse_toml(read_text(path, max_bytes, what), str(path))
 
 
-# What marks a file as one bstar wrote (read from its first bytes): an earlier output of the
-# same kind may be overwritten; anything else needs --force.
-OWN_MARKS = (
-    b'<meta name="generator" content="bstar',        # HTML report (report.html.j2)
-    b"tEXtSoftware\x00bstar",                        # PNG (charts/base.py metadata)
-    b"<dc:title>bstar</dc:title>",                   # SVG (charts/base.py metadata)
-    b"# bstar calibration profile",                  # calibrate -o (profiles.py)
-    b"# Measured by `bstar probe`",                  # probe -o (probe.py)
-)
+# What marks a file as one bstar wrote: a header bstar owns, at the start of the file, in
+# each format it writes. A marker quoted further down (a user's notes, a page that cites a
+# report) is not one: only a file that begins as bstar begins it may be replaced. Each kind
+# is recognised by where its writer puts the header:
+_OWN_HEADERS: dict[str, re.Pattern[bytes]] = {
+    # report.html.j2: the doctype, <html>, <head>, then only <meta> tags up to bstar's own.
+    "html": re.compile(rb'\A(?:\xef\xbb\xbf)?<!DOCTYPE html>\s*<html\b[^>]*>\s*<head>\s*'
+                       rb'(?:<meta\b[^>]*>\s*){0,8}<meta name="generator" content="bstar[ "]',
+                       re.IGNORECASE),
+    # matplotlib's SVG (charts/base.py): <svg>, whose first child is the metadata that names
+    # bstar its creator.
+    "svg": re.compile(rb"\A(?:<\?xml[^>]*\?>\s*)?(?:<!DOCTYPE svg[^>]*>\s*)?<svg\b[^>]*>\s*"
+                      rb"<metadata>(?:(?!</metadata>).){0,4000}?<dc:creator>\s*<[\w:]*Agent>"
+                      rb"\s*<dc:title>bstar</dc:title>", re.DOTALL),
+    # calibrate -o and demo's calibration.toml (calibrate/profiles.py): its first line.
+    "profile": re.compile(rb"\A# bstar calibration profile \("),
+    # probe -o and demo's this-cpu.toml (probe.py): its first line.
+    "probe": re.compile(rb"\A# Measured by `bstar probe`"),
+    # demo's sweep.json: its first key.
+    "json": re.compile(rb'\A\{\s*"generator": "bstar[ "]'),
+}
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+OWN_KINDS = (*_OWN_HEADERS, "png")
+_KIND_WORDS = {"html": "a report", "svg": "an SVG chart", "png": "a PNG chart",
+               "profile": "a calibration profile", "probe": "a probe's GPU file",
+               "json": "a sweep JSON"}
 _HEAD_BYTES = 8192
 
 
-def written_by_bstar(path: str | Path) -> bool:
-    """Whether the file at `path` starts like a file bstar writes (or is empty)."""
+def _png_is_bstars(head: bytes) -> bool:
+    """A PNG whose header chunks (those before the image data) hold the text chunk
+    `Software` = `bstar` (charts/base.py writes it through matplotlib)."""
+    if not head.startswith(_PNG_SIGNATURE):
+        return False
+    i = len(_PNG_SIGNATURE)
+    while i + 8 <= len(head):
+        size = int.from_bytes(head[i:i + 4], "big")
+        kind = head[i + 4:i + 8]
+        if kind in (b"IDAT", b"IEND"):
+            return False
+        if kind == b"tEXt" and head[i + 8:i + 8 + size] == b"Software\x00bstar":
+            return True
+        i += 12 + size  # length, type, data, CRC
+    return False
+
+
+def starts_as_bstars(head: bytes, kinds: tuple[str, ...] = OWN_KINDS) -> bool:
+    """Whether `head` (a file's first bytes) begins with the header bstar writes for one of
+    `kinds` (default: any)."""
+    for kind in kinds:
+        if kind == "png":
+            if _png_is_bstars(head):
+                return True
+        elif _OWN_HEADERS[kind].match(head):
+            return True
+    return False
+
+
+def written_by_bstar(path: str | Path, kinds: tuple[str, ...] = OWN_KINDS) -> bool:
+    """Whether the file at `path` starts as a file bstar writes of one of `kinds` (or is
+    empty: there is nothing to lose)."""
     try:
         with open(path, "rb") as f:
             head = f.read(_HEAD_BYTES)
     except OSError:
         return False
-    return not head or any(m in head for m in OWN_MARKS)
+    return not head or starts_as_bstars(head, kinds)
 
 
-def check_output(path: str | Path, flag: str, force: bool = False) -> None:
-    """Refuse to write `flag` PATH where that would change a file bstar did not write: an
-    existing file without bstar's mark (through a symlink too), a dangling symlink, a
-    folder, a FIFO or device, a name the file system refuses. `force` allows replacing an
-    existing regular file (or a symlink's target); never a folder."""
+# The longest file or folder name (one path component) that Linux's, macOS's and Windows'
+# file systems hold, and the longest path Linux's system calls take (PATH_MAX, with its NUL).
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+
+
+def check_path_names(path: str | Path, flag: str) -> None:
+    """A path that no file system can hold (a file or folder name over 255 bytes, the whole
+    over 4,095) as one line naming `flag` and the name, before any system call says `OSError:
+    File name too long` from deep inside a command."""
     p = Path(path)
-    if len(p.name.encode()) > 255:
-        raise BstarError(f"{flag} {p.name[:40]}...: the file name is {len(p.name.encode())} "
-                         "bytes, over the 255 a file system allows")
+    for part in p.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX_BYTES:
+            what = "the file name" if part == p.name else "a folder name in the path"
+            raise BstarError(f"{flag} {part[:40]}...: {what} is {size} bytes, over the "
+                             f"{NAME_MAX_BYTES} a file system allows")
+    size = len(os.fsencode(str(p)))
+    if size > PATH_MAX_BYTES:
+        raise BstarError(f"{flag} {str(p)[:40]}...: the path is {size} bytes, over the "
+                         f"{PATH_MAX_BYTES} the system allows")
+
+
+def check_output(path: str | Path, flag: str, force: bool = False,
+                 kinds: tuple[str, ...] = OWN_KINDS) -> None:
+    """Refuse to write `flag` PATH where that would change a file bstar did not write: an
+    existing file that does not start with bstar's header for one of `kinds` (what this
+    output is: a profile never replaces a report), through a symlink too; a dangling
+    symlink, a folder, a FIFO or device, a name the file system refuses. `force` allows
+    replacing an existing regular file (or a symlink's target); never a folder."""
+    p = Path(path)
+    check_path_names(p, flag)
     try:
         st = os.stat(p)
     except FileNotFoundError:
@@ -211,9 +283,11 @@ def check_output(path: str | Path, flag: str, force: bool = False) -> None:
             return
         raise BstarError(f"{flag} {p}: not a regular file (a FIFO or device); give --force "
                          "to write to it anyway, or another file")
-    if not force and not written_by_bstar(p):
-        raise BstarError(f"{flag} {p} exists and bstar did not write it; give --force to "
-                         "overwrite it, or another file")
+    if not force and not written_by_bstar(p, kinds):
+        what = "bstar did not write it" if kinds == OWN_KINDS else \
+            f"is not {' or '.join(_KIND_WORDS[k] for k in kinds)} that bstar wrote"
+        raise BstarError(f"{flag} {p} exists and {what}; give --force to overwrite it, or "
+                         "another file")
 
 
 def write_output(path: str | Path, data: bytes, flag: str) -> Path:

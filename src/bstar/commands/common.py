@@ -107,18 +107,26 @@ def add_force_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
                    help="overwrite an existing -o/--plot file that bstar did not write")
 
 
+# What each command's -o writes (bstar.safeio's kinds): it may replace only a file of that
+# kind that bstar wrote (a calibration profile never replaces a report).
+OUTPUT_KINDS = {"report": ("html",), "calibrate": ("profile",), "probe": ("probe",)}
+PLOT_KINDS = ("png", "svg")
+
+
 def guard_outputs(args: argparse.Namespace) -> None:
     """Before a command runs: its -o FILE and --plot FILE may replace only a file bstar
-    wrote (an earlier report, plot, profile or probe), unless --force (bstar.safeio).
-    `runs export -o` keeps its own rule (it also accepts an earlier export)."""
+    wrote of the same kind (an earlier report, plot, profile or probe), recognised by the
+    header bstar writes at its start, unless --force (bstar.safeio). `runs export -o`
+    keeps its own rule (it also accepts an earlier export)."""
     from bstar import safeio
 
     force = bool(getattr(args, "force", False))
     out = getattr(args, "output", None)
-    if out and getattr(args, "command", "") != "runs":
-        safeio.check_output(out, "-o", force)
+    command = getattr(args, "command", "")
+    if out and command != "runs":
+        safeio.check_output(out, "-o", force, OUTPUT_KINDS.get(command, safeio.OWN_KINDS))
     if plot := getattr(args, "plot", None):
-        safeio.check_output(plot, "--plot", force)
+        safeio.check_output(plot, "--plot", force, PLOT_KINDS)
 
 
 def positive_int(s: str) -> int:

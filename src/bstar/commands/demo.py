@@ -35,6 +35,18 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                         "has, at most 4, so the load generator keeps a core)")
     p.add_argument("--json", action="store_true",
                    help="print {run_id, db, report, levels, recommendation} (contract)")
+    p.add_argument("--force", action="store_true",
+                   help="replace files in DIR that bstar did not write (" + ", ".join(
+                       (*DEMO_OUTPUTS, DB_NAME, MODEL_CONFIG)) + ")")
+
+
+# What demo writes in DIR, each guarded as -o is (bstar.safeio: only a file that starts with
+# the header bstar writes for that kind is replaced without --force), all before anything
+# runs; the server's log (llamacpp.log) is appended to, never replaced.
+DEMO_OUTPUTS = {"this-cpu.toml": ("probe",), "sweep.json": ("json",),
+                "report.html": ("html",), "calibration.toml": ("profile",)}
+DB_NAME = "bstar.db"  # a results DB: an earlier demo's gets one more run
+MODEL_CONFIG = "tiny-llama/config.json"  # a copy of the tiny model's, byte for byte
 
 
 class _Say:
@@ -49,28 +61,114 @@ class _Say:
 
 def run_demo(args: argparse.Namespace) -> int:
     from bstar.errors import BstarError
+    from bstar.fit.points import MIN_POINTS
 
     say = _Say()
     out = Path(args.output_dir)
+    levels = sorted(set(args.concurrency or DEFAULT_LEVELS))
+    if len(levels) < MIN_POINTS:
+        # The fit needs them; said now, not after a minute of measuring.
+        raise BstarError(f"--concurrency {','.join(map(str, levels))}: the fit needs at least "
+                         f"{MIN_POINTS} distinct levels (e.g. "
+                         f"{','.join(map(str, DEFAULT_LEVELS[:MIN_POINTS]))})")
     if out.exists() and not out.is_dir():
         raise BstarError(f"-o {out} is a file; bstar demo writes a folder (give a new name)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BstarError(f"-o {out}: cannot create the folder ({e.strerror or e})") from None
-    levels = sorted(set(args.concurrency or DEFAULT_LEVELS))
+    guard_demo_outputs(out, args.force)
     threads = args.threads or max(1, min(4, (os.cpu_count() or 2) - 1))
     try:
         import aiohttp  # noqa: F401  (missing extras fail now, not after a minute)
         import matplotlib  # noqa: F401
         import scipy  # noqa: F401
         import xllamacpp  # noqa: F401
-
-        from bstar.servers import LlamaCppServer
-        from bstar.tinymodel import default_tiny_dir
     except ImportError as e:
         raise BstarError(f"bstar demo needs the extras: pip install 'bstar[tiny,llamacpp,"
                          f"plot]' ({e})") from None
+    from bstar.loadgen.sweep import SweepInterrupted, Terminated, signals_as_interrupts
+
+    # SIGTERM and SIGHUP, like Ctrl-C, unwind the demo in every phase, so the llama.cpp
+    # server it starts is stopped (the default action killed the process on the spot and
+    # left the server running under init); the sweep turns them into SweepInterrupted.
+    try:
+        with signals_as_interrupts():
+            return _demo(args, out, levels, threads, say)
+    except SweepInterrupted as e:
+        # The server was the demo's own and is gone: `sweep --resume` has nothing to resume
+        # against. The levels measured so far stay in the DB.
+        print(f"bstar: demo interrupted during the sweep; its llama.cpp server is stopped; "
+              f"the levels measured so far are run {e.run_id} in {e.db} (bstar runs show "
+              f"{e.run_id} --db {e.db}); run bstar demo again for the whole story",
+              file=sys.stderr)
+        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or Terminated: SIGTERM/SIGHUP
+        why = e.signal_name if isinstance(e, Terminated) else "Ctrl-C"
+        print(f"bstar: demo interrupted ({why}); the server it started, if any, is stopped",
+              file=sys.stderr)
+        return 130
+
+
+def guard_demo_outputs(out: Path, force: bool) -> None:
+    """Before anything runs: each file demo writes in `out` may replace only the same kind
+    of file bstar wrote (an earlier demo's), as `-o` does; `bstar.db` must be a bstar
+    results DB (one more run goes into it). With `force`, a foreign file is replaced (a
+    foreign bstar.db removed first). A folder, FIFO or dangling symlink is refused as `-o`
+    refuses it."""
+    from bstar import safeio
+    from bstar.errors import BstarError
+
+    for name, kinds in DEMO_OUTPUTS.items():
+        safeio.check_output(out / name, "-o", force, kinds)
+    config = out / MODEL_CONFIG
+    if config.is_file() and config.stat().st_size and not force:
+        # Compared with the tiny model's once it is built (_copy_config); a file that is
+        # not even JSON cannot be that copy.
+        try:
+            safeio.load_json(config)
+        except BstarError:
+            raise BstarError(f"-o {config} exists and is not the tiny model's config.json; "
+                             "give --force to overwrite it, or another folder") from None
+    db = out / DB_NAME
+    if not (db.is_file() and db.stat().st_size):
+        safeio.check_output(db, "-o", force)  # missing or empty: fine; a folder, FIFO: not
+        return
+    try:
+        from bstar.loadgen.store import Store
+
+        Store(db, readonly=True).close()
+    except BstarError as e:
+        if not force:
+            raise BstarError(f"-o {db} exists and is not a bstar results DB ({e}); give "
+                             "--force to replace it, or another folder") from None
+        for p in (db, *(Path(f"{db}{x}") for x in ("-wal", "-shm", "-journal"))):
+            p.unlink(missing_ok=True)
+
+
+def _copy_config(src: Path, dest: Path, force: bool) -> None:
+    """The tiny model's config.json into DIR (the cost model reads it from a folder whose
+    name labels the plots); an existing different file only with --force."""
+    from bstar import safeio
+    from bstar.errors import BstarError
+
+    data = src.read_bytes()
+    if dest.is_file() and not force and dest.stat().st_size and dest.read_bytes() != data:
+        raise BstarError(f"-o {dest} exists and is not the tiny model's config.json; give "
+                         "--force to overwrite it, or another folder")
+    try:
+        dest.parent.mkdir(exist_ok=True)
+    except OSError as e:
+        raise BstarError(f"-o {dest.parent}: cannot create the folder ({e.strerror or e})") \
+            from None
+    safeio.write_output(dest, data, "-o")
+
+
+def _demo(args: argparse.Namespace, out: Path, levels: list[int], threads: int,
+          say: _Say) -> int:
+    from bstar.errors import BstarError
+    from bstar.servers import LlamaCppServer
+    from bstar.tinymodel import default_tiny_dir
 
     say("building the tiny random-weight model (cached after the first run)")
     tiny = default_tiny_dir()
@@ -78,8 +176,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise BstarError("the tiny model was built without its GGUF file")
     # The cost model reads the same config.json, from a folder whose name labels the plots.
     model_dir = out / "tiny-llama"
-    model_dir.mkdir(exist_ok=True)
-    (model_dir / "config.json").write_bytes((tiny.hf_dir / "config.json").read_bytes())
+    _copy_config(tiny.hf_dir / "config.json", out / MODEL_CONFIG, args.force)
     gpu_file = out / "this-cpu.toml"
     say(f"measuring this CPU's bandwidth and matmul rate for the cost model ({gpu_file})")
     _probe(gpu_file, threads)
@@ -90,7 +187,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         threads=threads, timeout_s=120, log_path=log) as server:
         say(f"sweeping concurrency {','.join(map(str, levels))}: {args.num_requests} requests "
             f"per level, {args.input_len} tokens in, {args.output_len} out")
-        result = _sweep(server.url, levels, args, out / "bstar.db", say, model_dir, gpu_file)
+        result = _sweep(server.url, levels, args, out / DB_NAME, say, model_dir, gpu_file)
     say("server stopped")
     sweep, fit, views, calibration, uncalibrated = analyse(result, out, say)
     from bstar.report.build import demo_report
@@ -121,9 +218,14 @@ def analyse(result: Any, out: Path, say: Callable[[str], None]
     """After the sweep: write sweep.json, fit the levels, calibrate the cost model on them
     and build what the report draws (`views.demo_views`). Returns the sweep dict, the fit,
     the views, the calibration and the uncalibrated median |error|."""
+    from bstar import __version__, safeio
+
     sweep = result.to_dict()
     sweep_json = out / "sweep.json"
-    sweep_json.write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+    # The first key is the header that marks the file as bstar's (bstar.safeio: an earlier
+    # demo's sweep.json is replaced, a user's file of that name is not).
+    text = json.dumps({"generator": f"bstar {__version__}", **sweep}, indent=2) + "\n"
+    safeio.write_output(sweep_json, text.encode(), "-o")
 
     from bstar.fit import fit_points, load_points, prefill_aware
 
@@ -186,17 +288,20 @@ def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
                            engine=d.engine, source=f"bstar demo run {result.run_id}")
              for k in dict.fromkeys((d.eff.roof_sharpness, 1.0))]
     c = min(tries, key=lambda t: t.median_abs_error)
-    path.write_text(cal.profile_toml(c), encoding="utf-8")
+    from bstar import safeio
+
+    safeio.write_output(path, cal.profile_toml(c).encode(), "-o")
     return c, tries[0].uncalibrated_median_abs_error
 
 
 def _probe(path: Path, threads: int) -> None:
     """A quick `bstar probe` of this CPU at llama.cpp's thread count (small arrays, 3 runs:
     about a second), written as a GPU file the cost model and the simulator read."""
+    from bstar import safeio
     from bstar.probe import probe_cpu_toml
 
-    path.write_text(probe_cpu_toml(threads, copy_bytes=128 << 20, gemm_n=1024, repeats=3),
-                    encoding="utf-8")
+    text = probe_cpu_toml(threads, copy_bytes=128 << 20, gemm_n=1024, repeats=3)
+    safeio.write_output(path, text.encode(), "-o")
 
 
 # llama.cpp holds the tiny model in fp32 (the GGUF is F32) and its KV cache in f16.

@@ -37,7 +37,8 @@ from bstar.recommend import Recommendation, SloBound, tightest
 from bstar.redact import clip
 
 __all__ = ["DONE_STATUSES", "LevelPlan", "LevelResult", "SweepConfig", "SweepInterrupted",
-           "SweepResult", "compare_results", "load_result", "predict_level", "run_sweep", "verdict"]
+           "SweepResult", "Terminated", "compare_results", "load_result", "predict_level",
+           "run_sweep", "signals_as_interrupts", "verdict"]
 
 
 class SweepInterrupted(Exception):
@@ -62,7 +63,7 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
+def signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Terminated` while the sweep runs (once: a second signal
     during the clean-up is ignored so the clean-up finishes); the old handlers come back
     after. Only the main thread can set handlers; elsewhere, and for a signal the process
@@ -283,7 +284,7 @@ def run_sweep(cfg: SweepConfig | None = None, *, db: str | Path | None = None,
     Raises SweepInterrupted on Ctrl-C, SIGTERM or SIGHUP (the run is marked interrupted,
     the server bstar started is stopped, and the run can be resumed).
     """
-    with _signals_as_interrupts():
+    with signals_as_interrupts():
         return _run_sweep(cfg, db, api_key, resume, on_event, deployment, bstar_version,
                           session_factory, server_cmd)
 

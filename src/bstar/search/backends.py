@@ -11,6 +11,7 @@ Ray is an optional extra (`pip install 'bstar[ray]'`) and is imported only by it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -100,6 +101,17 @@ def ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> Non
                          "local cluster)") from None
 
 
+class TaskFailed(BstarError):
+    """A task the backend could not finish past its retries (a worker killed twice, a dead
+    raylet): `index` is the item's place in the `imap_unordered` call, `why` one line.
+    The search words it with the candidate's name (search.run)."""
+
+    def __init__(self, index: int, why: str) -> None:
+        self.index = index
+        self.why = why
+        super().__init__(why)
+
+
 class Backend:
     name = "in-process"
     workers = 1
@@ -174,6 +186,17 @@ class ProcessPool(Backend):
         return f"{self.workers} local processes"
 
 
+# Each Ray task is retried once when its worker dies (a node lost, a worker OOM-killed);
+# a second death fails the search in one line (TaskFailed), and --resume re-runs what is
+# left.
+RAY_MAX_RETRIES = 1
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
 class RayBackend(Backend):
     """Ray tasks. `address` None starts a local cluster of `num_cpus` on this machine
     (stopped on close); an address ("HOST:PORT", "ray://HOST:PORT" or "auto") joins an
@@ -220,17 +243,35 @@ class RayBackend(Backend):
         assert ray is not None, "start() first"
         remote = self._remote.get(fn)
         if remote is None:
-            remote = self._remote[fn] = ray.remote(num_cpus=1, max_retries=1)(fn)
+            remote = self._remote[fn] = ray.remote(num_cpus=1,
+                                                   max_retries=RAY_MAX_RETRIES)(fn)
         refs = {remote.remote(x): i for i, x in enumerate(items)}
         pending = list(refs)
+        current: int | None = None  # the item whose result is being fetched
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    yield refs[ref], ray.get(ref)
+                    current = refs[ref]
+                    value = ray.get(ref)
+                    current = None
+                    yield refs[ref], value
+        except ray.exceptions.RayError as e:
+            # Ray's own failures, past the task's retry (a worker killed twice:
+            # WorkerCrashedError; a dead raylet: LocalRayletDiedError; a node lost; the
+            # memory monitor): one line naming the task (-1: Ray failed while waiting, no
+            # task's result in hand). An error the task itself raised (RayTaskError, a
+            # BstarError too when the task's was) is the task's, raised as it is.
+            if isinstance(e, ray.exceptions.RayTaskError):
+                raise
+            raise TaskFailed(-1 if current is None else current,
+                             f"{type(e).__name__} on Ray ({_first_line(e)}), after "
+                             f"{RAY_MAX_RETRIES} retry") from None
         finally:
             for ref in pending:
-                ray.cancel(ref, force=True)
+                # A dead raylet cannot cancel: what it ran died with it.
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
 
     def close(self) -> None:
         if self._ray is not None:

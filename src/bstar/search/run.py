@@ -17,7 +17,7 @@ from typing import Any
 from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.search.backends import Backend
+from bstar.search.backends import Backend, TaskFailed
 from bstar.search.candidates import (
     Candidate,
     Pruned,
@@ -258,6 +258,13 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
             results[k] = json.loads(json.dumps(res, sort_keys=True))
             if progress:
                 progress(len(results), total)
+    except TaskFailed as e:
+        store.finish(sid, "interrupted")
+        what = (f"candidate {tasks[order[e.index]].replica.key}"
+                if 0 <= e.index < len(order) else "a candidate")
+        raise BstarError(f"search: {what} failed: {e.why}; the {len(results) - reused} "
+                         f"rows finished are stored in {store.path}: run the same command "
+                         "with --resume to continue") from None
     except BaseException:
         store.finish(sid, "interrupted")
         raise
