@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,20 @@ def test_trace_runs_whole_by_default(tmp_path: object, capsys: pytest.CaptureFix
     assert out["requests"] == 1200  # not cut to the 1000 of generated traffic
     assert main(["simulate", "--trace", str(trace), "--num-requests", "10", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == 10
+
+
+@pytest.mark.parametrize("how", ["flag", "trace"])
+def test_one_token_outputs_print_the_capacity_line(
+        how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40, item 2: every output one token has no TPOT; the capacity line said so with
+    a TypeError after the whole simulation had run."""
+    if how == "flag":
+        load = ["--rate", "5", "--output-len", "1", "--num-requests", "12"]
+    else:
+        trace = tmp_path / "t.csv"
+        trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                         + "".join(f"{i / 10},{100 + i},1\n" for i in range(12)))
+        load = ["--trace", str(trace)]
+    assert main(["simulate", "--max-num-seqs", "8", *load]) == 0
+    out = capsys.readouterr().out
+    assert "capacity at max_num_seqs 8" in out and "TPOT p50/p99 n/a" in out
