@@ -344,3 +344,24 @@ def test_validate_prints_file_names_as_data(tmp_path: Path,
     status, out, err = run(["validate", str(table)])
     assert status == 0, err[-800:]
     assert "\x1b" not in out and "\\x1b" in out
+
+
+# Issue 40, item 4: every profile field against one schema (deployment.FIELD_RANGES), the
+# error naming the file and the field. `inf` ran a simulation to its 86,400 s cap and blamed
+# the KV pool; `nan` named neither file nor field; 1e308 was simulated without a word.
+@pytest.mark.parametrize(("table", "field", "value"), [
+    ("behaviour", "request_overhead_s", "inf"), ("behaviour", "front_token_s", "inf"),
+    ("behaviour", "request_overhead_s", "nan"), ("behaviour", "front_token_s", "1e308"),
+    ("efficiency", "overhead_s", "1e308"), ("efficiency", "overhead_s", "nan"),
+    ("efficiency", "moe_layer_s", "1e308"), ("efficiency", "eager_layer_s", "inf"),
+    ("efficiency", "score_bytes", "nan"), ("efficiency", "graph_max_tokens", "1e308"),
+    ("efficiency", "moe_compute", "inf"), ("efficiency", "roof_sharpness", "nan"),
+    ("efficiency", "bandwidth", "'fast'"),
+])
+def test_profile_fields_are_finite_and_in_range(tmp_path: Path, table: str, field: str,
+                                                value: str) -> None:
+    prof = tmp_path / "p.toml"
+    prof.write_text(f"[efficiency]\nbandwidth = 0.8\n[{table}]\n{field} = {value}\n"
+                    .replace("bandwidth = 0.8\n[efficiency]\n", ""))
+    one_line_error(["simulate", "--profile", str(prof), "--rate", "1", "--num-requests", "5",
+                    "--max-num-seqs", "4"], str(prof), field)
