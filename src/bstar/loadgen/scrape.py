@@ -252,6 +252,12 @@ class LevelServerStats:
     prefix_cache_hit_tokens: int | None = None
     prefix_cache_query_tokens: int | None = None
     prefix_cache_hit_rate: float | None = None
+    # Counter segments over the level: 1, or more when a counter fell between two scrapes (a
+    # restarted server counts from 0 again; each segment's increase is summed). None: not
+    # scraped. `prefix_cache_refused` says why the counters were not kept (hits above
+    # queries: a server that counts what it cannot mean).
+    prefix_cache_segments: int | None = None
+    prefix_cache_refused: str | None = None
     kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
     kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
     slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
@@ -300,6 +306,7 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
         self._absent = False
         self._gpu = GpuTelemetry.create()
+        self._prefix = PrefixCounters()
 
     async def _read(self) -> tuple[Snapshot | None, str | None]:
         """One scrape, fetched and parsed off the event loop (a thread: the measured
@@ -344,6 +351,7 @@ class Scraper:
         if self._first is None:
             self._first = snap
         self._last = snap
+        self._prefix.add(snap.prefix_cache_hits_total, snap.prefix_cache_queries_total)
         st.kv_cache_usage_max = _max(st.kv_cache_usage_max, snap.kv_cache_usage)
         st.running_max = _max(st.running_max, snap.running)
         st.waiting_max = _max(st.waiting_max, snap.waiting)
@@ -389,16 +397,7 @@ class Scraper:
             a, b = self._first.preemptions_total, self._last.preemptions_total
             if a is not None and b is not None and b >= a:
                 st.preemptions = round(b - a)
-            h0, h1 = self._first.prefix_cache_hits_total, self._last.prefix_cache_hits_total
-            q0, q1 = (self._first.prefix_cache_queries_total,
-                      self._last.prefix_cache_queries_total)
-            if h0 is not None and h1 is not None:
-                st.prefix_cache_hit_tokens = round(h1 - h0)
-            if q0 is not None and q1 is not None:
-                st.prefix_cache_query_tokens = round(q1 - q0)
-                if st.prefix_cache_query_tokens > 0 and st.prefix_cache_hit_tokens is not None:
-                    st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
-                                                / st.prefix_cache_query_tokens)
+            self._prefix.into(st)
             s0, s1 = self._first.steps_total, self._last.steps_total
             k0, k1 = (self._first.generation_tokens_total,
                       self._last.generation_tokens_total)
@@ -412,6 +411,46 @@ class Scraper:
         if self._gpu is not None:
             st.gpu = self._gpu.summary()
         return st
+
+
+class PrefixCounters:
+    """The prefix-cache counters' increase over a level, scrape by scrape. A counter that
+    falls between two scrapes is a restarted server: it starts a new segment, whose
+    increase counts from 0 (Prometheus's `increase()` reads a reset the same way), and the
+    level records how many segments it had. Hits above queries are refused, by name: no
+    cache serves more tokens than it was asked for."""
+
+    def __init__(self) -> None:
+        self.prev: tuple[float, float] | None = None
+        self.hits = self.queries = 0.0
+        self.segments = 0
+
+    def add(self, hits: float | None, queries: float | None) -> None:
+        if hits is None or queries is None:
+            return  # not exposed in this scrape (or not a count: snapshot's _nonneg)
+        if self.prev is None:
+            self.segments = 1
+        elif hits < self.prev[0] or queries < self.prev[1]:
+            self.segments += 1  # a restart: the new counts are this segment's increase
+            self.hits += hits
+            self.queries += queries
+        else:
+            self.hits += hits - self.prev[0]
+            self.queries += queries - self.prev[1]
+        self.prev = (hits, queries)
+
+    def into(self, st: LevelServerStats) -> None:
+        if not self.segments:
+            return
+        st.prefix_cache_segments = self.segments
+        hits, queries = round(self.hits), round(self.queries)
+        if hits > queries:
+            st.prefix_cache_refused = (f"prefix_cache_hits rose by {hits:,}, above "
+                                       f"prefix_cache_queries' {queries:,}: not kept")
+            return
+        st.prefix_cache_hit_tokens, st.prefix_cache_query_tokens = hits, queries
+        if queries > 0:
+            st.prefix_cache_hit_rate = hits / queries
 
 
 def spec_counters(st: LevelServerStats, first: Snapshot, last: Snapshot) -> None:
