@@ -365,3 +365,18 @@ def test_profile_fields_are_finite_and_in_range(tmp_path: Path, table: str, fiel
                     .replace("bandwidth = 0.8\n[efficiency]\n", ""))
     one_line_error(["simulate", "--profile", str(prof), "--rate", "1", "--num-requests", "5",
                     "--max-num-seqs", "4"], str(prof), field)
+
+
+def test_profile_strings_never_drive_the_terminal(tmp_path: Path) -> None:
+    """Issue 40, item 5: `[profile] gpu` and `[workload] run` reached the terminal with their
+    escape sequences (a window title, a clipboard write)."""
+    prof = tmp_path / "p.toml"
+    prof.write_text('[profile]\ngpu = "\\u001b]0;PWNED\\u0007h100"\n[efficiency]\n'
+                    'bandwidth = 0.5\n[workload]\nrun = "\\u001b]52;c;aGk=\\u0007r"\n'
+                    "prompt_tokens = [100, 200]\noutput_tokens = [10, 20]\n")
+    status, out, err = run(["simulate", "--profile", str(prof), "--rate", "2",
+                            "--num-requests", "6", "--max-num-seqs", "4"])
+    assert status == 0, err[-800:]
+    for text in (out, err):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED" in err and "\\x1b]52;c;" in out  # shown, not obeyed

@@ -240,9 +240,16 @@ def _single(value: object) -> str | None:
 
 
 def warn(message: str) -> None:
+    """One warning line on stderr. A warning may quote a profile's or a run's strings
+    (`[profile] gpu`): through clean_text, so they print as data, not terminal codes."""
     import sys
 
-    print(f"bstar: warning: {message}", file=sys.stderr)
+    from bstar.report.text._common import clean_text
+
+    print(f"bstar: warning: {clean_text(message, WARNING_CHARS)}", file=sys.stderr)
+
+
+WARNING_CHARS = 2000  # the most of one warning line that is printed (cli.ERROR_CHARS)
 
 
 def build_deployment(args: argparse.Namespace, model: str | None = None,

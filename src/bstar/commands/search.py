@@ -19,6 +19,7 @@ from bstar.commands.common import (
     seed_int,
     step_ms,
     str_list,
+    warn,
 )
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
@@ -279,7 +280,7 @@ def run_search(args: argparse.Namespace) -> int:
     result = search_from_args(args, quiet=args.json or not sys.stderr.isatty())
     obj = result.to_dict()
     for w in result.warnings:
-        print(f"bstar: warning: {w}", file=sys.stderr)
+        warn(w)
 
     def plot(path: str) -> Path:
         from bstar.report import save_search_plot
