@@ -380,3 +380,38 @@ def test_profile_strings_never_drive_the_terminal(tmp_path: Path) -> None:
     for text in (out, err):
         assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]0;PWNED" in err and "\\x1b]52;c;" in out  # shown, not obeyed
+
+
+# Issue 40, item 3: `--acceptance-rate from:FILE` read the file outside the bounded reader.
+# A badly shaped `levels` or a string counter gave AttributeError or TypeError, deep nesting
+# RecursionError, and NaN or Infinity counters an acceptance rate of 4e-19.
+_SRV = '{"spec_num_accepted_tokens": %s, "spec_tokens_per_step": %s}'
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"levels": {"a": 1}}', ["levels must be a list"]),
+    ('{"levels": [1, 2]}', ["levels[0] must be an object"]),
+    ('[1, 2]', ["levels must be a list"]),
+    ('{"levels": [{"server": "x"}]}', ["levels[0].server must be an object"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ('"552"', "1.9")),
+     ["levels[0].server.spec_num_accepted_tokens"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("NaN", "1.9")),
+     ["levels[0].server.spec_num_accepted_tokens"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("552", "Infinity")),
+     ["levels[0].server.spec_tokens_per_step"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("552", "-Infinity")),
+     ["levels[0].server.spec_tokens_per_step"]),
+    ("[" * 100_000 + "]" * 100_000, ["nested more than"]),
+], ids=["levels-object", "level-int", "top-list", "server-str", "string-counter", "nan",
+        "infinity", "minus-infinity", "100k-deep"])
+def test_acceptance_rate_from_a_hostile_file(tmp_path: Path, text: str,
+                                             words: list[str]) -> None:
+    f = tmp_path / "sweep.json"
+    f.write_text(text)
+    one_line_error(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
+                    f"from:{f}"], str(f), *words)
+
+
+def test_acceptance_rate_from_a_folder_or_fifo(tmp_path: Path) -> None:
+    one_line_error(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
+                    f"from:{tmp_path}"], str(tmp_path), "folder")
