@@ -67,6 +67,44 @@ def test_a_bad_token_count_is_that_requests_error(bad: Any, tmp_path: Path,
     assert lv["throughput_tok_s"] > 0
 
 
+def _no_tokenizer(h: Handler, body: dict[str, Any], n: int) -> None:
+    h.send_json(404, {})
+
+
+def _usage_prompt(bad: Any) -> Any:
+    """/v1/completions whose non-streamed answers (the prompt counter's) say `bad` as
+    usage.prompt_tokens; streamed ones are true."""
+    def route(h: Handler, body: dict[str, Any], n: int) -> None:
+        if body.get("stream"):
+            h.send_events(token_events(int(body.get("max_tokens") or 4)))
+        else:
+            h.send_json(200, {"choices": [{"text": "a"}],
+                              "usage": {"prompt_tokens": bad, "completion_tokens": 1}})
+    return route
+
+
+@pytest.mark.parametrize("where", ["tokenize", "usage"])
+@pytest.mark.parametrize("bad", [10**30, "x"], ids=["1e30", "x"])
+def test_a_bad_prompt_count_is_not_a_traceback(where: str, bad: Any, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 40 (round 2's leftover): the prompt counter trusted /tokenize's count and
+    # usage.prompt_tokens: 10**30 raised "Python int too large to convert to SQLite
+    # INTEGER", "x" a ValueError. A count that is not one is not trusted: /tokenize's falls
+    # back to usage, usage's to the estimate, and the run says how prompts were counted.
+    routes = ({"/tokenize": lambda h, body, n: h.send_json(200, {"count": bad})}
+              if where == "tokenize" else
+              {"/tokenize": _no_tokenizer, "/v1/completions": _usage_prompt(bad)})
+    with HostileServer(routes) as s:
+        rc, out, err = run(sweep(s.url, tmp_path / "r.db"), capsys)
+    assert rc == 0 and "Traceback" not in err, err[-800:]
+    lv = json.loads(out)["levels"][0]
+    assert lv["requests"] == NUM and lv["errors"] == 0
+    with sqlite3.connect(tmp_path / "r.db") as con:
+        stats = json.loads(con.execute("SELECT stats FROM levels").fetchone()[0])
+    # (The fake's default /v1/completions streams only: its usage cannot count either.)
+    assert stats["prompt_token_count_method"] == "estimate"
+
+
 def test_an_endless_stream_is_cut_at_its_cap(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     # The defect: a stream that never ends for max_tokens=4 kept ~1M ITL samples until the
