@@ -363,9 +363,14 @@ def steps_from_rows(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
                 raise BstarError(f"{w}: no {key}")
             return default
         try:
-            return float(str(raw))
+            x = float(str(raw))
         except ValueError:
-            raise BstarError(f"{w}: {key} {raw!r} is not a number") from None
+            x = math.nan
+        if not math.isfinite(x):
+            # A 5,000-digit integer reads as inf and int(inf) raised OverflowError; nan
+            # raised ValueError.
+            raise BstarError(f"{w}: {key} {str(raw)[:40]!r} is not a finite number")
+        return x
 
     out = []
     for row, w in zip(rows, labels, strict=True):

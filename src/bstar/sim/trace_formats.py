@@ -71,6 +71,11 @@ def _json_lines(lines: list[str]) -> tuple[str, list[Row], int]:
             obj = json.loads(ln)
         except ValueError as e:
             raise BstarError(f"line {n} is not JSON: {e}") from None
+        except RecursionError:
+            # json's C scanner recurses per level and stops cleanly at Python's limit: a
+            # line nested 100,000 deep. Caught here rather than by safeio's depth scan, which
+            # would cost a Python loop over every line of a 1 GiB trace.
+            raise BstarError(f"line {n} is nested too deep to be a trace record") from None
         if not isinstance(obj, dict):
             raise BstarError(f"line {n} is not a JSON object")
         objs.append(obj)
