@@ -415,3 +415,20 @@ def test_acceptance_rate_from_a_hostile_file(tmp_path: Path, text: str,
 def test_acceptance_rate_from_a_folder_or_fifo(tmp_path: Path) -> None:
     one_line_error(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
                     f"from:{tmp_path}"], str(tmp_path), "folder")
+
+
+@pytest.mark.parametrize(("argv", "name", "text"), [
+    (["fit"], "points.csv", "batch,tpot_ms,tpot_ms\n1,10,99\n2,11,99\n4,12,99\n8,14,99\n"),
+    (["calibrate", "--context", "1024"], "points.csv",
+     "batch,tpot_ms,batch\n1,10,64\n2,11,64\n4,12,64\n8,14,64\n"),
+    (["calibrate"], "steps.csv", "batch,context_tokens,step_ms,chunk_tokens,step_ms\n"
+     "1,1024,10,0,99\n"),
+])
+def test_a_csv_column_named_twice_is_refused(tmp_path: Path, argv: list[str], name: str,
+                                             text: str) -> None:
+    """Issue 40: duplicate CSV columns silently kept the last one (the reader of CSV headers,
+    fit.points.read_table, refuses them for every table it reads)."""
+    f = tmp_path / name
+    f.write_text(text)
+    twice = text.split("\n", 1)[0].rsplit(",", 1)[1]
+    one_line_error([argv[0], str(f), *argv[1:]], str(f), f"column '{twice}' is named twice")
