@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bstar.loadgen.counters import PrefixCounters
 from bstar.redact import clip
 
 _SAMPLE = re.compile(
@@ -306,7 +307,7 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
         self._absent = False
         self._gpu = GpuTelemetry.create()
-        self._prefix = PrefixCounters()
+        self._prefix = PrefixCounters()  # loadgen/counters.py: resets and lies
 
     async def _read(self) -> tuple[Snapshot | None, str | None]:
         """One scrape, fetched and parsed off the event loop (a thread: the measured
@@ -411,46 +412,6 @@ class Scraper:
         if self._gpu is not None:
             st.gpu = self._gpu.summary()
         return st
-
-
-class PrefixCounters:
-    """The prefix-cache counters' increase over a level, scrape by scrape. A counter that
-    falls between two scrapes is a restarted server: it starts a new segment, whose
-    increase counts from 0 (Prometheus's `increase()` reads a reset the same way), and the
-    level records how many segments it had. Hits above queries are refused, by name: no
-    cache serves more tokens than it was asked for."""
-
-    def __init__(self) -> None:
-        self.prev: tuple[float, float] | None = None
-        self.hits = self.queries = 0.0
-        self.segments = 0
-
-    def add(self, hits: float | None, queries: float | None) -> None:
-        if hits is None or queries is None:
-            return  # not exposed in this scrape (or not a count: snapshot's _nonneg)
-        if self.prev is None:
-            self.segments = 1
-        elif hits < self.prev[0] or queries < self.prev[1]:
-            self.segments += 1  # a restart: the new counts are this segment's increase
-            self.hits += hits
-            self.queries += queries
-        else:
-            self.hits += hits - self.prev[0]
-            self.queries += queries - self.prev[1]
-        self.prev = (hits, queries)
-
-    def into(self, st: LevelServerStats) -> None:
-        if not self.segments:
-            return
-        st.prefix_cache_segments = self.segments
-        hits, queries = round(self.hits), round(self.queries)
-        if hits > queries:
-            st.prefix_cache_refused = (f"prefix_cache_hits rose by {hits:,}, above "
-                                       f"prefix_cache_queries' {queries:,}: not kept")
-            return
-        st.prefix_cache_hit_tokens, st.prefix_cache_query_tokens = hits, queries
-        if queries > 0:
-            st.prefix_cache_hit_rate = hits / queries
 
 
 def spec_counters(st: LevelServerStats, first: Snapshot, last: Snapshot) -> None:
