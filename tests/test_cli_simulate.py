@@ -75,6 +75,8 @@ def test_one_token_outputs_print_the_capacity_line(
     assert main(["simulate", "--max-num-seqs", "8", *load]) == 0
     out = capsys.readouterr().out
     assert "capacity at max_num_seqs 8" in out and "TPOT p50/p99 n/a" in out
+    # No request is ever running after its prompt's step: not "the KV pool holds 0".
+    assert "holds 0" not in out and "prompt steps only" in out
 
 
 @pytest.mark.parametrize("command", ["simulate", "search"])

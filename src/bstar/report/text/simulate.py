@@ -84,7 +84,9 @@ def print_simulation_tail(c: Console, study: Study) -> None:
     for r, cap in zip(rows, caps, strict=False):
         if cap is None:
             continue
-        bound = (f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
+        bound = ("prompt steps only: every request ends in its prompt's step"
+                 if not cap["running_max"] else
+                 f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
                  else f"a full batch of {cap['running_max']}")
         line = (f"  capacity at max_num_seqs {r.max_num_seqs}: sustains up to "
                 f"{cap['capacity_req_s']:.2f} req/s ({cap['capacity_tok_s']:,.0f} out tok/s, "
