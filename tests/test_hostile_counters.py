@@ -68,6 +68,15 @@ def test_hits_above_queries_are_refused_by_name() -> None:
     assert "prefix_cache_hits" in st["prefix_cache_refused"]
 
 
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-5", "1e300"])
+def test_a_counter_that_is_no_count_is_refused_by_name(value: str) -> None:
+    # Left out of the level's counts (the increase runs between the scrapes that were
+    # counts), and the level says which counter and what it held.
+    st = scraped([(10, 100), (value, 200), (60, 300)])  # type: ignore[list-item]
+    assert "vllm:prefix_cache_hits_total" in st["prefix_cache_refused"]
+    assert (st["prefix_cache_hit_tokens"], st["prefix_cache_query_tokens"]) == (50, 200)
+
+
 def lying_run(db: Path, server: dict[str, Any]) -> str:
     """One level of 20 completed 100-token prompts whose server counters are `server`."""
     with Store(db) as s:
