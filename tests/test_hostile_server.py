@@ -161,6 +161,36 @@ def test_hostile_metrics_never_break_a_level(name: str, tmp_path: Path,
     assert srv["num_gpu_blocks"] is None and srv["block_size"] is None
 
 
+@pytest.mark.slow  # about 2 s: a level against the scripted server, printed as text
+def test_a_restarted_servers_counters_start_a_new_segment(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 40, item 1: counters that fell between two scrapes (a restarted server) were
+    # stored as their difference: a hit rate of -5000%. Now the fall starts a segment that
+    # counts from 0, the level records it and the text says so.
+    served = [0]
+
+    def completions(h: Handler, body: dict[str, Any], n: int) -> None:
+        served[0] += 1
+        h.send_events(token_events(int(body.get("max_tokens") or 4)))
+
+    def route(h: Handler, _b: dict[str, Any], n: int) -> None:
+        # Before the level's first answer, high counts; after it, a server counting anew.
+        hits, queries = (1000, 2000) if served[0] == 0 else (100 + n, 400 + 2 * n)
+        h.send_raw(f"vllm:prefix_cache_hits_total {hits}\n"
+                   f"vllm:prefix_cache_queries_total {queries}\n".encode())
+
+    with HostileServer({"/metrics": route, "/v1/completions": completions}) as s:
+        argv = [a for a in sweep(s.url, tmp_path / "r.db") if a != "--json"]
+        rc, out, err = run(argv, capsys)
+    assert rc == 0, err[-800:]
+    assert "prefix-cache counters fell 1 time(s)" in out and "2 segments" in out, out
+    with sqlite3.connect(tmp_path / "r.db") as con:
+        srv = json.loads(con.execute("SELECT server FROM levels").fetchone()[0])
+    assert srv["prefix_cache_segments"] == 2
+    assert 0 <= srv["prefix_cache_hit_tokens"] <= srv["prefix_cache_query_tokens"]
+    assert 0 <= srv["prefix_cache_hit_rate"] <= 1
+
+
 def test_a_huge_metrics_is_not_parsed_on_the_measuring_loop(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The defect: a 20 MB /metrics was read and parsed on the loop that stamps the streams
