@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,42 @@ def test_trace_runs_whole_by_default(tmp_path: object, capsys: pytest.CaptureFix
     assert out["requests"] == 1200  # not cut to the 1000 of generated traffic
     assert main(["simulate", "--trace", str(trace), "--num-requests", "10", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == 10
+
+
+@pytest.mark.parametrize("how", ["flag", "trace"])
+def test_one_token_outputs_print_the_capacity_line(
+        how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40, item 2: every output one token has no TPOT; the capacity line said so with
+    a TypeError after the whole simulation had run."""
+    if how == "flag":
+        load = ["--rate", "5", "--output-len", "1", "--num-requests", "12"]
+    else:
+        trace = tmp_path / "t.csv"
+        trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                         + "".join(f"{i / 10},{100 + i},1\n" for i in range(12)))
+        load = ["--trace", str(trace)]
+    assert main(["simulate", "--max-num-seqs", "8", *load]) == 0
+    out = capsys.readouterr().out
+    assert "capacity at max_num_seqs 8" in out and "TPOT p50/p99 n/a" in out
+    # No request is ever running after its prompt's step: not "the KV pool holds 0".
+    assert "holds 0" not in out and "prompt steps only" in out
+
+
+@pytest.mark.parametrize("command", ["simulate", "search"])
+@pytest.mark.parametrize("flags", [["--input-len", "2000"], ["--output-len", "512"],
+                                   ["--input-len", "512", "--output-len", "256"]])
+def test_length_flags_with_a_trace_are_refused_not_ignored(
+        command: str, flags: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: with --trace, --input-len and --output-len were silently ignored (the trace
+    says every request's lengths). Refused, naming the flags; even one given at its
+    default value is one the user believed in."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,5\n0.5,120,6\n1,90,7\n")
+    extra = ["--slo", "ttft:1000,tpot:50", "--db", str(tmp_path / "s.db")] \
+        if command == "search" else ["--max-num-seqs", "4"]
+    assert main([command, "--trace", str(trace), *flags, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bstar: error:") and "\n" not in err and "--trace" in err
+    for f in flags[::2]:
+        assert f in err

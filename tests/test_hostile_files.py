@@ -344,3 +344,91 @@ def test_validate_prints_file_names_as_data(tmp_path: Path,
     status, out, err = run(["validate", str(table)])
     assert status == 0, err[-800:]
     assert "\x1b" not in out and "\\x1b" in out
+
+
+# Issue 40, item 4: every profile field against one schema (deployment.FIELD_RANGES), the
+# error naming the file and the field. `inf` ran a simulation to its 86,400 s cap and blamed
+# the KV pool; `nan` named neither file nor field; 1e308 was simulated without a word.
+@pytest.mark.parametrize(("table", "field", "value"), [
+    ("behaviour", "request_overhead_s", "inf"), ("behaviour", "front_token_s", "inf"),
+    ("behaviour", "request_overhead_s", "nan"), ("behaviour", "front_token_s", "1e308"),
+    ("efficiency", "overhead_s", "1e308"), ("efficiency", "overhead_s", "nan"),
+    ("efficiency", "moe_layer_s", "1e308"), ("efficiency", "eager_layer_s", "inf"),
+    ("efficiency", "score_bytes", "nan"), ("efficiency", "graph_max_tokens", "1e308"),
+    ("efficiency", "moe_compute", "inf"), ("efficiency", "roof_sharpness", "nan"),
+    ("efficiency", "bandwidth", "'fast'"),
+])
+def test_profile_fields_are_finite_and_in_range(tmp_path: Path, table: str, field: str,
+                                                value: str) -> None:
+    prof = tmp_path / "p.toml"
+    prof.write_text(f"[efficiency]\nbandwidth = 0.8\n[{table}]\n{field} = {value}\n"
+                    .replace("bandwidth = 0.8\n[efficiency]\n", ""))
+    one_line_error(["simulate", "--profile", str(prof), "--rate", "1", "--num-requests", "5",
+                    "--max-num-seqs", "4"], str(prof), field)
+
+
+def test_profile_strings_never_drive_the_terminal(tmp_path: Path) -> None:
+    """Issue 40, item 5: `[profile] gpu` and `[workload] run` reached the terminal with their
+    escape sequences (a window title, a clipboard write)."""
+    prof = tmp_path / "p.toml"
+    prof.write_text('[profile]\ngpu = "\\u001b]0;PWNED\\u0007h100"\n[efficiency]\n'
+                    'bandwidth = 0.5\n[workload]\nrun = "\\u001b]52;c;aGk=\\u0007r"\n'
+                    "prompt_tokens = [100, 200]\noutput_tokens = [10, 20]\n")
+    status, out, err = run(["simulate", "--profile", str(prof), "--rate", "2",
+                            "--num-requests", "6", "--max-num-seqs", "4"])
+    assert status == 0, err[-800:]
+    for text in (out, err):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;PWNED" in err and "\\x1b]52;c;" in out  # shown, not obeyed
+
+
+# Issue 40, item 3: `--acceptance-rate from:FILE` read the file outside the bounded reader.
+# A badly shaped `levels` or a string counter gave AttributeError or TypeError, deep nesting
+# RecursionError, and NaN or Infinity counters an acceptance rate of 4e-19.
+_SRV = '{"spec_num_accepted_tokens": %s, "spec_tokens_per_step": %s}'
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"levels": {"a": 1}}', ["levels must be a list"]),
+    ('{"levels": [1, 2]}', ["levels[0] must be an object"]),
+    ('[1, 2]', ["levels must be a list"]),
+    ('{"levels": [{"server": "x"}]}', ["levels[0].server must be an object"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ('"552"', "1.9")),
+     ["levels[0].server.spec_num_accepted_tokens"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("NaN", "1.9")),
+     ["levels[0].server.spec_num_accepted_tokens"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("552", "Infinity")),
+     ["levels[0].server.spec_tokens_per_step"]),
+    ('{"levels": [{"server": %s}]}' % (_SRV % ("552", "-Infinity")),
+     ["levels[0].server.spec_tokens_per_step"]),
+    ("[" * 100_000 + "]" * 100_000, ["nested more than"]),
+], ids=["levels-object", "level-int", "top-list", "server-str", "string-counter", "nan",
+        "infinity", "minus-infinity", "100k-deep"])
+def test_acceptance_rate_from_a_hostile_file(tmp_path: Path, text: str,
+                                             words: list[str]) -> None:
+    f = tmp_path / "sweep.json"
+    f.write_text(text)
+    one_line_error(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
+                    f"from:{f}"], str(f), *words)
+
+
+def test_acceptance_rate_from_a_folder_or_fifo(tmp_path: Path) -> None:
+    one_line_error(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
+                    f"from:{tmp_path}"], str(tmp_path), "folder")
+
+
+@pytest.mark.parametrize(("argv", "name", "text"), [
+    (["fit"], "points.csv", "batch,tpot_ms,tpot_ms\n1,10,99\n2,11,99\n4,12,99\n8,14,99\n"),
+    (["calibrate", "--context", "1024"], "points.csv",
+     "batch,tpot_ms,batch\n1,10,64\n2,11,64\n4,12,64\n8,14,64\n"),
+    (["calibrate"], "steps.csv", "batch,context_tokens,step_ms,chunk_tokens,step_ms\n"
+     "1,1024,10,0,99\n"),
+])
+def test_a_csv_column_named_twice_is_refused(tmp_path: Path, argv: list[str], name: str,
+                                             text: str) -> None:
+    """Issue 40: duplicate CSV columns silently kept the last one (the reader of CSV headers,
+    fit.points.read_table, refuses them for every table it reads)."""
+    f = tmp_path / name
+    f.write_text(text)
+    twice = text.split("\n", 1)[0].rsplit(",", 1)[1]
+    one_line_error([argv[0], str(f), *argv[1:]], str(f), f"column '{twice}' is named twice")

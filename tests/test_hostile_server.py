@@ -67,6 +67,44 @@ def test_a_bad_token_count_is_that_requests_error(bad: Any, tmp_path: Path,
     assert lv["throughput_tok_s"] > 0
 
 
+def _no_tokenizer(h: Handler, body: dict[str, Any], n: int) -> None:
+    h.send_json(404, {})
+
+
+def _usage_prompt(bad: Any) -> Any:
+    """/v1/completions whose non-streamed answers (the prompt counter's) say `bad` as
+    usage.prompt_tokens; streamed ones are true."""
+    def route(h: Handler, body: dict[str, Any], n: int) -> None:
+        if body.get("stream"):
+            h.send_events(token_events(int(body.get("max_tokens") or 4)))
+        else:
+            h.send_json(200, {"choices": [{"text": "a"}],
+                              "usage": {"prompt_tokens": bad, "completion_tokens": 1}})
+    return route
+
+
+@pytest.mark.parametrize("where", ["tokenize", "usage"])
+@pytest.mark.parametrize("bad", [10**30, "x"], ids=["1e30", "x"])
+def test_a_bad_prompt_count_is_not_a_traceback(where: str, bad: Any, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 40 (round 2's leftover): the prompt counter trusted /tokenize's count and
+    # usage.prompt_tokens: 10**30 raised "Python int too large to convert to SQLite
+    # INTEGER", "x" a ValueError. A count that is not one is not trusted: /tokenize's falls
+    # back to usage, usage's to the estimate, and the run says how prompts were counted.
+    routes = ({"/tokenize": lambda h, body, n: h.send_json(200, {"count": bad})}
+              if where == "tokenize" else
+              {"/tokenize": _no_tokenizer, "/v1/completions": _usage_prompt(bad)})
+    with HostileServer(routes) as s:
+        rc, out, err = run(sweep(s.url, tmp_path / "r.db"), capsys)
+    assert rc == 0 and "Traceback" not in err, err[-800:]
+    lv = json.loads(out)["levels"][0]
+    assert lv["requests"] == NUM and lv["errors"] == 0
+    with sqlite3.connect(tmp_path / "r.db") as con:
+        stats = json.loads(con.execute("SELECT stats FROM levels").fetchone()[0])
+    # (The fake's default /v1/completions streams only: its usage cannot count either.)
+    assert stats["prompt_token_count_method"] == "estimate"
+
+
 def test_an_endless_stream_is_cut_at_its_cap(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     # The defect: a stream that never ends for max_tokens=4 kept ~1M ITL samples until the
@@ -121,6 +159,36 @@ def test_hostile_metrics_never_break_a_level(name: str, tmp_path: Path,
         v = srv[key]
         assert v is None or (0 <= v < 2**53), (key, v)
     assert srv["num_gpu_blocks"] is None and srv["block_size"] is None
+
+
+@pytest.mark.slow  # about 2 s: a level against the scripted server, printed as text
+def test_a_restarted_servers_counters_start_a_new_segment(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 40, item 1: counters that fell between two scrapes (a restarted server) were
+    # stored as their difference: a hit rate of -5000%. Now the fall starts a segment that
+    # counts from 0, the level records it and the text says so.
+    served = [0]
+
+    def completions(h: Handler, body: dict[str, Any], n: int) -> None:
+        served[0] += 1
+        h.send_events(token_events(int(body.get("max_tokens") or 4)))
+
+    def route(h: Handler, _b: dict[str, Any], n: int) -> None:
+        # Before the level's first answer, high counts; after it, a server counting anew.
+        hits, queries = (1000, 2000) if served[0] == 0 else (100 + n, 400 + 2 * n)
+        h.send_raw(f"vllm:prefix_cache_hits_total {hits}\n"
+                   f"vllm:prefix_cache_queries_total {queries}\n".encode())
+
+    with HostileServer({"/metrics": route, "/v1/completions": completions}) as s:
+        argv = [a for a in sweep(s.url, tmp_path / "r.db") if a != "--json"]
+        rc, out, err = run(argv, capsys)
+    assert rc == 0, err[-800:]
+    assert "prefix-cache counters fell 1 time(s)" in out and "2 segments" in out, out
+    with sqlite3.connect(tmp_path / "r.db") as con:
+        srv = json.loads(con.execute("SELECT server FROM levels").fetchone()[0])
+    assert srv["prefix_cache_segments"] == 2
+    assert 0 <= srv["prefix_cache_hit_tokens"] <= srv["prefix_cache_query_tokens"]
+    assert 0 <= srv["prefix_cache_hit_rate"] <= 1
 
 
 def test_a_huge_metrics_is_not_parsed_on_the_measuring_loop(

@@ -113,3 +113,23 @@ def test_the_mooncake_sample_simulates_with_its_own_hits(
     assert 0 < on["prefix_cache_hit_rate"] < 1
     assert np.isclose(on["prefix_cache_hit_rate"],
                       on["prefix_cache_hit_tokens"] / on["prefix_cache_query_tokens"])
+
+
+@pytest.mark.parametrize("offset", ["+99:99", "-15:00", "+05:60", "+9999"])
+def test_an_azure_offset_that_is_no_utc_offset_is_refused(offset: str) -> None:
+    """Issue 40: `+99:99` was read as 100 h 39 min east of UTC."""
+    with pytest.raises(BstarError, match="not a UTC offset"):
+        parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    f"2023-11-16 18:15:46.6805900{offset},374,44\n")
+    ok = parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46+14:00,374,44\n2023-11-16 18:15:47-12:00,10,5\n")
+    assert ok.arrival_s[1] == pytest.approx(26 * 3600 + 1)
+
+
+@pytest.mark.parametrize("header", ["arrival_s,prompt_tokens,output_tokens,prompt_tokens",
+                                    "TIMESTAMP,ContextTokens,GeneratedTokens,GeneratedTokens"])
+def test_a_trace_column_named_twice_is_refused(header: str) -> None:
+    """Issue 40: duplicate CSV columns silently kept the last one."""
+    twice = header.rsplit(",", 1)[1]
+    with pytest.raises(BstarError, match=f"'{twice}' twice"):
+        parse_trace(f"{header}\n0,10,5,900\n")

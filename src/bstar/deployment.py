@@ -16,6 +16,7 @@ docs/cost-model.md ("Efficiency's fields").
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -42,8 +43,49 @@ def weight_stream_fraction(weight_bits: int, bandwidth: float, fp8_weight_stream
     return bandwidth
 
 
-# The largest fixed time term (per step, layer, sequence or request) an efficiency may carry.
+# The largest fixed time term (per step, layer, sequence, request or prompt token) an
+# efficiency or a behaviour may carry: an engine's are milliseconds. A larger value
+# (--overhead-ms 1e308, a profile's request_overhead_s = inf) would price every step or
+# request at ~forever and still recommend a batch, or run a simulation to its time cap.
 MAX_STEP_TERM_S = 10.0
+_EFF = (0.0, 1.0, True)  # a fraction of a datasheet rate: (0, 1]
+_TERM = (0.0, MAX_STEP_TERM_S, False)  # seconds: [0, 10]
+
+# The one schema of Efficiency's and EngineBehaviour's fields: (lowest, highest, lowest
+# excluded). Every value is a real number in its range; only roof_sharpness may be inf (a
+# hard max, IDEAL's). Both records check themselves by it, so a flag, an engine profile and
+# a calibration profile are held to the same ranges, and the profile reader adds its file.
+FIELD_RANGES: dict[str, tuple[float, float, bool]] = {
+    "bandwidth": _EFF, "compute": _EFF, "kv_bandwidth": _EFF, "attention_compute": _EFF,
+    "fp8_weight_stream": _EFF, "int4_weight_stream": _EFF, "moe_compute": _EFF,
+    "overhead_s": _TERM, "overhead_per_seq_s": _TERM, "allreduce_latency_s": _TERM,
+    "layer_s": _TERM, "decode_layer_s": _TERM, "chunk_layer_s": _TERM,
+    "prompt_token_s": _TERM, "moe_layer_s": _TERM, "eager_layer_s": _TERM,
+    "request_overhead_s": _TERM, "front_token_s": _TERM,
+    "score_bytes": (0.0, 1024.0, False),  # bytes per attention score (2-4 in practice)
+    "graph_max_tokens": (0.0, 1e9, False),  # tokens
+    "roof_sharpness": (1.0, math.inf, False),
+    "scheduling_lag_steps": (0, 1, False),
+}
+
+
+def check_fields(record: Any) -> None:
+    """`record`'s fields against FIELD_RANGES: one line naming the field and its range."""
+    for f in fields(record):
+        rng = FIELD_RANGES.get(f.name)
+        if rng is None:
+            continue
+        v, (lo, hi, open_lo) = getattr(record, f.name), rng
+        ok = (not isinstance(v, bool) and isinstance(v, numbers.Real)
+              and (math.isfinite(v) or (f.name == "roof_sharpness" and v == math.inf))
+              and (lo < v if open_lo else lo <= v) and v <= hi)
+        if f.name == "scheduling_lag_steps":
+            ok = ok and v in (0, 1)
+        if not ok:
+            span = ("0 or 1" if f.name == "scheduling_lag_steps" else
+                    f"a number in {'(' if open_lo else '['}{lo:g}, {hi:g}]")
+            what = f"{f.name} efficiency" if rng is _EFF else f.name
+            raise BstarError(f"{what} must be {span}, got {v!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,23 +123,7 @@ class Efficiency:
     prompt_token_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for k in ("bandwidth", "compute", "kv_bandwidth", "attention_compute",
-                  "fp8_weight_stream", "int4_weight_stream"):
-            v = getattr(self, k)
-            if not 0 < v <= 1:
-                raise BstarError(f"{k} efficiency must be in (0, 1], got {v}")
-        for k in ("overhead_s", "overhead_per_seq_s", "allreduce_latency_s", "layer_s",
-                  "decode_layer_s", "chunk_layer_s", "score_bytes", "prompt_token_s"):
-            if getattr(self, k) < 0:
-                raise BstarError(f"{k} must not be negative")
-            # Seconds of one step (or one request): an engine's are milliseconds. A larger
-            # value (--overhead-ms 1e308) would price every step at ~forever and still
-            # recommend a batch.
-            if k.endswith("_s") and not getattr(self, k) <= MAX_STEP_TERM_S:
-                raise BstarError(f"{k} must be at most {MAX_STEP_TERM_S:g} s, got "
-                                 f"{getattr(self, k)!r}")
-        if not self.roof_sharpness >= 1:
-            raise BstarError(f"roof_sharpness must be at least 1, got {self.roof_sharpness}")
+        check_fields(self)
 
     def weight_stream(self, weight: Precision) -> float:
         """Weight-streaming efficiency for weights of this precision (bstar.step)."""
@@ -141,13 +167,7 @@ class EngineBehaviour:
     scheduling_lag_steps: int = field(default=0, metadata={"structure": True})
 
     def __post_init__(self) -> None:
-        if self.scheduling_lag_steps not in (0, 1):
-            raise BstarError("scheduling_lag_steps must be 0 or 1, got "
-                             f"{self.scheduling_lag_steps}")
-        if self.request_overhead_s < 0:
-            raise BstarError("request_overhead_s must not be negative")
-        if not self.front_token_s >= 0:
-            raise BstarError("front_token_s must not be negative")
+        check_fields(self)
 
 
 # Every field name of the two records (one source: dataclasses.fields).

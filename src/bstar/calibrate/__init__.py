@@ -52,7 +52,7 @@ from bstar.calibrate.params import (
     ROBUST_SCALE,
     scaled,
 )
-from bstar.calibrate.profiles import Profile, load_profile, profile_toml
+from bstar.calibrate.profiles import Profile, load_profile, profile_from_text, profile_toml
 from bstar.calibrate.results import (
     Calibration,
     ParamFit,
@@ -75,6 +75,7 @@ __all__ = [
     "DEFAULT_FIT", "MAX_EFF_MEASURED", "MIXED_FIT", "PARAMS", "ROBUST_SCALE", "Calibration",
     "EfficiencyFit", "ParamFit", "Point", "PointFit", "Profile", "VllmKvLog", "calibrate",
     "check", "fit_efficiency", "fit_steps", "kv_pool_from_log", "load_profile",
-    "median_abs_error", "parse_vllm_log", "points_from_fit", "predict_step_s", "profile_toml",
+    "median_abs_error", "parse_vllm_log", "points_from_fit", "predict_step_s",
+    "profile_from_text", "profile_toml",
     "repeat_spread", "reserve_from_kv_pool", "scaled", "steps_from_sweep",
 ]

@@ -138,20 +138,37 @@ def _table_values(p: Path, data: dict[str, Any]) -> dict[str, Any]:
             values[k] = x
             continue
         if isinstance(x, bool) or not isinstance(x, int | float):
-            raise BstarError(f"{p}: efficiency values must be numbers")
+            raise BstarError(f"{p}: {k} must be a number, got {str(x)[:40]!r}")
         values[k] = float(x) if want is float else x
     e, b = split_values(values)
     try:  # the records check their own values
         replace(Efficiency(), **e)
         replace(EngineBehaviour(), **b)
-    except BstarError as err:
+    except BstarError as err:  # the one schema: deployment.FIELD_RANGES
         raise BstarError(f"{p}: {err}") from None
     return values
 
 
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
-    data = safeio.load_toml(p, what="profile (TOML)")
+    return profile_from_data(p, safeio.load_toml(p, what="profile (TOML)"))
+
+
+def profile_from_text(path: str | Path, text: str) -> Profile:
+    """What `load_profile` would read from a file holding `text` (`calibrate -o` checks the
+    profile it is about to write with this: what bstar writes, bstar reads back)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BstarError(f"{path}: not TOML ({e})") from None
+    return profile_from_data(Path(path), data)
+
+
+def profile_from_data(p: Path, data: dict[str, Any]) -> Profile:
+    """A parsed profile, checked: every value against the records' one schema
+    (deployment.FIELD_RANGES), errors naming the file and the field."""
     values = _table_values(p, data)
     prof, mem, sc = (data.get(k, {}) for k in ("profile", "memory", "gpu_scale"))
     for name, tab in (("profile", prof), ("memory", mem), ("gpu_scale", sc)):
@@ -169,6 +186,9 @@ def load_profile(path: str | Path) -> Profile:
         raise BstarError(f"{p}: gpu_scale values must be numbers") from None
     if not (1.0 <= bs <= MAX_EFF_MEASURED and 1.0 <= cs <= MAX_EFF_MEASURED):
         raise BstarError(f"{p}: gpu_scale must be in [1, {MAX_EFF_MEASURED:g}]")
+    for k in ("gpu", "engine", "engine_version"):
+        if not isinstance(prof.get(k, ""), str):
+            raise BstarError(f"{p}: profile.{k} must be a string")
     return Profile(tuple(values.items()), str(prof.get("gpu", "")), str(prof.get("engine", "")),
                    str(prof.get("engine_version", "")),
                    int(reserve) if isinstance(reserve, int | float) else None, str(p), bs, cs)

@@ -84,9 +84,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.output is not None:
         from bstar.loadgen.measured import workload_toml
 
+        text = cal.profile_toml(c) + ("" if workload is None else workload_toml(workload))
+        _loads_back(args.output, text)
         try:
-            args.output.write_text(cal.profile_toml(c) + (
-                "" if workload is None else workload_toml(workload)))
+            args.output.write_text(text)
         except OSError as e:
             raise BstarError(f"{args.output}: cannot write ({e.strerror})") from None
     if warnings:
@@ -111,14 +112,32 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def _workload(db: str | None, run_id: str) -> Any:
     """The traffic the sweep measured (`bstar.loadgen.measured`), for the profile's
-    [workload] table; None when its requests carry no token counts."""
-    from bstar.errors import BstarError
-    from bstar.loadgen.measured import measured_traffic
+    [workload] table; None when its requests carry no token counts. Counters that lie
+    (hits above queries, a negative count) are refused, by name."""
+    from bstar.loadgen.measured import NoTraffic, measured_traffic
 
     try:
         return measured_traffic(db, run_id)
-    except BstarError:
+    except NoTraffic:
         return None
+
+
+def _loads_back(path: Path, text: str) -> None:
+    """The profile about to be written, read by the readers `--profile` uses (the
+    calibration's and the [workload]'s): a profile bstar writes is one bstar reads, or
+    nothing is written."""
+    import tomllib
+
+    from bstar import calibrate as cal
+    from bstar.errors import BstarError
+    from bstar.loadgen.measured import traffic_from_data
+
+    try:
+        cal.profile_from_text(path, text)
+        traffic_from_data(path, tomllib.loads(text))
+    except BstarError as e:
+        raise BstarError(f"not written: the profile would not load with --profile ({e})") \
+            from None
 
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:

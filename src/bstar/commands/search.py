@@ -19,6 +19,7 @@ from bstar.commands.common import (
     seed_int,
     step_ms,
     str_list,
+    warn,
 )
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
@@ -83,10 +84,10 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="lengths and arrival pattern from a trace (CSV arrival_s,"
                         "prompt_tokens,output_tokens or JSON lines), rescaled per rate")
-    t.add_argument("--input-len", default="512",
+    t.add_argument("--input-len", default=None,
                    help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
                         "or empirical:N1,... (default 512)")
-    t.add_argument("--output-len", default="256", help="output tokens, same forms (default 256)")
+    t.add_argument("--output-len", default=None, help="output tokens, same forms (default 256)")
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
@@ -177,9 +178,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    from bstar.commands.simulate import profile_traffic, prompt_shape
+    from bstar.commands.simulate import lengths_from_args, profile_traffic, prompt_shape
 
-    input_len, output_len, shape = args.input_len, args.output_len, prompt_shape(args)
+    (input_len, output_len), shape = lengths_from_args(args), prompt_shape(args)
     measured = profile_traffic(args, _first_profile(args.profile))
     if args.from_run:
         from bstar.loadgen.measured import measured_traffic
@@ -189,7 +190,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         caching = not args.no_prefix_caching
         input_len, output_len = measured.lengths(shared=caching and shape is None)
         shape = shape or (measured.prompt_shape() if caching else None)
-        print(f"traffic from {measured.describe()}", file=sys.stderr)
+        from bstar.report.text._common import clean_text
+
+        print(f"traffic from {clean_text(measured.describe(), 1000)}", file=sys.stderr)
     traffic = Traffic(demand, parse_lengths(input_len, "--input-len"),
                       parse_lengths(output_len, "--output-len"),
                       num_requests, args.seed, trace, args.draws,
@@ -279,7 +282,7 @@ def run_search(args: argparse.Namespace) -> int:
     result = search_from_args(args, quiet=args.json or not sys.stderr.isatty())
     obj = result.to_dict()
     for w in result.warnings:
-        print(f"bstar: warning: {w}", file=sys.stderr)
+        warn(w)
 
     def plot(path: str) -> Path:
         from bstar.report import save_search_plot

@@ -227,7 +227,21 @@ def read_table(text: str, source: str) -> Table | None:
     if not numbered:
         return None
     header = [h.strip() for h in _cells(numbered[0][1], source, numbered[0][0])]
+    twice = duplicate(header)
+    if twice is not None:  # a row's dict would silently keep the last one's cell
+        raise BstarError(f"{source}: line {numbered[0][0]}: column {twice!r} is named twice")
     return Table(source, header, numbered[0][0], numbered[1:])
+
+
+def duplicate(header: Sequence[str]) -> str | None:
+    """The first column a CSV header names twice, or None (every reader of headers
+    refuses one: a row as a dict keeps only the last cell)."""
+    seen: set[str] = set()
+    for h in header:
+        if h in seen and h:
+            return h
+        seen.add(h)
+    return None
 
 
 def read_columns(text: str, where: str, required: Sequence[str],
@@ -280,8 +294,6 @@ def _points_from_csv(text: str, source: str, repeats: bool = False) -> Points:
         if h not in COLUMNS:
             raise BstarError(f"{source}: line {header_line}: unknown column {h!r} (expected "
                              f"batch, throughput_tok_s, tpot_ms){closest(h, COLUMNS)}")
-    if len(set(header)) != len(header):
-        raise BstarError(f"{source}: line {header_line}: a column is named twice")
     rows = table.rows()
     if "batch" not in header:
         raise BstarError(f"{source}: line {header_line}: no 'batch' column")
@@ -363,9 +375,14 @@ def steps_from_rows(rows: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
                 raise BstarError(f"{w}: no {key}")
             return default
         try:
-            return float(str(raw))
+            x = float(str(raw))
         except ValueError:
-            raise BstarError(f"{w}: {key} {raw!r} is not a number") from None
+            x = math.nan
+        if not math.isfinite(x):
+            # A 5,000-digit integer reads as inf and int(inf) raised OverflowError; nan
+            # raised ValueError.
+            raise BstarError(f"{w}: {key} {str(raw)[:40]!r} is not a finite number")
+        return x
 
     out = []
     for row, w in zip(rows, labels, strict=True):

@@ -17,6 +17,7 @@ workload of their own (docs/calibrate.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ from typing import Any
 import numpy as np
 
 from bstar.errors import BstarError
+
+
+class NoTraffic(BstarError):
+    """A stored run whose requests carry no token counts (nothing to simulate from)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,26 +95,36 @@ def measured_traffic(db: str | Path | None, run_id: str) -> MeasuredTraffic:
             run = store.get_run(run_id)
             if run is None:
                 raise BstarError(f"no run {run_id!r} in {store.path}")
-            prompts: list[int] = []
-            outputs: list[int] = []
+            prompts: list[Any] = []
+            outputs: list[Any] = []
             hits = queries = 0
             scraped = False
             for lv in store.levels(run["id"]):
                 srv = lv.server or {}
                 if srv.get("prefix_cache_query_tokens") is not None:
+                    # Each level's counters checked where they enter, by the rule a
+                    # profile's [workload] is read with (_counters).
+                    h, q = _counters(f"run {run['id']} level {lv.idx}", {
+                        "prefix_cache_hit_tokens": srv.get("prefix_cache_hit_tokens") or 0,
+                        "prefix_cache_query_tokens": srv["prefix_cache_query_tokens"]})
                     scraped = True
-                    hits += int(srv.get("prefix_cache_hit_tokens") or 0)
-                    queries += int(srv["prefix_cache_query_tokens"])
+                    hits += h or 0
+                    queries += q or 0
                 for r in store.requests(lv.id):
                     if r.ok and not r.warmup and r.prompt_tokens and r.output_tokens:
-                        prompts.append(int(r.prompt_tokens))
-                        outputs.append(int(r.output_tokens))
+                        prompts.append(r.prompt_tokens)
+                        outputs.append(r.output_tokens)
         except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     if not prompts:
-        raise BstarError(f"run {run_id} has no completed request with token counts")
-    return MeasuredTraffic(run["id"], tuple(prompts), tuple(outputs),
-                           hits if scraped else None, queries if scraped else None)
+        raise NoTraffic(f"run {run_id} has no completed request with token counts")
+    tab: dict[str, Any] = {"run": run["id"], "prompt_tokens": prompts,
+                           "output_tokens": outputs}
+    if scraped:
+        tab |= {"prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queries}
+    # Read back by the reader a profile's [workload] goes through: what --from-run simulates
+    # is what `calibrate -o` would write and `--profile` accept.
+    return traffic_from_table(f"run {run['id']}", tab)
 
 
 MAX_PROFILE_LENGTHS = 2000  # lengths a profile's [workload] keeps per list
@@ -143,34 +158,60 @@ def workload_toml(m: MeasuredTraffic) -> str:
     return "\n".join(ln for ln in lines if ln) + "\n"
 
 
-def _lengths(path: Any, tab: dict[str, Any], key: str) -> tuple[int, ...]:
+def _lengths(where: str, tab: dict[str, Any], key: str) -> tuple[int, ...]:
     x = tab.get(key)
     if not isinstance(x, list) or not x or not all(
             isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000_000
             for v in x):
-        raise BstarError(f"{path}: workload.{key} must be a list of token counts in "
+        raise BstarError(f"{where}: workload.{key} must be a list of token counts in "
                          "1..10,000,000")
     return tuple(x)
+
+
+def _counters(where: str, tab: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The prefix-cache counters of a [workload] table or a stored level, checked: each a
+    finite count (a negative one is a counter that fell, a restarted server the sweep did not
+    see), both or neither, and hits at most queries. Errors name the counter."""
+    counts: list[int | None] = []
+    for k in ("prefix_cache_hit_tokens", "prefix_cache_query_tokens"):
+        v = tab.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v < 0 or v != int(v)
+                              or v >= 2**53):
+            raise BstarError(f"{where}: {k} is {repr(v)[:40]}, not a count of "
+                             "tokens (a counter that fell, or not a finite number)")
+        counts.append(None if v is None else int(v))
+    hits, queries = counts
+    if (hits is None) != (queries is None):
+        missing = "prefix_cache_hit_tokens" if hits is None else "prefix_cache_query_tokens"
+        raise BstarError(f"{where}: {missing} is missing (the prefix-cache counters come "
+                         "as a pair)")
+    if hits is not None and queries is not None and hits > queries:
+        raise BstarError(f"{where}: prefix_cache_hit_tokens ({hits:,}) above "
+                         f"prefix_cache_query_tokens ({queries:,}): not a hit rate")
+    return hits, queries
+
+
+def traffic_from_table(where: str, tab: dict[str, Any]) -> MeasuredTraffic:
+    """A [workload] table (a profile's, or a stored run's traffic put in that shape) as
+    MeasuredTraffic: the one reader both go through."""
+    hits, queries = _counters(where, tab)
+    return MeasuredTraffic(str(tab.get("run", "")), _lengths(where, tab, "prompt_tokens"),
+                           _lengths(where, tab, "output_tokens"), hits, queries)
 
 
 def traffic_from_profile(path: str | Path) -> MeasuredTraffic | None:
     """The [workload] table of a calibration profile, or None when it has none."""
     from bstar import safeio
 
-    data = safeio.load_toml(Path(path), what="profile (TOML)")
+    return traffic_from_data(path, safeio.load_toml(Path(path), what="profile (TOML)"))
+
+
+def traffic_from_data(path: str | Path, data: dict[str, Any]) -> MeasuredTraffic | None:
+    """A parsed profile's [workload] (`traffic_from_profile` without the read)."""
     tab = data.get("workload")
     if tab is None:
         return None
     if not isinstance(tab, dict):
         raise BstarError(f"{path}: [workload] must be a table")
-    counts = []
-    for k in ("prefix_cache_hit_tokens", "prefix_cache_query_tokens"):
-        v = tab.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise BstarError(f"{path}: workload.{k} must be a non-negative integer")
-        counts.append(v)
-    hits, queries = counts
-    if (hits is None) != (queries is None) or (hits is not None and hits > queries):
-        raise BstarError(f"{path}: workload needs both prefix-cache counters, hits <= queries")
-    return MeasuredTraffic(str(tab.get("run", "")), _lengths(path, tab, "prompt_tokens"),
-                           _lengths(path, tab, "output_tokens"), hits, queries)
+    return traffic_from_table(str(path), tab)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bstar.loadgen.counters import PrefixCounters
 from bstar.redact import clip
 
 _SAMPLE = re.compile(
@@ -67,11 +68,13 @@ class Sample:
     value: float
 
 
-def parse_prometheus(text: str, names: frozenset[str] | None = None) -> list[Sample]:
-    """Samples of a Prometheus text exposition; comments, bad lines and values that are
-    not finite numbers (NaN, +Inf) are skipped. `names`: only those samples (a line's name
-    is checked before its labels and value are parsed: most of vLLM's lines are histogram
-    buckets bstar does not read)."""
+def parse_prometheus(text: str, names: frozenset[str] | None = None,
+                     finite_only: bool = True) -> list[Sample]:
+    """Samples of a Prometheus text exposition; comments, bad lines and (`finite_only`)
+    values that are not finite numbers (NaN, +Inf) are skipped. `names`: only those samples
+    (a line's name is checked before its labels and value are parsed: most of vLLM's lines
+    are histogram buckets bstar does not read). The sweep's scrapes keep NaN and Inf so that
+    `snapshot` can say which counter held one (every figure goes through `_nonneg`)."""
     out: list[Sample] = []
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -91,7 +94,7 @@ def parse_prometheus(text: str, names: frozenset[str] | None = None) -> list[Sam
             value = float(m.group("value"))
         except ValueError:
             continue
-        if not math.isfinite(value):
+        if finite_only and not math.isfinite(value):
             continue
         labels = dict(_LABEL.findall(m.group("labels") or ""))
         out.append(Sample(m.group("name"), labels, value))
@@ -164,6 +167,9 @@ class Snapshot:
     spec_drafts_total: float | None = None
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
+    # Prefix-cache counters this scrape exposed that are not counts (NaN, Inf, negative,
+    # past 2**53), as "name = value": left out above, refused by name in the level.
+    refused: tuple[str, ...] = ()
 
 
 def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
@@ -182,7 +188,11 @@ def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
             block_size = _label_int(s.labels, "block_size") or None
             kv_mem = _label_int(s.labels, "kv_cache_memory_bytes")
             kv_tokens = _label_int(s.labels, "kv_cache_size_tokens")
-    fig = {k: _nonneg(_sum(samples, *names)) for k, names in _NAMES.items()}
+    raw = {k: _sum(samples, *names) for k, names in _NAMES.items()}
+    fig = {k: _nonneg(v) for k, v in raw.items()}
+    refused = tuple(f"{_NAMES[k][0]} = {raw[k]!r}" for k in
+                    ("prefix_cache_hits_total", "prefix_cache_queries_total")
+                    if raw[k] is not None and fig[k] is None)
     kv = fig["kv_cache_usage"]
     if kv is not None and kv > 1.0 + 1e-9:
         kv = kv / 100.0  # some versions export percent, not a fraction
@@ -217,12 +227,13 @@ def snapshot(samples: list[Sample], engine: str | None = None) -> Snapshot:
         spec_accepted_tokens_total=_nonneg(_sum(
             samples, "vllm:spec_decode_num_accepted_tokens_total",
             "vllm:spec_decode_num_accepted_tokens")),
+        refused=refused,
     )
 
 
 def read_snapshot(text: str) -> Snapshot:
     """One /metrics text to its snapshot, reading only the lines bstar uses."""
-    return snapshot(parse_prometheus(text, WANTED), detect_engine(text))
+    return snapshot(parse_prometheus(text, WANTED, finite_only=False), detect_engine(text))
 
 
 def kv_capacity_seqs(num_gpu_blocks: int | None, block_size: int | None,
@@ -252,6 +263,12 @@ class LevelServerStats:
     prefix_cache_hit_tokens: int | None = None
     prefix_cache_query_tokens: int | None = None
     prefix_cache_hit_rate: float | None = None
+    # Counter segments over the level: 1, or more when a counter fell between two scrapes (a
+    # restarted server counts from 0 again; each segment's increase is summed). None: not
+    # scraped. `prefix_cache_refused` says why the counters were not kept (hits above
+    # queries: a server that counts what it cannot mean).
+    prefix_cache_segments: int | None = None
+    prefix_cache_refused: str | None = None
     kv_cache_memory_bytes: int | None = None  # vLLM's configured KV bytes (CPU pools)
     kv_cache_size_tokens: int | None = None  # the pool in tokens, where exported
     slot_ctx_tokens: int | None = None  # llama.cpp /slots: context tokens of one slot
@@ -300,6 +317,7 @@ class Scraper:
         self._task: asyncio.Task[None] | None = None
         self._absent = False
         self._gpu = GpuTelemetry.create()
+        self._prefix = PrefixCounters()  # loadgen/counters.py: resets and lies
 
     async def _read(self) -> tuple[Snapshot | None, str | None]:
         """One scrape, fetched and parsed off the event loop (a thread: the measured
@@ -344,6 +362,10 @@ class Scraper:
         if self._first is None:
             self._first = snap
         self._last = snap
+        self._prefix.add(snap.prefix_cache_hits_total, snap.prefix_cache_queries_total)
+        if snap.refused:
+            st.prefix_cache_refused = clip(f"{', '.join(snap.refused)}: not a count, not "
+                                           "kept", 300)
         st.kv_cache_usage_max = _max(st.kv_cache_usage_max, snap.kv_cache_usage)
         st.running_max = _max(st.running_max, snap.running)
         st.waiting_max = _max(st.waiting_max, snap.waiting)
@@ -389,16 +411,7 @@ class Scraper:
             a, b = self._first.preemptions_total, self._last.preemptions_total
             if a is not None and b is not None and b >= a:
                 st.preemptions = round(b - a)
-            h0, h1 = self._first.prefix_cache_hits_total, self._last.prefix_cache_hits_total
-            q0, q1 = (self._first.prefix_cache_queries_total,
-                      self._last.prefix_cache_queries_total)
-            if h0 is not None and h1 is not None:
-                st.prefix_cache_hit_tokens = round(h1 - h0)
-            if q0 is not None and q1 is not None:
-                st.prefix_cache_query_tokens = round(q1 - q0)
-                if st.prefix_cache_query_tokens > 0 and st.prefix_cache_hit_tokens is not None:
-                    st.prefix_cache_hit_rate = (st.prefix_cache_hit_tokens
-                                                / st.prefix_cache_query_tokens)
+            self._prefix.into(st)
             s0, s1 = self._first.steps_total, self._last.steps_total
             k0, k1 = (self._first.generation_tokens_total,
                       self._last.generation_tokens_total)

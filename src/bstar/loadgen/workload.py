@@ -19,6 +19,7 @@ from typing import Any
 from bstar import safeio
 from bstar.errors import BstarError
 from bstar.loadgen.client import OpenAIClient, RequestSpec
+from bstar.loadgen.stream import MAX_TOKEN_COUNT, bad_count
 from bstar.redact import clip
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -118,8 +119,9 @@ class TokenCounter:
         status, body = await c.post_json("/tokenize", {"model": c.model, "prompt": text})
         # llama.cpp answers this shape too, with an empty token list (it reads `content`):
         # only vLLM's `count` is trusted here.
-        if status == 200 and isinstance(body, dict) and isinstance(body.get("count"), int):
-            return int(body["count"])
+        if status == 200 and isinstance(body, dict) and "count" in body \
+                and not bad_count(body["count"], MAX_TOKEN_COUNT):
+            return int(body["count"])  # else (10**30, "x", 2.5) not a count bstar trusts
         status, body = await c.post_json("/tokenize", {"content": text, "add_special": True})
         if status == 200 and isinstance(body, dict) and isinstance(body.get("tokens"), list):
             return len(body["tokens"])
@@ -139,7 +141,14 @@ class TokenCounter:
             raise BstarError(
                 f"cannot count prompt tokens: {path} answered HTTP {status} "
                 f"without usage ({clip(str(resp), 200)})")
-        return int(resp["usage"]["prompt_tokens"])
+        usage = resp["usage"]
+        n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if bad_count(n, MAX_TOKEN_COUNT):
+            # 10**30 could not be stored (SQLite's integers are 64-bit), "x" raised ValueError.
+            raise BstarError(f"cannot count prompt tokens: {path} answered usage.prompt_tokens "
+                             f"= {clip(repr(n), 80)}: not a token count (an integer "
+                             f"0..{MAX_TOKEN_COUNT})")
+        return int(n)
 
     async def setup(self, chat: bool) -> None:
         probe = "hello world"

@@ -71,6 +71,11 @@ def _json_lines(lines: list[str]) -> tuple[str, list[Row], int]:
             obj = json.loads(ln)
         except ValueError as e:
             raise BstarError(f"line {n} is not JSON: {e}") from None
+        except RecursionError:
+            # json's C scanner recurses per level and stops cleanly at Python's limit: a
+            # line nested 100,000 deep. Caught here rather than by safeio's depth scan, which
+            # would cost a Python loop over every line of a 1 GiB trace.
+            raise BstarError(f"line {n} is nested too deep to be a trace record") from None
         if not isinstance(obj, dict):
             raise BstarError(f"line {n} is not a JSON object")
         objs.append(obj)
@@ -88,6 +93,11 @@ def _csv(lines: list[str]) -> tuple[str, list[Row], int]:
     except csv.Error as e:  # e.g. a cell past the csv module's field limit
         raise BstarError(f"not a readable CSV table ({e})") from None
     header = [h.strip() for h in table[0]]
+    seen: set[str] = set()
+    for h in header:
+        if h in seen:  # a row's dict would silently keep the last one's cell
+            raise BstarError(f"CSV header names column {h!r} twice")
+        seen.add(h)
     recs = [dict(zip(header, (c.strip() for c in cells), strict=False)) for cells in table[1:]]
     cols = set(header)
     if set(AZURE_KEYS) <= cols:
@@ -212,7 +222,10 @@ def _datetime_s(text: str) -> tuple[int, float]:
     off = 0
     if tz and tz != "Z":
         tz = tz.replace(":", "")
-        off = (int(tz[1:3]) * 3600 + int(tz[3:5]) * 60) * (1 if tz[0] == "+" else -1)
+        oh, om = int(tz[1:3]), int(tz[3:5])
+        if oh > 14 or om > 59:  # UTC offsets run from -12:00 to +14:00
+            raise ValueError(f"TIMESTAMP {text!r}: {tz[0]}{oh:02d}:{om:02d} is not a UTC offset")
+        off = (oh * 3600 + om * 60) * (1 if tz[0] == "+" else -1)
     try:
         base = dt.datetime(y, mo, d, h, mi, s, tzinfo=dt.UTC)
     except ValueError as e:

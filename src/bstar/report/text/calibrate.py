@@ -26,7 +26,8 @@ def print_calibration(c: Any, profile: Path | None, spread: list[dict[str, Any]]
 
     print(f"calibration of {clean_text(c.model)} on {clean_text(c.gpu)} "
           f"(weights {c.weight_dtype}, KV {c.kv_dtype})"
-          f"{', ' + c.engine if c.engine else ''} {c.engine_version}".rstrip())
+          f"{', ' + clean_text(c.engine) if c.engine else ''} "
+          f"{clean_text(c.engine_version)}".rstrip())
     print(f"  {'parameter':<20}{'value':>12}  {'1 sigma':<18}prior")
     for k, p in c.params.items():
         scale, u = param_unit(k)
@@ -45,11 +46,12 @@ def print_calibration(c: Any, profile: Path | None, spread: list[dict[str, Any]]
         print(f"  KV pool {c.kv_pool_bytes / GiB:.2f} GiB from the log -> reserve "
               f"{c.reserve_bytes / GiB:.2f} GiB")
     for n in c.notes:
-        print(f"  note: {n}")
+        print(f"  note: {clean_text(n, 1000)}")
     if profile is not None:
         print(f"wrote {profile}; use it with --profile {profile}")
     for run, model, pts, median, median_uncalibrated in checks:
-        print(f"check: run {run}, model {model}, predicted with the calibration")
+        print(f"check: run {clean_text(run)}, model {clean_text(model)}, predicted with the "
+              "calibration")
         print_step_points(pts)
         print(f"  median |error| {median:.1%} calibrated, "
               f"{median_uncalibrated:.1%} uncalibrated")

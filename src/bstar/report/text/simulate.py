@@ -3,7 +3,7 @@ time, capacities, and the knees and advice."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bstar.report.text._common import console
 from bstar.report.text._common import markup_text as mt
@@ -84,16 +84,19 @@ def print_simulation_tail(c: Console, study: Study) -> None:
     for r, cap in zip(rows, caps, strict=False):
         if cap is None:
             continue
-        bound = (f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
+        bound = ("prompt steps only: every request ends in its prompt's step"
+                 if not cap["running_max"] else
+                 f"the KV pool holds {cap['running_max']}" if cap["kv_bound"]
                  else f"a full batch of {cap['running_max']}")
         line = (f"  capacity at max_num_seqs {r.max_num_seqs}: sustains up to "
                 f"{cap['capacity_req_s']:.2f} req/s ({cap['capacity_tok_s']:,.0f} out tok/s, "
                 f"{bound})")
         if cap.get("at_rate_req_s"):
             line += (f"; at {cap['at_rate_fraction']:.0%} of it ({cap['at_rate_req_s']:.2f} "
-                     f"req/s, Poisson) TTFT p50/p99 {cap['ttft_ms']['p50']:,.1f}/"
-                     f"{cap['ttft_ms']['p99']:,.1f} ms, TPOT p50/p99 "
-                     f"{cap['tpot_ms']['p50']:.2f}/{cap['tpot_ms']['p99']:.2f} ms")
+                     f"req/s, Poisson) TTFT p50/p99 {_ms(cap['ttft_ms'], 'p50', ',.1f')}/"
+                     f"{_ms(cap['ttft_ms'], 'p99', ',.1f')} ms, TPOT p50/p99 "
+                     f"{_ms(cap['tpot_ms'], 'p50', '.2f')}/{_ms(cap['tpot_ms'], 'p99', '.2f')}"
+                     " ms")
         c.print(line)
     best = max(r.request_throughput_req_s for r in rows)
     top = max((cap["capacity_req_s"] for cap in caps if cap is not None), default=None)
@@ -123,3 +126,10 @@ def fixed_scale_bars(values: list[float], top: float) -> str:
     each series to its own range)."""
     bars = " ▁▂▃▄▅▆▇█"
     return "".join(bars[min(8, max(0, round(v / top * 8)))] for v in values)
+
+
+def _ms(pcts: dict[str, Any] | None, key: str, spec: str) -> str:
+    """One percentile of a latency, or "n/a" where it has none (TPOT when every output is
+    one token: no second token, no time per output token)."""
+    v = (pcts or {}).get(key)
+    return "n/a" if v is None else format(v, spec)

@@ -137,6 +137,16 @@ def print_result(result: SweepResult, console: Console | None = None) -> None:
                       f"{srv.get('prefix_cache_query_tokens') or '?'} prompt tokens{share}")
     if hits:
         console.print("  (repeated prompts: a replayed --seed measures a warm cache)")
+    for lv in d["levels"]:
+        srv = lv.get("server") or {}
+        if (srv.get("prefix_cache_segments") or 1) > 1:
+            console.print(f"  [yellow]{level_name(lv)}[/]: the prefix-cache counters fell "
+                          f"{srv['prefix_cache_segments'] - 1} time(s) between scrapes (a "
+                          "restarted server?); the level's counts are summed over "
+                          f"{srv['prefix_cache_segments']} segments")
+        if srv.get("prefix_cache_refused"):
+            console.print(f"  [yellow]{level_name(lv)}[/]: prefix-cache counters refused: "
+                          f"{mt(srv['prefix_cache_refused'], 300)}")
     opts = d.get("options") or {}
     if opts.get("seed") is not None and not opts.get("prompts_file"):
         console.print(f"prompts: seed {opts['seed']} (--seed {opts['seed']} replays them)")
