@@ -70,6 +70,7 @@ def run_cli(argv: list[str], store: bool = True) -> tuple[int, str, str]:
 
 
 def _run_cli(argv: list[str]) -> tuple[int, str, str]:
+    _calls[0] += 1
     out, err = io.StringIO(), io.StringIO()
     status: int
     try:
