@@ -108,7 +108,8 @@ class SimRun:
     timeline: Timeline
     truncated: bool  # stopped at max_sim_time_s (or the step bound) with requests unfinished
     # Why the loop ended: "done" (every request finished), "time limit" (max_sim_time_s
-    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token).
+    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token, or on
+    # steps, `max_steps`; neither is reached by a run `check_feasible` passed).
     stop_reason: str = "done"
     # Prefix-cache counters as vLLM's vllm:prefix_cache_hits / _queries count them (prompt
     # tokens at admission of requests never preempted); None: no cache modelled.
@@ -116,8 +117,57 @@ class SimRun:
     prefix_query_tokens: int | None = None
 
 
-def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
-    """Refuse impossible settings before simulating; returns the number of KV blocks."""
+@dataclass(frozen=True, slots=True)
+class SimPool:
+    """The KV pool a simulation runs on (`sim_pool`): its blocks, the bytes of one, and for
+    a model whose windowed layers give blocks back, the blocks a sequence of n tokens holds
+    (`window_blocks`; None: the whole-model block, one per `block_size` tokens)."""
+
+    num_blocks: int
+    block_bytes: int
+    blocks_fn: Any
+    lookahead_tokens: int  # slots past a sequence's tokens (speculation's drafts)
+    what: str  # how the message names it ("the pool", "the pool with drafter eagle")
+
+    def peak_blocks(self, d: Deployment, tokens: int, max_num_batched_tokens: int) -> int:
+        """The most blocks a request that reaches `tokens` holds at once: its tokens and
+        lookahead slots in whole blocks, or a windowed model's admission cap."""
+        if self.blocks_fn is not None:
+            return peak_blocks(d, d.block_size, tokens, max_num_batched_tokens)
+        return -(-(tokens + self.lookahead_tokens) // d.block_size)
+
+
+def sim_pool(d: Deployment, cfg: SimConfig, w: Workload) -> SimPool:
+    """The one pool `simulate` runs on and `check_feasible` (so `bstar search`'s pruning)
+    checks. A windowed model alone gets vLLM V1's pool of KV cache group blocks, each
+    sequence giving back the blocks behind its window (`engine_pool`). The prefix cache's
+    block table and speculation's pool count whole-model blocks: every token of every layer
+    (conservative for a windowed model, whose freeing is not combined with them); with
+    speculation the drafter's weights leave the pool and its KV joins every block
+    (`sim.speculative.num_blocks`), and each sequence holds its lookahead slots."""
+    bs = d.block_size
+    caching = w.prompt_ids is not None and cfg.prefix_caching
+    if cfg.speculative is not None:
+        from bstar.sim.speculative import num_blocks
+
+        sp = cfg.speculative
+        return SimPool(num_blocks(d, sp, bs), block_bytes_per_gpu(d, bs), None,
+                       sp.lookahead_tokens, f"the pool with drafter {sp.drafter.name} and "
+                                            f"{sp.lookahead_tokens} lookahead slots")
+    windowed = None if caching else engine_pool(d, bs)
+    if windowed is not None:
+        return SimPool(windowed[0], windowed[1], windowed[2], 0, "the pool")
+    return SimPool(num_gpu_blocks(d, bs), block_bytes_per_gpu(d, bs), None, 0, "the pool")
+
+
+def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> SimPool:
+    """Refuse, at once and in one line, what `simulate` could never finish: a request that
+    does not fit alone in the pool the engine runs on (`sim_pool`, the drafter's included).
+    Returns that pool. What passes runs to completion: the scheduler serves its running list
+    in order and preempts from the back, so the request at its head, which fits alone, is
+    never preempted and computes at least one token every step; it finishes within its
+    prompt + output tokens of steps, then the next one heads the list. A run therefore takes
+    at most sum(prompt + output) steps (`max_steps`)."""
     bs = d.block_size
     sc = cfg.scheduler
     if w.num_requests > MAX_REQUESTS:
@@ -125,47 +175,43 @@ def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
     if sc.max_num_batched_tokens < bs:
         raise BstarError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below one "
                          f"KV block ({bs} tokens)")
-    windowed = engine_pool(d, bs)
-    blocks = windowed[0] if windowed else num_gpu_blocks(d, bs)
-    if blocks < 1:
+    pool = sim_pool(d, cfg, w)
+    if pool.num_blocks < 1:
         raise BstarError(
             f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
             f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
-            f"KV, under one block of "
-            f"{windowed[1] if windowed else block_bytes_per_gpu(d, bs):,} bytes")
-    longest = int((w.prompt_tokens + w.output_tokens).max()) if w.num_requests else 0
+            f"KV, {pool.what} under one block of {pool.block_bytes:,} bytes")
+    if not w.num_requests:
+        return pool
+    total = w.prompt_tokens + w.output_tokens
+    rid = int(np.argmax(total))
+    longest = int(total[rid])
     # The last generated token is never fed back, so a request holds at most in+out-1.
-    need = peak_blocks(d, bs, longest - 1, sc.max_num_batched_tokens) if windowed \
-        else -(-(longest - 1) // bs)
-    if need > blocks:
+    need = pool.peak_blocks(d, longest - 1, sc.max_num_batched_tokens)
+    if need > pool.num_blocks:
         raise BstarError(
-            f"a request of {longest} tokens needs {need} KV blocks; the pool holds {blocks} "
-            f"({blocks * bs} tokens): it could never run. Shorten it or add memory/GPUs")
-    return blocks
+            f"request {rid + 1} ({int(w.prompt_tokens[rid])} + {int(w.output_tokens[rid])} "
+            f"tokens) needs {need} KV blocks; {pool.what} holds {pool.num_blocks} "
+            f"({pool.num_blocks * bs} tokens): it could never run. Shorten it or add "
+            "memory/GPUs")
+    return pool
+
+
+def max_steps(w: Workload) -> int:
+    """The bound on engine steps of a run that passed `check_feasible` (its docstring says
+    why): every step moves the request heading the running list by a token or more."""
+    return int(np.sum(w.prompt_tokens, dtype=np.int64)
+               + np.sum(w.output_tokens, dtype=np.int64))
 
 
 def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
-    blocks_total = check_feasible(d, cfg, w)
+    pool = check_feasible(d, cfg, w)
     bs = d.block_size
-    # A model with sliding or chunked layers: vLLM V1's pool of KV cache group blocks,
-    # each sequence giving back the blocks behind its window (`engine_pool`).
-    windowed = engine_pool(d, bs)
     caching = w.prompt_ids is not None and cfg.prefix_caching
     sc = cfg.scheduler
-    if cfg.speculative is not None or caching:
-        # The prefix cache's block table and speculation's pool (the drafter's KV beside the
-        # target's) count whole-model blocks: every token of every layer (conservative for a
-        # windowed model, whose freeing is not combined with them).
-        windowed = None
-    if cfg.speculative is not None:
-        from bstar.sim.speculative import num_blocks
-
-        blocks_total = num_blocks(d, cfg.speculative, bs)
-        sc = replace(sc, lookahead_tokens=cfg.speculative.lookahead_tokens)
-    elif caching:
-        blocks_total = num_gpu_blocks(d, bs)
-    block_bytes = windowed[1] if windowed else block_bytes_per_gpu(d, bs)
-    host_blocks = cfg.swap_space_bytes // block_bytes \
+    if pool.lookahead_tokens:
+        sc = replace(sc, lookahead_tokens=pool.lookahead_tokens)
+    host_blocks = cfg.swap_space_bytes // pool.block_bytes \
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.prompt_tokens, w.output_tokens)
@@ -174,7 +220,7 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
 
         assert w.prompt_ids is not None
         w.prompt_ids.check(reqs.prompt_tokens)
-        bm: BlockManager = CachingBlockManager(blocks_total, bs, w.prompt_ids,
+        bm: BlockManager = CachingBlockManager(pool.num_blocks, bs, w.prompt_ids,
                                                reqs.prompt_tokens, reqs.output_tokens,
                                                host_blocks)
         return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
@@ -184,8 +230,7 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
                          reqs.prompt_tokens - 1) // bs * bs
         reqs.num_computed[:] = np.maximum(hit, 0)
-    bm = BlockManager(blocks_total, bs, host_blocks,
-                      blocks_fn=windowed[2] if windowed else None)
+    bm = BlockManager(pool.num_blocks, bs, host_blocks, blocks_fn=pool.blocks_fn)
     return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
 
 
@@ -283,10 +328,11 @@ class _Loop:
         tokens = int(np.sum(self.w.prompt_tokens, dtype=np.int64)
                      + np.sum(self.w.output_tokens, dtype=np.int64))
         max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
+        steps_bound = max_steps(self.w)  # by construction (check_feasible); never reached
         passes = 0
         while True:
             passes += 1
-            if passes > max_passes:
+            if passes > max_passes or self.num_steps > steps_bound:
                 truncated, stop = True, "step limit"
                 break
             if self.front:
@@ -312,10 +358,12 @@ class _Loop:
                               sched.num_running)
             plan = sched.schedule()
             if plan.empty:
-                # Only after preempting the sole running request; the next pass admits it.
+                # Only after preempting the sole running request; the next pass admits it
+                # (check_feasible: it fits alone in this pool).
                 stalled += 1
                 if stalled > 2:
-                    raise RuntimeError("simulator made no progress")  # a bug, not input
+                    raise RuntimeError("simulator made no progress: a request that fits "
+                                       "alone was not admitted (a bug, not input)")
                 continue
             stalled = 0
             dt = (self.k.batch_step_s(plan.start, plan.new) if self.spec is None
