@@ -18,6 +18,7 @@ from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
 from bstar.specdec import Drafter, SpecConfig, SpecPlan, plan_context
+from bstar.specdec import b_mem as feasible_b_mem
 from bstar.units import GB, GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
@@ -300,7 +301,12 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
             vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx),
             speculative=None if spec is None or drafter is None
-            else plan_context(d, drafter, spec, ctx, c.batch, rec.max_num_seqs)))
+            else plan_context(d, drafter, spec, ctx, c.batch, Recommendation.from_cost_model(
+                # The same pick on the pool with the drafter (specdec.b_mem): what runs
+                # with speculation on.
+                bstar, feasible_b_mem(d, drafter, ctx, spec.num_speculative_tokens), cross,
+                sla_b,
+                max_tpot_ms, tpot1, knees).max_num_seqs)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 
