@@ -11,7 +11,7 @@ from bstar import specdec as sd
 from bstar.errors import BstarError
 from bstar.options import DeploymentOptions
 from bstar.sim import SchedulerConfig, SimConfig, Slo, Workload, check_feasible, simulate
-from bstar.sim.engine import max_steps, sim_pool
+from bstar.sim.feasible import max_steps, sim_pool
 from bstar.sim.speculative import SpecSim
 
 # The repro: the default deployment (Llama-3-8B on an A100) at

@@ -41,6 +41,11 @@ from bstar.units import GiB
 
 BLOCK_SIZE = 16
 GPU_MEMORY_UTILIZATION = 0.90
+# Not a vLLM flag: bstar's estimate of the per-GPU memory vLLM keeps out of the KV pool
+# (activations at the default token budget, CUDA graphs, CUDA context, NCCL buffers), which
+# vLLM profiles at start-up; a calibration profile carries the measured figure. Written
+# once: --reserve-gib's default, Deployment's, bstar search's (options.assemble).
+DEFAULT_RESERVE_GIB = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from bstar.commands.common import (
     step_ms,
     str_list,
 )
-from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
 
 DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
@@ -52,8 +52,10 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
     c.add_argument("--gpu-util", type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help=f"vLLM --gpu-memory-utilization (default {GPU_MEMORY_UTILIZATION:g})")
-    c.add_argument("--reserve-gib", type=gib_amount, default=2.0,
-                   help="per-GPU memory kept for activations etc., GiB (default 2)")
+    c.add_argument("--reserve-gib", type=gib_amount, default=None,
+                   help="per-GPU memory kept for activations etc., GiB; given, it wins over "
+                        f"a --profile's measured reserve (default: the profile's, else "
+                        f"{DEFAULT_RESERVE_GIB:g})")
     c.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
                    help=f"KV block size in tokens (default {BLOCK_SIZE})")
 
@@ -210,7 +212,8 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=tuple(sorted(set(args.max_num_seqs or ()))),
         max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
-                      round(args.reserve_gib * GiB), args.block_size),
+                      None if args.reserve_gib is None else round(args.reserve_gib * GiB),
+                      args.block_size),
         eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
         max_utilization=args.max_utilization,
         num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),

@@ -13,7 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from bstar.deployment import Deployment
-from bstar.sim.engine import SimConfig, SimRun, check_feasible, simulate
+from bstar.sim.engine import SimConfig, SimRun, simulate
+from bstar.sim.feasible import check_feasible
 from bstar.sim.metrics import SimSummary, Slo, parse_slo, summarize
 from bstar.sim.prefix import PromptShape, shape_workload
 from bstar.sim.scheduler import SchedulerConfig, vllm_server_defaults

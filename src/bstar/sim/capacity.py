@@ -149,7 +149,7 @@ def capacity(d: Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
     cost). The bracket starts warm: the saturated floor is a few percent under the capacity
     (lock-step waves), so the first rate above it is floor x (1 + 4 rel_tol), two bisections
     from rel_tol, and only a floor that still does not grow there widens by 1.5x."""
-    from bstar.sim.engine import sim_pool
+    from bstar.sim.feasible import sim_pool
     from bstar.sim.metrics import summarize
 
     seqs = cfg.scheduler.max_num_seqs

@@ -19,28 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.sim.block_manager import (
-    BlockManager,
-    block_bytes_per_gpu,
-    change_blocks,
-    engine_pool,
-    num_gpu_blocks,
-    peak_blocks,
-)
+from bstar.sim.block_manager import BlockManager, change_blocks
+from bstar.sim.feasible import MAX_REQUESTS as MAX_REQUESTS  # its home: feasible.py
+from bstar.sim.feasible import check_feasible, max_steps
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
 from bstar.sim.sequence import FloatArray, IntArray, Requests
 from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
 from bstar.units import GiB
 
-# Each request is simulated step by step, and `bstar simulate` runs a level's workload
-# several more times to find its capacity: `simulate --rate 10 --num-requests 10000` took
-# 6.6 s of CPU on the 2-core development machine, so the documented 1,000,000 took over ten
-# minutes; 100,000 take about one.
-MAX_REQUESTS = 100_000
 # Every pass of the simulator's loop moves a token, a request or the clock: a run that
 # takes more passes than this many per token (prompt and output, plus one per request) is
 # stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).
@@ -115,93 +104,6 @@ class SimRun:
     # tokens at admission of requests never preempted); None: no cache modelled.
     prefix_hit_tokens: int | None = None
     prefix_query_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SimPool:
-    """The KV pool a simulation runs on (`sim_pool`): its blocks, the bytes of one, and for
-    a model whose windowed layers give blocks back, the blocks a sequence of n tokens holds
-    (`window_blocks`; None: the whole-model block, one per `block_size` tokens)."""
-
-    num_blocks: int
-    block_bytes: int
-    blocks_fn: Any
-    lookahead_tokens: int  # slots past a sequence's tokens (speculation's drafts)
-    what: str  # how the message names it ("the pool", "the pool with drafter eagle")
-
-    def peak_blocks(self, d: Deployment, tokens: int, max_num_batched_tokens: int) -> int:
-        """The most blocks a request that reaches `tokens` holds at once: its tokens and
-        lookahead slots in whole blocks, or a windowed model's admission cap."""
-        if self.blocks_fn is not None:
-            return peak_blocks(d, d.block_size, tokens, max_num_batched_tokens)
-        return -(-(tokens + self.lookahead_tokens) // d.block_size)
-
-
-def sim_pool(d: Deployment, cfg: SimConfig, w: Workload) -> SimPool:
-    """The one pool `simulate` runs on and `check_feasible` (so `bstar search`'s pruning)
-    checks. A windowed model alone gets vLLM V1's pool of KV cache group blocks, each
-    sequence giving back the blocks behind its window (`engine_pool`). The prefix cache's
-    block table and speculation's pool count whole-model blocks: every token of every layer
-    (conservative for a windowed model, whose freeing is not combined with them); with
-    speculation the drafter's weights leave the pool and its KV joins every block
-    (`sim.speculative.num_blocks`), and each sequence holds its lookahead slots."""
-    bs = d.block_size
-    caching = w.prompt_ids is not None and cfg.prefix_caching
-    if cfg.speculative is not None:
-        from bstar.sim.speculative import num_blocks
-
-        sp = cfg.speculative
-        return SimPool(num_blocks(d, sp, bs), block_bytes_per_gpu(d, bs), None,
-                       sp.lookahead_tokens, f"the pool with drafter {sp.drafter.name} and "
-                                            f"{sp.lookahead_tokens} lookahead slots")
-    windowed = None if caching else engine_pool(d, bs)
-    if windowed is not None:
-        return SimPool(windowed[0], windowed[1], windowed[2], 0, "the pool")
-    return SimPool(num_gpu_blocks(d, bs), block_bytes_per_gpu(d, bs), None, 0, "the pool")
-
-
-def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> SimPool:
-    """Refuse, at once and in one line, what `simulate` could never finish: a request that
-    does not fit alone in the pool the engine runs on (`sim_pool`, the drafter's included).
-    Returns that pool. What passes runs to completion: the scheduler serves its running list
-    in order and preempts from the back, so the request at its head, which fits alone, is
-    never preempted and computes at least one token every step; it finishes within its
-    prompt + output tokens of steps, then the next one heads the list. A run therefore takes
-    at most sum(prompt + output) steps (`max_steps`)."""
-    bs = d.block_size
-    sc = cfg.scheduler
-    if w.num_requests > MAX_REQUESTS:
-        raise BstarError(f"--num-requests is capped at {MAX_REQUESTS:,} per run")
-    if sc.max_num_batched_tokens < bs:
-        raise BstarError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below one "
-                         f"KV block ({bs} tokens)")
-    pool = sim_pool(d, cfg, w)
-    if pool.num_blocks < 1:
-        raise BstarError(
-            f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
-            f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
-            f"KV, {pool.what} under one block of {pool.block_bytes:,} bytes")
-    if not w.num_requests:
-        return pool
-    total = w.prompt_tokens + w.output_tokens
-    rid = int(np.argmax(total))
-    longest = int(total[rid])
-    # The last generated token is never fed back, so a request holds at most in+out-1.
-    need = pool.peak_blocks(d, longest - 1, sc.max_num_batched_tokens)
-    if need > pool.num_blocks:
-        raise BstarError(
-            f"request {rid + 1} ({int(w.prompt_tokens[rid])} + {int(w.output_tokens[rid])} "
-            f"tokens) needs {need} KV blocks; {pool.what} holds {pool.num_blocks} "
-            f"({pool.num_blocks * bs} tokens): it could never run. Shorten it or add "
-            "memory/GPUs")
-    return pool
-
-
-def max_steps(w: Workload) -> int:
-    """The bound on engine steps of a run that passed `check_feasible` (its docstring says
-    why): every step moves the request heading the running list by a token or more."""
-    return int(np.sum(w.prompt_tokens, dtype=np.int64)
-               + np.sum(w.output_tokens, dtype=np.int64))
 
 
 def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
@@ -325,10 +227,8 @@ class _Loop:
         truncated = False
         stop = "done"
         stalled = 0
-        tokens = int(np.sum(self.w.prompt_tokens, dtype=np.int64)
-                     + np.sum(self.w.output_tokens, dtype=np.int64))
-        max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
-        steps_bound = max_steps(self.w)  # by construction (check_feasible); never reached
+        steps_bound = max_steps(self.w)  # sum(prompt + output): check_feasible says why
+        max_passes = STEPS_PER_TOKEN * (steps_bound + n_total) + 1000
         passes = 0
         while True:
             passes += 1
@@ -359,11 +259,10 @@ class _Loop:
             plan = sched.schedule()
             if plan.empty:
                 # Only after preempting the sole running request; the next pass admits it
-                # (check_feasible: it fits alone in this pool).
+                # (it fits alone: check_feasible).
                 stalled += 1
                 if stalled > 2:
-                    raise RuntimeError("simulator made no progress: a request that fits "
-                                       "alone was not admitted (a bug, not input)")
+                    raise RuntimeError("simulator made no progress")  # a bug, not input
                 continue
             stalled = 0
             dt = (self.k.batch_step_s(plan.start, plan.new) if self.spec is None
