@@ -11,7 +11,7 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
 from bstar.engine_defaults import RULE as VLLM_RULE
-from bstar.engine_defaults import vllm_batch_defaults
+from bstar.engine_defaults import SGLANG_RULE, sglang_max_running_requests, vllm_defaults
 from bstar.errors import BstarError
 from bstar.knee import Knee, slo_knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
@@ -198,7 +198,7 @@ def engine_defaults(d: Deployment, ctx: int, b_mem: int,
     note when that default is above B_mem or far (over 2x either way) from the
     recommendation."""
     out: list[dict[str, Any]] = []
-    vllm = vllm_batch_defaults(d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}")
+    vllm = vllm_defaults(d.gpu)
     v, rule = vllm.max_num_seqs, VLLM_RULE
     note = None
     if v > b_mem:
@@ -210,10 +210,11 @@ def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                 "max_num_batched_tokens": vllm.max_num_batched_tokens})
     pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
                                              // max(1, d.block_size))
-    sgl = max(1, pool_tokens // 2)
-    out.append({"engine": "sglang", "max_num_seqs": sgl,
-                "rule": "--max-running-requests defaults to the KV pool's tokens // 2 "
-                        "(sglang/srt/model_executor/model_runner.py)",
+    # SGLang serves the model's whole context unless told (--context-length).
+    max_pos = d.model.config.get("max_position_embeddings")
+    sgl = sglang_max_running_requests(
+        pool_tokens, max_pos if isinstance(max_pos, int) and max_pos > 0 else ctx)
+    out.append({"engine": "sglang", "max_num_seqs": sgl, "rule": SGLANG_RULE,
                 "note": (f"SGLang's default --max-running-requests ~{sgl:,} is above B_mem "
                          f"= {b_mem}: the KV pool binds" if sgl > b_mem else None)})
     out.append({"engine": "tgi", "max_num_seqs": None,
