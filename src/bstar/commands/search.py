@@ -85,10 +85,13 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="lengths and arrival pattern from a trace (CSV arrival_s,"
                         "prompt_tokens,output_tokens or JSON lines), rescaled per rate")
-    t.add_argument("--input-len", default="512",
+    # default None: whether the flag was given decides if a profile's workload applies
+    t.add_argument("--input-len", default=None,
                    help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
-                        "or empirical:N1,... (default 512)")
-    t.add_argument("--output-len", default="256", help="output tokens, same forms (default 256)")
+                        "or empirical:N1,... (default 512, or a --profile's recorded workload)")
+    t.add_argument("--output-len", default=None,
+                   help="output tokens, same forms (default 256, or a --profile's recorded "
+                        "workload)")
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
@@ -179,9 +182,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    from bstar.commands.simulate import profile_traffic, prompt_shape
+    from bstar.commands.simulate import given_lengths, profile_traffic, prompt_shape
 
-    input_len, output_len, shape = args.input_len, args.output_len, prompt_shape(args)
+    (input_len, output_len), shape = given_lengths(args), prompt_shape(args)
     measured = profile_traffic(args, _first_profile(args.profile))
     if args.from_run:
         from bstar.loadgen.measured import measured_traffic
