@@ -419,8 +419,14 @@ def _verify_work(sh: _step.StepShape, start: FloatArray, new: FloatArray,
         return w
     t = np.atleast_1d(np.asarray(float(new.sum()) + k * nd))
     q = k + 1
-    return replace(w, weight_s=sh.weight_s(t), weight16_s=sh.weight_s(t, only_16bit=True),
-                   gemm_s=sh.gemm_s_per_token * t, comm_s=sh.comm_s_per_token * t,
+    # Every term that counts the step's token rows takes the k extra rows of each decoding
+    # sequence, as StepShape.verify's do (the routed experts' GEMMs and the row count
+    # included: tests/test_crosscheck.py found them left at one row a sequence).
+    return replace(w, num_tokens=t, weight_s=sh.weight_s(t),
+                   weight16_s=sh.weight_s(t, only_16bit=True),
+                   gemm_s=sh.gemm_s_per_token * t,
+                   expert_gemm_s=sh.expert_gemm_s_per_token * t,
+                   comm_s=sh.comm_s_per_token * t,
                    decode_attention_s=w.decode_attention_s * q, score_s=w.score_s * q)
 
 
