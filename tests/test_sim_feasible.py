@@ -50,7 +50,7 @@ def test_check_sizes_the_pool_the_engine_runs(d) -> None:  # type: ignore[no-unt
     # A request that fits the speculative pool runs to completion on that very pool.
     pool = sim_pool(d, spec, w)
     fits = (pool.num_blocks * d.block_size - pool.lookahead_tokens) // 2
-    w2 = Workload(np.array([fits, fits]), np.array([2, fits]), np.zeros(2))
+    w2 = Workload(np.array([fits, fits]), np.array([2, 40]), np.zeros(2))
     assert check_feasible(d, spec, w2) == pool
     run = simulate(d, spec, w2)
     assert run.num_blocks == pool.num_blocks and not run.truncated
@@ -75,9 +75,10 @@ def test_runs_that_pass_finish_within_the_step_bound(d, k: int) -> None:  # type
     # Tight pools: preemption (recompute) happens, and each run still ends "done" within
     # sum(prompt + output) steps (check_feasible's argument).
     rng = np.random.default_rng(k)
-    n = 12
-    w = Workload(rng.integers(200, 3000, n), rng.integers(2, 300, n), np.zeros(n))
+    n = 8
+    w = Workload(rng.integers(200, 3000, n), rng.integers(2, 60, n), np.zeros(n))
     for cfg in (SimConfig(SchedulerConfig(8, 512)),
                 SimConfig(SchedulerConfig(8, 512), speculative=_spec(d, k))):
         run = simulate(d, cfg, w)
+        assert run.num_preemptions > 0  # the pool is tight: recompute replays prompts
         assert run.stop_reason == "done" and run.num_steps <= max_steps(w)
