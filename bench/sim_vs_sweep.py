@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bstar.commands.common import add_deployment_arguments
 from bstar.commands.plan import deployment_from_args
+from bstar.engine_defaults import vllm_defaults
 from bstar.sim import (
     ClosedLoop,
     Lengths,
@@ -25,7 +26,6 @@ from bstar.sim import (
     SchedulerConfig,
     SimConfig,
     simulate_levels,
-    vllm_server_defaults,
 )
 
 
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = json.loads(Path(args.sweep).read_text())
     opt = sweep["options"]
     d = deployment_from_args(args)
-    tokens = args.max_num_batched_tokens or vllm_server_defaults(
-        d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}")[1]
+    tokens = args.max_num_batched_tokens or vllm_defaults(d.gpu).max_num_batched_tokens
     cfg = SimConfig(SchedulerConfig(args.max_num_seqs, tokens))
     inp, out = Lengths.fixed(opt["input_len"]), Lengths.fixed(opt["output_len"])
     metrics = (("throughput_tok_s", None), ("tpot_ms", "mean"), ("ttft_ms", "p50"),

@@ -132,3 +132,26 @@ def test_help_does_not_import_heavy_modules() -> None:
             " if m in sys.modules]\nprint(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_plan_kv_per_gpu_is_the_steps_at_tp16(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 41: Llama-3-70B's 8 KV heads at TP 16 leave each GPU one whole head (1/8 of the
+    # KV), not 1/16. The amortized floor and b_star_weights_read take the step's KV per
+    # sequence, not the whole model's divided by the GPU count.
+    from bstar import step
+    from bstar.options import DeploymentOptions
+
+    out = run_json(capsys, "plan", "--model", "llama-3-70b", "--gpu", "h100-sxm",
+                   "--num-gpus", "16", "--context", "8192", "--json")
+    assert isinstance(out, dict)
+    c = out["contexts"][0]
+    d = DeploymentOptions(model="llama-3-70b", gpu="h100-sxm", num_gpus=16).build()
+    sh = step.shape(d)
+    bw = d.gpu.hbm_bandwidth_bytes_s
+    kv_s = float(sh.decode(1, 8192).kv_s[0])  # the step's KV read for one sequence
+    assert c["amortized_floor_ms"] == pytest.approx(kv_s / d.eff.kv_stream() * 1e3)
+    # Dense: weights read = dense + one embedding row per token, so B x kv = W_read(B) at
+    # B = dense / (kv - row).
+    expect = float(sh.weight_s(0.0)) / (kv_s - sh.weight_s_per_token)
+    assert c["b_star_weights_read"] == pytest.approx(expect, rel=1e-6)
+    assert c["kv_bytes_per_seq"] / 16 < kv_s * bw  # the old rule's share was too small

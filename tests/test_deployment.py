@@ -159,3 +159,32 @@ def test_a_profile_applies_exactly_the_fields_it_names(tmp_path: Path) -> None:
     p.write_text("[efficiency]\nbandwidth = 0.5\n[behaviour]\nscheduling_lag_steps = 2\n")
     with pytest.raises(Exception, match="scheduling_lag_steps must be 0 or 1"):
         cal.load_profile(p)
+
+
+def test_one_builder_for_commands_and_search(tmp_path: Path) -> None:
+    # Issue 41: with a 6 GiB profile reserve and --reserve-gib 3 on one H100, plan and
+    # simulate priced a 3 GiB reserve and search 6 GiB. The explicit flag wins everywhere
+    # (an explicit 2, the default's value, too); without it the profile's applies.
+    from bstar.cli import build_parser
+    from bstar.commands.common import build_deployment
+    from bstar.commands.search import spec_from_args
+    from bstar.search.run import plan_candidates
+
+    # A profile of one field and a measured 6 GiB reserve (profile_file calibrates: slow).
+    path = tmp_path / "reserve.toml"
+    path.write_text(f'[profile]\ngpu = "h100-sxm"\n[efficiency]\nbandwidth = 0.7\n'
+                    f"[memory]\nreserve_bytes = {6 * 2**30}\n")
+    prof = str(path)
+    for flag in (None, "3", "2"):
+        given = [] if flag is None else ["--reserve-gib", flag]
+        want = (6 if flag is None else float(flag)) * 2**30
+        for cmd in ("plan", "simulate"):
+            args = build_parser(only=cmd).parse_args(
+                [cmd, "--gpu", "h100-sxm", "--profile", prof, *given])
+            assert build_deployment(args).reserve_bytes == want, (cmd, flag)
+        args = build_parser(only="search").parse_args(
+            ["search", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--num-gpus", "1",
+             "--profile", prof, "--slo", "ttft:1000", "--rate", "1", "--max-num-seqs", "8",
+             "--max-num-batched-tokens", "2048", "--num-requests", "20", *given])
+        cands, _pruned, _warnings, _unit = plan_candidates(spec_from_args(args))
+        assert {c.replica.deployment.reserve_bytes for c in cands} == {want}, flag

@@ -50,3 +50,16 @@ def test_demo_curve_headline_card_is_the_real_knee() -> None:
     s = SweepResult("r1", ":memory:", run, levels, knees, rec).to_dict()
     card = sweep_report(sweep_view(s)).cards[0]
     assert card.label.startswith("measured recommendation") and card.value == "8"
+
+
+def test_bca_on_the_demo_curve_agrees_with_the_doubling_rule() -> None:
+    # Issue 41: BCA put the demo curve's measured knee at 1 (epsilon 10% of T(1)/1 = 3.68
+    # tok/s per sequence, over every slope of the curve, 4 -> 8's 31% gain included) while
+    # the doubling rule and the fitted curve say 8. Epsilon is now 10% of T(B)/B at the
+    # batch judged: B=1's flat slope is a blip (4 -> 8 still gains), 8 -> 16 is the plateau.
+    tpot = [1e3 * x / y for x, y in zip(DEMO_BATCH, DEMO_TPUT, strict=True)]
+    knees = knee.all_knees(DEMO_BATCH, DEMO_TPUT, tpot)
+    assert knees["bca"].batch == knees["doubling"].batch == 8
+    slope_8 = (DEMO_TPUT[4] - DEMO_TPUT[3]) / (DEMO_BATCH[4] - DEMO_BATCH[3])
+    assert slope_8 < 0.1 * DEMO_TPUT[3] / DEMO_BATCH[3]  # under epsilon there
+    assert slope_8 < 0.1 * DEMO_TPUT[0] / DEMO_BATCH[0]  # and under the old one too

@@ -123,3 +123,34 @@ def test_search_sizes_for_the_profiles_workload_unless_given_one(
     assert "measured prefix-cache hit rate 90.0%" in capsys.readouterr().err
     spec = spec_from_args(build_parser().parse_args([*base, "--input-len", "300"]))
     assert spec.traffic.prompt_shape is None
+
+
+def test_explicit_default_lengths_beat_the_profiles_workload(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 41: `--input-len 512 --output-len 256` typed out was taken for "not given"
+    # (profile_traffic compared with the defaults) and the profile's workload replaced it.
+    from bstar.cli import build_parser
+    from bstar.commands.search import spec_from_args
+    from bstar.commands.simulate import study_options
+
+    db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
+    stored_sweep(db, 0.9)
+    assert main(["calibrate", "run-hit", "--db", str(db), "--model", "llama-3-8b", "--gpu",
+                 "a100-80gb-sxm", "--fit", "bandwidth,overhead_s", "-o", str(prof)]) == 0
+    capsys.readouterr()
+    m = traffic_from_profile(prof)
+    assert m is not None and m.lengths(shared=False) != ("512", "256")
+    explicit = ["--input-len", "512", "--output-len", "256"]
+    sim = ["simulate", "--profile", str(prof), "--rate", "1"]
+    o = study_options(build_parser(only="simulate").parse_args([*sim, *explicit]))
+    assert (o.input_len, o.output_len, o.prompt_shape) == ("512", "256", None)
+    # Not given: the profile's workload, as before.
+    o = study_options(build_parser(only="simulate").parse_args(sim))
+    assert (o.input_len, o.output_len) != ("512", "256")
+    base = ["search", "--profile", f"a100-80gb-sxm={prof}", "--rate", "5", "--slo",
+            "ttft:2000,tpot:100", "--gpu", "a100-80gb-sxm"]
+    spec = spec_from_args(build_parser(only="search").parse_args([*base, *explicit]))
+    assert spec.traffic.prompt_shape is None
+    no_profile = [base[0], *base[3:], *explicit]
+    assert spec.traffic.input_len.describe() == spec_from_args(build_parser(
+        only="search").parse_args(no_profile)).traffic.input_len.describe()

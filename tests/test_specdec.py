@@ -219,3 +219,21 @@ def test_acceptance_from_a_sweep_run(capsys: pytest.CaptureFixture[str]) -> None
     assert s["acceptance_rate"] == pytest.approx(want, rel=1e-9)
     assert main(["plan", "--num-speculative-tokens", "3", "--acceptance-rate",
                  "from:no-such-run-xyz"]) != 0
+
+
+def test_plan_with_a_drafter_respects_its_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 41: Llama-3-70B on 4 A100s at 8k with a Llama-3-8B drafter recommended 45
+    # sequences and a break-even of 51 where only B_mem with the drafter (38) fit.
+    from bstar.recommend import MEMORY_HEADROOM
+
+    assert main(["plan", "--model", "llama-3-70b", "--num-gpus", "4", "--context", "8192",
+                 "--num-speculative-tokens", "4", "--drafter", "llama-3-8b", "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["contexts"][0]
+    s = c["speculative"]
+    d = DeploymentOptions(model="llama-3-70b", num_gpus=4).build()
+    dr = sd.make_drafter(d, "llama-3-8b", get_model("llama-3-8b"))
+    with_drafter = sd.b_mem(d, dr, 8192, 4)
+    assert s["b_mem"] == with_drafter < c["b_mem"] == rl.b_mem(d, 8192)
+    assert s["recommendation"]["max_num_seqs"] <= int(MEMORY_HEADROOM * with_drafter)
+    be = s["break_even_batch"]
+    assert be is None or be <= with_drafter

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+from bstar.engine_defaults import DEFAULT_RESERVE_GIB as DEFAULT_RESERVE_GIB  # its home
 from bstar.errors import BstarError
 from bstar.specs.gpu import GpuSpec
 from bstar.specs.model import ModelSpec
@@ -30,7 +31,6 @@ from bstar.units import GiB
 
 DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_GPU = "a100-80gb-sxm"
-DEFAULT_RESERVE_GIB = 2.0
 
 def weight_stream_fraction(weight_bits: int, bandwidth: float, fp8_weight_stream: float,
                            int4_weight_stream: float) -> float:
@@ -222,8 +222,8 @@ class Deployment:
     kv_dtype: str = "bf16"
     gpu_util: float = GPU_MEMORY_UTILIZATION  # vLLM's default (bstar.engine_defaults)
     # Activations, CUDA graphs, CUDA context and NCCL buffers, per GPU; vLLM profiles these
-    # at start-up. 2 GiB is a rough figure for 7-70B models at default settings.
-    reserve_bytes: int = 2 * GiB
+    # at start-up. DEFAULT_RESERVE_GIB is a rough figure for 7-70B models at default settings.
+    reserve_bytes: int = round(DEFAULT_RESERVE_GIB * GiB)
     block_size: int = BLOCK_SIZE  # vLLM's default KV block size (bstar.engine_defaults)
     eff: Efficiency = field(default_factory=Efficiency)
     engine: str = ""  # the engine profile the efficiencies started from (a label)

@@ -36,11 +36,17 @@ vLLM 0.25 and later default to 0.92 (`CacheConfig.gpu_memory_utilization`): pass
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bstar.units import GiB
 
 BLOCK_SIZE = 16
 GPU_MEMORY_UTILIZATION = 0.90
+# Not a vLLM flag: bstar's estimate of the per-GPU memory vLLM keeps out of the KV pool
+# (activations at the default token budget, CUDA graphs, CUDA context, NCCL buffers), which
+# vLLM profiles at start-up; a calibration profile carries the measured figure. Written
+# once: --reserve-gib's default, Deployment's, bstar search's (options.assemble).
+DEFAULT_RESERVE_GIB = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,13 @@ RULE = ("max_num_seqs 1024 and max_num_batched_tokens 16384 on GPUs of 160 GiB o
         "and 2048 (vllm/engine/arg_utils.py get_batch_defaults, vllm serve)")
 
 
+def vllm_defaults(gpu: Any) -> BatchDefaults:
+    """The caps `vllm serve` picks on `gpu` (a GpuSpec: its memory, id and name): the one
+    function for the engine's default budget (max_num_batched_tokens) and cap, which plan's
+    KV layout, simulate, search and the report's replay of a sweep all read."""
+    return vllm_batch_defaults(gpu.memory_bytes, f"{gpu.id} {gpu.name}")
+
+
 def vllm_batch_defaults(gpu_memory_bytes: int, gpu_name: str) -> BatchDefaults:
     """The caps `vllm serve` picks on a device of this total memory and name (give the
     catalog id and name together, e.g. f"{gpu.id} {gpu.name}": a device whose id or name
@@ -76,3 +89,33 @@ def vllm_batch_defaults(gpu_memory_bytes: int, gpu_name: str) -> BatchDefaults:
         if gpu_memory_bytes >= floor and not (no_a100 and "a100" in name):
             return tier
     raise AssertionError("the last tier has no floor")
+
+
+# ---- SGLang ---------------------------------------------------------------------------------
+# SGLang's default --max-running-requests, as its sources compute it when the flag is not
+# given (read at sgl-project/sglang commits cited per file):
+#   python/sglang/srt/managers/tp_worker.py @ 4f34e24af764d45c2dde4a17cadcdaa7d08a7248:
+#       max_running_requests = min(max_total_num_tokens // 2, req_to_token_pool.size)
+#   (python/sglang/srt/managers/scheduler.py, e.g. @ d51c1c21d1ac07cd5d1de9ead6c99087d8428e79,
+#   takes it from the worker: `self.tp_worker.get_token_and_memory_info()`), and the
+#   request-to-token pool is sized in the model runner,
+#   python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py @
+#   226149ac457bd1a1b5d450f55c01f72f604320d6 (`init_memory_pool`; model_runner.py before the
+#   split, whose 2024 version @ 01cc04e2b5b01ce379698a3fee1bd17706e1d0ec capped it at 5120):
+#       max_num_reqs = min(max(int(max_total_num_tokens / context_len * 512), 2048), 4096)
+# context_len is the served context (--context-length, else the model's
+# max_position_embeddings). So the default is at most 4096, not KV tokens / 2.
+SGLANG_REQ_POOL_MIN = 2048
+SGLANG_REQ_POOL_MAX = 4096
+SGLANG_RULE = ("--max-running-requests defaults to min(KV tokens // 2, the request pool), "
+               "the pool min(max(KV tokens / context_len x 512, 2048), 4096) "
+               "(sglang managers/tp_worker.py, model_executor/model_runner_kv_cache_mixin.py)")
+
+
+def sglang_max_running_requests(kv_pool_tokens: int, context_len: int) -> int:
+    """SGLang's default --max-running-requests for a KV pool of `kv_pool_tokens` tokens
+    serving `context_len` tokens per request (the sources above)."""
+    req_pool = min(max(int(kv_pool_tokens / max(1, context_len) * 512), SGLANG_REQ_POOL_MIN),
+                   SGLANG_REQ_POOL_MAX)
+    return max(1, min(kv_pool_tokens // 2, req_pool))
+

@@ -12,13 +12,15 @@ words, so a caller can print it as is.
     bca_knee       Recasens et al. 2025, "Mind the Memory Gap: Unveiling GPU Bottlenecks in
                    Large-Batch LLM Inference" (arXiv:2503.08311, IEEE CLOUD 2025), Batching
                    Configuration Advisor: the first batch past which throughput gains less than
-                   epsilon per added sequence, while per-request latency stays within
+                   epsilon per added sequence (by default 10% of what a running sequence
+                   yields there, T(B)/B), while per-request latency stays within
                    L x the latency at a reference batch (their B = 32, L = 5).
     slo_knee       the largest batch whose per-request TPOT (or E2E, or any latency) meets a limit.
 
 Every throughput rule skips a blip: a step (or doubling, or BCA slope) that fails its threshold
 counts only if no later one still gains it, on a measured curve as on a predicted one (a
-concave predicted curve never has one; a noisy measured curve often does). docs/fit.md "Knees".
+concave predicted curve never has one; a noisy measured curve often does). One function
+decides it for all three (`_first_plateau`). docs/fit.md "Knees".
 
 The rules depend on the grid they are given (a 5% step between 64 and 128 is not a 5% step
 between 64 and 65); the seeds use powers of two, and `pow2_grid` makes one.
@@ -42,8 +44,12 @@ DEFAULT_DOUBLING = 0.15  # seed 004
 DEFAULT_BCA_LATENCY_FACTOR = 5.0
 DEFAULT_BCA_REFERENCE_BATCH = 32
 # Their epsilon is absolute (requests/s per added sequence) and so tied to their workload; ours
-# defaults to a fraction of what one sequence bought at the smallest batch (T(B0)/B0), which
-# means the same on any model and any throughput unit. An absolute epsilon_tok_s overrides it.
+# defaults to a fraction of what a running sequence yields at the batch judged (T(B)/B):
+# dT/dB < 0.1 T/B, i.e. d ln T / d ln B < 0.1, which means the same on any model, throughput
+# unit and batch. (It was T(B0)/B0, the smallest batch's: a curve whose first point is high,
+# as a noisy measured one often is, then looked flat from the start, 36.8, 36.3, 40.3, 53.0,
+# 57.3 tok/s over 1-16 gave a knee at 1 though 4 -> 8 gains 31%; issue 41.) An absolute
+# epsilon_tok_s overrides it.
 DEFAULT_BCA_EPSILON_FRACTION = 0.10
 
 
@@ -102,13 +108,24 @@ def _b(x: float) -> str:
     return f"{x:g}"
 
 
-def _later_max(values: FloatArray) -> FloatArray:
-    """later[i]: the largest of values[i+1:] (-inf for the last): a rule's gains after step i,
-    so a step that fails a threshold can ask whether a later one still passes it (a blip)."""
-    later = np.full(values.size, -np.inf)
-    if values.size > 1:
-        later[:-1] = np.maximum.accumulate(values[::-1])[::-1][1:]
-    return later
+def _first_plateau(ratios: npt.ArrayLike, ok: npt.ArrayLike | None = None
+                   ) -> tuple[int | None, list[int]]:
+    """The knee rules' one plateau test, on each step's gain over its threshold (`ratios`,
+    under 1: the step fails the threshold): the first step n under 1 (and `ok[n]`, where
+    given) after which every step stays under 1, and the steps under 1 before it that a
+    later step outgrew (blips, skipped). (None, blips) when no step qualifies."""
+    r = np.asarray(ratios, dtype=np.float64)
+    later = np.full(r.size, -np.inf)  # later[n]: the largest ratio after step n
+    if r.size > 1:
+        later[:-1] = np.maximum.accumulate(r[::-1])[::-1][1:]
+    allowed = np.ones(r.size, dtype=bool) if ok is None else np.asarray(ok, dtype=bool)
+    skipped: list[int] = []
+    for n in range(r.size):
+        if r[n] < 1 and later[n] < 1 and allowed[n]:
+            return n, skipped
+        if r[n] < 1 and later[n] >= 1:
+            skipped.append(n)
+    return None, skipped
 
 
 def step_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
@@ -122,17 +139,14 @@ def step_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
     b, t = _curve(batch, throughput_tok_s)
     amort = 1.0 / t
     gains = 1.0 - amort[1:] / amort[:-1]
-    later = _later_max(gains)
-    skipped = []
-    for n, gain in enumerate(gains):
+    n, blips = _first_plateau(gains / threshold)
+    skipped = [f"B={_b(b[k + 1])} ({gains[k] * 100:.1f}%)" for k in blips]
+    if n is not None:
         i = n + 1
-        if gain < threshold and later[n] < threshold:
-            return Knee("step", int(b[i]),
-                        f"amortized time per token at B={_b(b[i])} improves "
-                        f"{gain * 100:.1f}% on B={_b(b[i - 1])} (< {threshold * 100:g}% per "
-                        f"step, seed 000){_blips(skipped, 'step')}")
-        if gain < threshold:
-            skipped.append(f"B={_b(b[i])} ({gain * 100:.1f}%)")
+        return Knee("step", int(b[i]),
+                    f"amortized time per token at B={_b(b[i])} improves "
+                    f"{gains[n] * 100:.1f}% on B={_b(b[i - 1])} (< {threshold * 100:g}% per "
+                    f"step, seed 000){_blips(skipped, 'step')}")
     last = float(gains[-1])
     every = "the last step improves" if skipped else "every step improves"
     return Knee("step", None,
@@ -182,17 +196,14 @@ def doubling_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike,
                     f"the curve spans less than one doubling (B={_b(b[0])}..{_b(b[-1])})")
     # The knee is where the gains stay small: a small gain followed by a large one is a dip
     # in a measured (noisy, or not yet saturated) curve, not the plateau.
-    # later_max[n]: the largest gain after step n (O(n) in all, not a scan per step).
-    later_max = [-math.inf] * len(steps)
-    for n in range(len(steps) - 2, -1, -1):
-        later_max[n] = max(later_max[n + 1], steps[n + 1][2])
-    for n, (half, bi, gain, how) in enumerate(steps):
-        if gain < threshold and later_max[n] < threshold:
-            later = (f"; no later doubling gains {threshold * 100:g}% or more"
-                     if n + 1 < len(steps) else "")
-            return Knee("doubling", max(1, math.floor(half)),
-                        f"doubling B={_b(half)} -> {_b(bi)} gains {gain * 100:.1f}% "
-                        f"throughput (< {threshold * 100:g}% per doubling, seed 004){later}{how}")
+    n, _blips_skipped = _first_plateau([g / threshold for _h, _b_, g, _w in steps])
+    if n is not None:
+        half, bi, gain, how = steps[n]
+        later = (f"; no later doubling gains {threshold * 100:g}% or more"
+                 if n + 1 < len(steps) else "")
+        return Knee("doubling", max(1, math.floor(half)),
+                    f"doubling B={_b(half)} -> {_b(bi)} gains {gain * 100:.1f}% "
+                    f"throughput (< {threshold * 100:g}% per doubling, seed 004){later}{how}")
     half, bi, gain, _ = steps[-1]
     return Knee("doubling", None,
                 f"the last doubling gains >= {threshold * 100:g}% throughput ({gain * 100:.1f}% "
@@ -213,7 +224,8 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
     dT/dB at B_i is the slope to the next point, (T_{i+1} - T_i)/(B_{i+1} - B_i), as in the
     authors' advisor code (vLLMBatchingMemoryGap, benchmarks/definitive_results/advisor): B_i
     is the last batch worth filling, the one past which the curve is flat. Epsilon is
-    `epsilon_tok_s` when given, else `epsilon_fraction` x T(B0)/B0. When the latency bound
+    `epsilon_tok_s` when given, else `epsilon_fraction` x T(B_i)/B_i, what a running sequence
+    yields at the batch judged (see DEFAULT_BCA_EPSILON_FRACTION). When the latency bound
     binds before the plateau, no batch meets both; the largest batch within the bound is
     returned instead (the fallback the authors' code takes), and the reason says so.
     """
@@ -222,22 +234,29 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
         raise BstarError("BCA epsilon must be positive")
     if latency_factor <= 0 or reference_batch <= 0:
         raise BstarError("BCA latency factor and reference batch must be positive")
-    eps = epsilon_tok_s if epsilon_tok_s is not None else epsilon_fraction * t[0] / b[0]
-    eps_txt = (f"{eps:,.3g} tok/s" if epsilon_tok_s is not None else
-               f"{eps:,.3g} tok/s = {epsilon_fraction * 100:g}% of T(B={_b(b[0])})/{_b(b[0])}")
+    # epsilon at each point but the last (the slope runs to the next point)
+    eps = np.full(b.size - 1, epsilon_tok_s) if epsilon_tok_s is not None \
+        else epsilon_fraction * t[:-1] / b[:-1]
+
+    def eps_txt(i: int) -> str:
+        if epsilon_tok_s is not None:
+            return f"{eps[i]:,.3g} tok/s"
+        return (f"{eps[i]:,.3g} tok/s = {epsilon_fraction * 100:g}% of "
+                f"T(B={_b(b[i])})/{_b(b[i])}")
+
     r = int(np.argmin(np.abs(np.log2(b) - math.log2(reference_batch))))
     limit = latency_factor * lat[r]
     lim_txt = (f"TPOT <= {latency_factor:g} x {lat[r]:.3g} ms at reference B={_b(b[r])} "
                f"= {limit:.3g} ms")
     slope = np.diff(t) / np.diff(b)
-    later = _later_max(slope)  # a flat slope counts only if no later one gains epsilon
     ok = lat <= limit * (1 + 1e-12)
-    for i in range(b.size - 1):
-        if slope[i] < eps and later[i] < eps and ok[i]:
-            return Knee("bca", int(b[i]),
-                        f"past B={_b(b[i])} throughput gains {slope[i]:,.3g} tok/s per added "
-                        f"sequence (< epsilon, {eps_txt}) and {lim_txt} holds there "
-                        "(BCA, Recasens et al. 2025)")
+    # a flat slope counts only if no later one gains its epsilon (a blip otherwise)
+    i, _blips_skipped = _first_plateau(slope / eps, ok[:-1])
+    if i is not None:
+        return Knee("bca", int(b[i]),
+                    f"past B={_b(b[i])} throughput gains {slope[i]:,.3g} tok/s per added "
+                    f"sequence (< epsilon, {eps_txt(i)}) and {lim_txt} holds there "
+                    "(BCA, Recasens et al. 2025)")
     within = np.flatnonzero(ok)
     if within.size == 0:
         return Knee("bca", None, f"no batch meets {lim_txt}")
@@ -245,10 +264,11 @@ def bca_knee(batch: npt.ArrayLike, throughput_tok_s: npt.ArrayLike, tpot_ms: npt
     if last < b.size - 1:
         return Knee("bca", int(b[last]),
                     f"latency binds before the plateau: throughput still gains >= epsilon "
-                    f"({eps_txt}) wherever {lim_txt}; B={_b(b[last])} is the largest batch "
+                    f"({eps_txt(last)}) wherever {lim_txt}; B={_b(b[last])} is the largest batch "
                     "within it (BCA, Recasens et al. 2025)")
     return Knee("bca", None,
-                f"throughput still gains >= epsilon ({eps_txt}) at the end of the curve "
+                f"throughput still gains >= epsilon ({eps_txt(b.size - 2)}) at the end of the "
+                f"curve "
                 f"(B={_b(b[-1])}); the plateau lies past it")
 
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bstar.engine_defaults import vllm_batch_defaults
+from bstar.engine_defaults import vllm_defaults
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 def default_max_num_batched_tokens(d: Deployment) -> int:
     """vLLM's default max_num_batched_tokens for `vllm serve` on `d`'s GPU (the table in
     bstar.engine_defaults). A sliding or chunked layer's pool share depends on it."""
-    return vllm_batch_defaults(d.gpu.memory_bytes,
-                               f"{d.gpu.id} {d.gpu.name}").max_num_batched_tokens
+    return vllm_defaults(d.gpu).max_num_batched_tokens
 
 
 @dataclass(frozen=True, slots=True)

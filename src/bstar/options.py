@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bstar.deployment import (
     DEFAULT_GPU,
@@ -29,6 +29,10 @@ from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.specs.gpu import MAX_MEMORY_BYTES
 from bstar.units import GiB
+
+if TYPE_CHECKING:
+    from bstar.specs.gpu import GpuSpec
+    from bstar.specs.model import ModelSpec
 
 # Flag names a sweep stored before `DeploymentOptions` existed (`deployment_args`), by field.
 _LEGACY_KEYS = {"dtype": "weight_dtype"}
@@ -56,7 +60,7 @@ class DeploymentOptions:
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
     gpu_util: float = GPU_MEMORY_UTILIZATION
-    reserve_gib: float = DEFAULT_RESERVE_GIB
+    reserve_gib: float | None = None  # None: the profile's reserve, else DEFAULT_RESERVE_GIB
     block_size: int = BLOCK_SIZE
     bw_eff: float | None = None
     flops_eff: float | None = None
@@ -73,15 +77,14 @@ class DeploymentOptions:
         return replace(self, model=model or self.model, gpu=gpu or self.gpu)
 
     def build(self, warn: Callable[[str], None] | None = None) -> Deployment:
-        """Load the presets (and the profile) into a `Deployment`. `warn` hears
-        about a profile calibrated on another GPU (its efficiencies are then a guess)."""
+        """Load the presets (and the profile) into a `Deployment` (`assemble`, the one
+        builder). `warn` hears about a profile calibrated on another GPU (its efficiencies
+        are then a guess)."""
         from bstar.engines import get_engine
         from bstar.specs.gpu import get_gpu
-        from bstar.specs.precision import get_precision, kv_dtype_for, weight_dtype_for
         from bstar.specs.presets import get_model
 
         engine = get_engine(self.engine)  # validates the name even under --ideal
-        reserve_gib = self.reserve_gib
         prof = None
         if self.profile:
             from bstar.calibrate import load_profile
@@ -89,35 +92,14 @@ class DeploymentOptions:
             if self.ideal:
                 raise BstarError("--ideal and --profile contradict each other; give one")
             prof = load_profile(self.profile)
-            # The profile's reserve (from an engine log) applies unless the reserve is set
-            # to something other than its default.
-            if prof.reserve_bytes is not None and reserve_gib == DEFAULT_RESERVE_GIB:
-                reserve_gib = prof.reserve_bytes / GiB
-        if not 0 <= reserve_gib * GiB <= MAX_MEMORY_BYTES:
-            raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
-                             f"GiB, got {reserve_gib:g}")
-        model = get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None)
-        gpu = get_gpu(self.gpu or DEFAULT_GPU)
-        # the engines' spellings (fp8_e4m3, modelopt_fp4, auto, a bare fp4) read as the
-        # one vocabulary (docs/models.md, "Precision names")
-        weight = weight_dtype_for(self.weight_dtype, model.default_dtype, "--dtype")
-        # the engine's terms for the kernels these weights take on this GPU
-        eff, beh, terms_path, _ = engine.for_gpu(
-            gpu.arch, kernel_path(gpu, get_precision(weight or model.default_dtype)))
-        d = Deployment(
-            model=model, gpu=gpu, num_gpus=self.num_gpus, weight_dtype=weight,
-            kv_dtype=kv_dtype_for(self.kv_dtype, where="--kv-dtype"), gpu_util=self.gpu_util,
-            reserve_bytes=round(reserve_gib * GiB), block_size=self.block_size,
-            eff=IDEAL if self.ideal else eff,
+        d = assemble(
+            get_model(self.model or DEFAULT_MODEL, self.assume_unmodeled or None),
+            get_gpu(self.gpu or DEFAULT_GPU), num_gpus=self.num_gpus,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, gpu_util=self.gpu_util,
+            reserve_bytes=None if self.reserve_gib is None else _reserve_bytes(self.reserve_gib),
+            block_size=self.block_size, eff=IDEAL if self.ideal else None,
             engine="ideal" if self.ideal else engine.name,
-            behaviour=EngineBehaviour() if self.ideal else beh,
-            kernel_terms_path="" if self.ideal else terms_path)
-        if prof is not None:
-            # The profile sets exactly the fields it names over the engine's priors, and
-            # scales the GPU where the engine beat a probed figure.
-            if {k for k, _ in prof.values} & set(KERNEL_FIELDS):
-                d = replace(d, kernel_terms_path="")  # calibrated here: this path's own
-            d = prof.apply(d)
+            behaviour=EngineBehaviour() if self.ideal else None, profile=prof)
         d = d.with_eff(self._override(d.eff))
         if prof is not None and prof.gpu and prof.gpu != d.gpu.id and warn is not None:
             # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
@@ -171,6 +153,70 @@ class DeploymentOptions:
     def from_sweep_options(cls, options: dict[str, Any]) -> DeploymentOptions:
         """A stored sweep's deployment: its `deployment` dict, or the `deployment_args` of
         runs stored before it, with the run's `model` and `gpu`."""
-        stored = options.get("deployment") or options.get("deployment_args") or {}
+        stored = dict(options.get("deployment") or options.get("deployment_args") or {})
+        if stored.get("reserve_gib") == DEFAULT_RESERVE_GIB:
+            # Stores written before --reserve-gib could be left unset (None) hold the default
+            # as a number, and a profile's reserve applied to them: read it so again.
+            stored["reserve_gib"] = None
         return cls.from_dict({**stored, "model": options.get("model"),
                               "gpu": options.get("gpu")})
+
+
+def _reserve_bytes(reserve_gib: float) -> int:
+    if not 0 <= reserve_gib * GiB <= MAX_MEMORY_BYTES:
+        raise BstarError(f"--reserve-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
+                         f"GiB, got {reserve_gib:g}")
+    return round(reserve_gib * GiB)
+
+
+def assemble(model: ModelSpec, gpu: GpuSpec, *, num_gpus: int = 1, weight_dtype: str = "",
+             kv_dtype: str = "bf16", gpu_util: float = GPU_MEMORY_UTILIZATION,
+             reserve_bytes: int | None = None, block_size: int = BLOCK_SIZE,
+             eff: Efficiency | None = None, engine: str = "",
+             behaviour: EngineBehaviour | None = None, profile: Any = None) -> Deployment:
+    """The one deployment builder: `DeploymentOptions.build` (so every command) and
+    `bstar search` call it. The dtypes are read as the one vocabulary (docs/models.md,
+    "Precision names": engines' spellings, `auto`, a bare `fp4`). Where `engine` names an
+    engine profile, its terms for this GPU's architecture and the weights' kernel path price
+    the deployment (`EngineProfile.for_gpu`; docs/cost-model.md, "Kernel paths"); an `eff` or
+    `behaviour` given (the engine's priors with a command's overrides) takes the entries'
+    values only for the fields it left at the profile's own. A calibration `profile` sets
+    the fields it names over them (its kernel terms, fitted on its own GPU, price it) and
+    scales the GPU where the engine beat a probed figure. The memory reserve per GPU: an
+    explicit one (`reserve_bytes`, from `--reserve-gib`) wins; else the profile's (read from
+    the engine's start-up log); else DEFAULT_RESERVE_GIB."""
+    from bstar.engines import engine_profiles
+    from bstar.specs.precision import get_precision, kv_dtype_for, weight_dtype_for
+
+    weight = weight_dtype_for(weight_dtype, model.default_dtype, "--dtype")
+    terms_path = ""
+    ep = engine_profiles().get(engine) if engine and engine != "ideal" else None
+    if ep is not None:
+        e_gpu, b_gpu, terms_path, _ = ep.for_gpu(
+            gpu.arch, kernel_path(gpu, get_precision(weight or model.default_dtype)))
+        eff = e_gpu if eff is None else _entries_over(eff, ep.efficiency(), e_gpu)
+        behaviour = b_gpu if behaviour is None else _entries_over(behaviour, ep.behaviour(),
+                                                                  b_gpu)
+    if reserve_bytes is None:
+        reserve_bytes = profile.reserve_bytes if profile is not None \
+            and profile.reserve_bytes is not None else round(DEFAULT_RESERVE_GIB * GiB)
+    d = Deployment(model=model, gpu=gpu, num_gpus=num_gpus, weight_dtype=weight,
+                   kv_dtype=kv_dtype_for(kv_dtype, where="--kv-dtype"), gpu_util=gpu_util,
+                   reserve_bytes=reserve_bytes, block_size=block_size,
+                   eff=eff if eff is not None else Efficiency(), engine=engine,
+                   behaviour=behaviour if behaviour is not None else EngineBehaviour(),
+                   kernel_terms_path=terms_path)
+    if profile is None:
+        return d
+    if {k for k, _ in profile.values} & set(KERNEL_FIELDS):
+        d = replace(d, kernel_terms_path="")  # calibrated on this GPU: its path's own
+    return profile.apply(d)
+
+
+def _entries_over(given: Any, base: Any, entry: Any) -> Any:
+    """`given` (a record) with `entry`'s value of every field it left at `base`'s: the
+    engine's entries for a GPU apply, a command's overrides win."""
+    changes = {f.name: getattr(entry, f.name) for f in fields(given)
+               if getattr(given, f.name) == getattr(base, f.name)
+               and getattr(entry, f.name) != getattr(base, f.name)}
+    return replace(given, **changes) if changes else given

@@ -11,13 +11,14 @@ import numpy as np
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
 from bstar.engine_defaults import RULE as VLLM_RULE
-from bstar.engine_defaults import vllm_batch_defaults
+from bstar.engine_defaults import SGLANG_RULE, sglang_max_running_requests, vllm_defaults
 from bstar.errors import BstarError
 from bstar.knee import Knee, slo_knee
 from bstar.kv_pool import kv_bytes_per_seq_allocated, kv_per_kind
 from bstar.options import DeploymentOptions
 from bstar.recommend import Recommendation, engine_flags
 from bstar.specdec import Drafter, SpecConfig, SpecPlan, plan_context
+from bstar.specdec import b_mem as feasible_b_mem
 from bstar.units import GB, GiB
 
 __all__ = ["DEFAULT_CONTEXTS", "DEFAULT_GPU", "DEFAULT_MODEL", "ContextPlan", "Plan",
@@ -204,7 +205,7 @@ def engine_defaults(d: Deployment, ctx: int, b_mem: int,
     note when that default is above B_mem or far (over 2x either way) from the
     recommendation."""
     out: list[dict[str, Any]] = []
-    vllm = vllm_batch_defaults(d.gpu.memory_bytes, f"{d.gpu.id} {d.gpu.name}")
+    vllm = vllm_defaults(d.gpu)
     v, rule = vllm.max_num_seqs, VLLM_RULE
     note = None
     if v > b_mem:
@@ -216,10 +217,11 @@ def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                 "max_num_batched_tokens": vllm.max_num_batched_tokens})
     pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
                                              // max(1, d.block_size))
-    sgl = max(1, pool_tokens // 2)
-    out.append({"engine": "sglang", "max_num_seqs": sgl,
-                "rule": "--max-running-requests defaults to the KV pool's tokens // 2 "
-                        "(sglang/srt/model_executor/model_runner.py)",
+    # SGLang serves the model's whole context unless told (--context-length).
+    max_pos = d.model.config.get("max_position_embeddings")
+    sgl = sglang_max_running_requests(
+        pool_tokens, max_pos if isinstance(max_pos, int) and max_pos > 0 else ctx)
+    out.append({"engine": "sglang", "max_num_seqs": sgl, "rule": SGLANG_RULE,
                 "note": (f"SGLang's default --max-running-requests ~{sgl:,} is above B_mem "
                          f"= {b_mem}: the KV pool binds" if sgl > b_mem else None)})
     out.append({"engine": "tgi", "max_num_seqs": None,
@@ -307,7 +309,12 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
             vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx),
             speculative=None if spec is None or drafter is None
-            else plan_context(d, drafter, spec, ctx, c.batch, rec.max_num_seqs)))
+            else plan_context(d, drafter, spec, ctx, c.batch, Recommendation.from_cost_model(
+                # The same pick on the pool with the drafter (specdec.b_mem): what runs
+                # with speculation on.
+                bstar, feasible_b_mem(d, drafter, ctx, spec.num_speculative_tokens), cross,
+                sla_b,
+                max_tpot_ms, tpot1, knees).max_num_seqs)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
 

@@ -229,10 +229,20 @@ def _first_root(fn: Callable[[FloatArray], FloatArray], lo: float = 1e-3,
     return b
 
 
+def kv_bytes_read_per_seq_per_gpu(d: Deployment, context_tokens: int) -> float:
+    """KV (and state) bytes one decode step reads on each GPU for one sequence holding
+    `context_tokens`: the step's own figure (bstar.step), whose per-GPU share is
+    `LayerGroup.kv_values_per_token_per_gpu` (each GPU keeps at least one whole KV head, so
+    Llama-3-70B's 8 KV heads at TP 16 cost each GPU 1/8 of the KV, not 1/16; MLA's latent is
+    replicated). The one rule for KV per GPU: the step, the pool and the points below use it."""
+    return float(_step.shape(d).kv_s_per_seq(float(context_tokens))) \
+        * d.gpu.hbm_bandwidth_bytes_s
+
+
 def b_star_read(d: Deployment, context_tokens: int) -> float | None:
     """B where the KV bytes read equal the weight bytes actually read (differs from B* for
-    MoE, where a small batch touches only some experts)."""
-    kv = kv_bytes_per_seq(d, context_tokens) / (1 if d.model.is_mla else d.num_gpus)
+    MoE, where a small batch touches only some experts), both per GPU."""
+    kv = kv_bytes_read_per_seq_per_gpu(d, context_tokens)
     return _first_root(lambda b: b * kv - weight_bytes_read(d, b))
 
 
@@ -249,8 +259,8 @@ def compute_crossover(d: Deployment, context_tokens: int) -> float | None:
 
 def amortized_floor_s(d: Deployment, context_tokens: int) -> float:
     """Floor of the amortized time per token as B grows: reading one sequence's KV
-    (seed 000's kv_per_seq / BW, with the bandwidth efficiency)."""
-    kv = kv_bytes_per_seq(d, context_tokens) / (1 if d.model.is_mla else d.num_gpus)
+    (seed 000's kv_per_seq / BW, with the bandwidth efficiency), per GPU."""
+    kv = kv_bytes_read_per_seq_per_gpu(d, context_tokens)
     return kv / (d.gpu.hbm_bandwidth_bytes_s * d.eff.kv_stream())
 
 

@@ -241,9 +241,14 @@ def lookahead_slots(dr: Drafter, k: int) -> int:
     return 2 * k if dr.kind in ("eagle", "mtp") else k
 
 
-def b_mem(d: Deployment, dr: Drafter, context_tokens: int, k: int) -> int:
-    """Largest batch that fits with speculation: the KV pool less the drafter's weights,
-    over each sequence's KV (its lookahead slots included) plus its drafter KV."""
+def b_mem(d: Deployment, dr: Drafter | None, context_tokens: int, k: int = 0) -> int:
+    """The feasible pool in sequences, with the drafter when there is one (the one rule the
+    plan's recommendation, its break-even and the speedup's running batch use): without
+    (`dr` None) `roofline.b_mem`; with, the KV pool less the drafter's weights over each
+    sequence's KV (its lookahead slots included) plus its drafter KV. The simulator's pool
+    (`sim.speculative.num_blocks`) is the same in blocks (tests/test_crosscheck.py)."""
+    if dr is None:
+        return rl.b_mem(d, context_tokens)
     pool = rl.kv_pool_bytes(d) - dr.resident_bytes_per_gpu
     held = context_tokens + lookahead_slots(dr, k)
     per_seq = kv_bytes_per_seq_allocated(d, held)
@@ -258,7 +263,7 @@ def speedup(d: Deployment, dr: Drafter, batch: npt.ArrayLike, context_tokens: in
     speculation, s) at each batch: output tokens per second with speculation over without,
     each batch capped by its own memory (B_mem plain, B_mem with the drafter)."""
     b = np.atleast_1d(np.asarray(batch, dtype=np.float64))
-    bm_plain = max(1, rl.b_mem(d, context_tokens))
+    bm_plain = max(1, b_mem(d, None, context_tokens))
     bm_spec = max(1, b_mem(d, dr, context_tokens, k))
     run_plain = np.minimum(b, bm_plain)
     run_spec = np.minimum(b, bm_spec)
@@ -271,9 +276,10 @@ def speedup(d: Deployment, dr: Drafter, batch: npt.ArrayLike, context_tokens: in
 
 def break_even_batch(d: Deployment, dr: Drafter, context_tokens: int, k: int,
                      acceptance_rate: float) -> int | None:
-    """The smallest batch up to B_mem (plain) at which speculation stops paying (speedup
-    at most 1); None when it pays at every batch up to B_mem."""
-    bm = max(1, rl.b_mem(d, context_tokens))
+    """The smallest batch up to B_mem with the drafter (the most sequences that run with
+    speculation on) at which it stops paying (speedup at most 1); None when it pays at every
+    batch up to there."""
+    bm = max(1, b_mem(d, dr, context_tokens, k))
     grid = np.arange(1, bm + 1, dtype=np.float64)
     s, _ = speedup(d, dr, grid, context_tokens, k, acceptance_rate)
     idx = np.flatnonzero(s <= 1.0)
@@ -310,7 +316,7 @@ class SpecPlan:
     best_k: npt.NDArray[np.int64]
     best_speedup: FloatArray
     break_even_batch: int | None
-    max_num_seqs: int  # the plan's recommended cap
+    max_num_seqs: int  # the plan's pick on the pool with the drafter (at most b_mem)
 
     @property
     def speculate_below(self) -> int | None:
@@ -322,8 +328,9 @@ class SpecPlan:
         n, m = self.max_num_seqs, self.break_even_batch
         if m is None:
             return (f"set --max-num-seqs {n} and keep speculation on: it pays at every batch "
-                    "up to B_mem (the step's weight and KV reads are shared by the k + 1 "
-                    "verified tokens, and they outweigh the extra compute here)")
+                    f"up to B_mem with the drafter ({self.b_mem}; the step's weight and KV "
+                    "reads are shared by the k + 1 verified tokens, and they outweigh the "
+                    "extra compute here)")
         if m <= 1:
             return f"set --max-num-seqs {n} and leave speculation off: it pays at no batch"
         if m > n:
@@ -412,8 +419,14 @@ def _verify_work(sh: _step.StepShape, start: FloatArray, new: FloatArray,
         return w
     t = np.atleast_1d(np.asarray(float(new.sum()) + k * nd))
     q = k + 1
-    return replace(w, weight_s=sh.weight_s(t), weight16_s=sh.weight_s(t, only_16bit=True),
-                   gemm_s=sh.gemm_s_per_token * t, comm_s=sh.comm_s_per_token * t,
+    # Every term that counts the step's token rows takes the k extra rows of each decoding
+    # sequence, as StepShape.verify's do (the routed experts' GEMMs and the row count
+    # included: tests/test_crosscheck.py found them left at one row a sequence).
+    return replace(w, num_tokens=t, weight_s=sh.weight_s(t),
+                   weight16_s=sh.weight_s(t, only_16bit=True),
+                   gemm_s=sh.gemm_s_per_token * t,
+                   expert_gemm_s=sh.expert_gemm_s_per_token * t,
+                   comm_s=sh.comm_s_per_token * t,
                    decode_attention_s=w.decode_attention_s * q, score_s=w.score_s * q)
 
 

@@ -159,7 +159,7 @@ positive_int_list = _list_of(positive_int, "a positive integer")
 def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) -> None:
     """--model/--gpu/--num-gpus/precision/memory/efficiency flags, the fields of
     `bstar.options.DeploymentOptions` (`deployment_options` maps them)."""
-    from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+    from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
 
     g = p.add_argument_group("model and hardware")
     if many:
@@ -190,9 +190,10 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help="fraction of GPU memory the engine may use (vLLM "
                         f"--gpu-memory-utilization; default {GPU_MEMORY_UTILIZATION:g})")
-    g.add_argument("--reserve-gib", type=gib_amount, default=2.0,
-                   help="per-GPU memory kept for activations, CUDA graphs and context, GiB "
-                        "(default 2)")
+    g.add_argument("--reserve-gib", type=gib_amount, default=None,
+                   help="per-GPU memory kept for activations, CUDA graphs and context, GiB; "
+                        "given, it wins over a --profile's measured reserve (default: the "
+                        f"profile's, else {DEFAULT_RESERVE_GIB:g})")
     g.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
                    help=f"KV cache block size in tokens (default {BLOCK_SIZE})")
     e = p.add_argument_group("efficiency (stated defaults; replace by calibration)")

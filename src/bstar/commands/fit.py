@@ -54,7 +54,7 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-request TPOT SLA in ms: the largest batch that meets it")
     k.add_argument("--bca-epsilon-tok-s", type=positive_float, default=None,
                    help="BCA (Recasens et al. 2025): throughput gain per added sequence that "
-                        "counts as flat, tok/s (default: 10%% of T(B0)/B0)")
+                        "counts as flat, tok/s (default: 10%% of T(B)/B at the batch judged)")
     k.add_argument("--bca-latency-factor", type=positive_float, default=5.0,
                    help="BCA: TPOT may grow to this multiple of TPOT at the reference batch "
                         "(default 5)")

@@ -21,7 +21,7 @@ from bstar.commands.common import (
     str_list,
     warn,
 )
-from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
 
 DEFAULT_GPUS = "a100-80gb-sxm,h100-sxm,h200,l40s"
@@ -53,8 +53,10 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--kv-dtype", default="bf16", help="KV cache precision (default bf16)")
     c.add_argument("--gpu-util", type=positive_float, default=GPU_MEMORY_UTILIZATION,
                    help=f"vLLM --gpu-memory-utilization (default {GPU_MEMORY_UTILIZATION:g})")
-    c.add_argument("--reserve-gib", type=gib_amount, default=2.0,
-                   help="per-GPU memory kept for activations etc., GiB (default 2)")
+    c.add_argument("--reserve-gib", type=gib_amount, default=None,
+                   help="per-GPU memory kept for activations etc., GiB; given, it wins over "
+                        f"a --profile's measured reserve (default: the profile's, else "
+                        f"{DEFAULT_RESERVE_GIB:g})")
     c.add_argument("--block-size", type=positive_int, default=BLOCK_SIZE,
                    help=f"KV block size in tokens (default {BLOCK_SIZE})")
 
@@ -84,10 +86,13 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--trace", default=None, metavar="FILE",
                    help="lengths and arrival pattern from a trace (CSV arrival_s,"
                         "prompt_tokens,output_tokens or JSON lines), rescaled per rate")
+    # default None: whether the flag was given decides if a profile's workload applies
     t.add_argument("--input-len", default=None,
                    help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
-                        "or empirical:N1,... (default 512)")
-    t.add_argument("--output-len", default=None, help="output tokens, same forms (default 256)")
+                        "or empirical:N1,... (default 512, or a --profile's recorded workload)")
+    t.add_argument("--output-len", default=None,
+                   help="output tokens, same forms (default 256, or a --profile's recorded "
+                        "workload)")
     t.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests per simulation (default 400)")
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
@@ -178,9 +183,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         demand = (len(trace.arrival_s) - 1) / span
     num_requests = args.num_requests or (
         min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    from bstar.commands.simulate import lengths_from_args, profile_traffic, prompt_shape
+    from bstar.commands.simulate import given_lengths, profile_traffic, prompt_shape
 
-    (input_len, output_len), shape = lengths_from_args(args), prompt_shape(args)
+    (input_len, output_len), shape = given_lengths(args), prompt_shape(args)
     measured = profile_traffic(args, _first_profile(args.profile))
     if args.from_run:
         from bstar.loadgen.measured import measured_traffic
@@ -213,11 +218,19 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_num_seqs=tuple(sorted(set(args.max_num_seqs or ()))),
         max_num_batched_tokens=tuple(sorted(set(args.max_num_batched_tokens or ()))),
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
-                      round(args.reserve_gib * GiB), args.block_size),
+                      None if args.reserve_gib is None else round(args.reserve_gib * GiB),
+                      args.block_size),
         eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
         max_utilization=args.max_utilization,
         num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),
-        acceptance_rate=args.acceptance_rate, drafter=args.drafter)
+        acceptance_rate=args.acceptance_rate, drafter=args.drafter,
+        engine="ideal" if opts.ideal else _engine_name(opts.engine))
+
+
+def _engine_name(name: str) -> str:
+    from bstar.engines import get_engine
+
+    return get_engine(name).name
 
 
 def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:

@@ -21,6 +21,7 @@ from bstar.commands.common import (
 )
 from bstar.commands.emit import emit
 
+DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len  (simulate, search)
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
@@ -56,11 +57,14 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--think-time-s", type=non_negative_float, default=0.0,
                    help="closed loop: mean pause between a response and the user's next "
                         "request (exponential; default 0)")
+    # default None: whether the flag was given decides if a profile's workload applies
     t.add_argument("--input-len", default=None,
                    help="prompt tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:STD "
-                        "or empirical:N1,N2,... (default 512)")
+                        f"or empirical:N1,N2,... (default {DEFAULT_LENGTHS[0]}, or a "
+                        "--profile's recorded workload)")
     t.add_argument("--output-len", default=None,
-                   help="output tokens, same forms (default 256)")
+                   help=f"output tokens, same forms (default {DEFAULT_LENGTHS[1]}, or a "
+                        "--profile's recorded workload)")
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
                    help="tokens at the start of every prompt that the prefix cache already "
                         "holds (a shared system prompt; vLLM V1 caches prefixes by default): "
@@ -121,10 +125,7 @@ def _measured(args: argparse.Namespace) -> Any:
     return measured_traffic(getattr(args, "runs_db", None), args.from_run)
 
 
-DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len
-
-
-def lengths_from_args(args: argparse.Namespace) -> tuple[str, str]:
+def given_lengths(args: argparse.Namespace) -> tuple[str, str]:
     """(--input-len, --output-len) as given, else their defaults. With --trace a given one
     is refused, not ignored: the trace says each request's lengths, and a flag that changes
     nothing would let the user believe the run used it (issue 40). Refused rather than a
@@ -137,16 +138,18 @@ def lengths_from_args(args: argparse.Namespace) -> tuple[str, str]:
     if getattr(args, "trace", None) and given:
         raise BstarError(f"{' and '.join(given)} with --trace: the trace gives every "
                          f"request's lengths; drop {' and '.join(given)} or --trace")
-    return (args.input_len or DEFAULT_LENGTHS[0], args.output_len or DEFAULT_LENGTHS[1])
+    return (args.input_len if args.input_len is not None else DEFAULT_LENGTHS[0],
+            args.output_len if args.output_len is not None else DEFAULT_LENGTHS[1])
 
 
 def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
     """The [workload] table of calibration profile `profile` (the sweep `bstar calibrate`
     read), when the flags give no workload: no --trace, --prefix-cached-tokens or
-    prompt-sharing flag, and --input-len / --output-len at their defaults. None otherwise."""
+    prompt-sharing flag, and neither --input-len nor --output-len given (an explicit
+    `--input-len 512` counts, though it is the default's value). None otherwise."""
     if not profile or getattr(args, "trace", None) or args.prefix_cached_tokens \
             or prompt_shape(args) is not None \
-            or (args.input_len, args.output_len) != (None, None):
+            or args.input_len is not None or args.output_len is not None:
         return None
     from bstar.loadgen.measured import traffic_from_profile
 
@@ -159,7 +162,7 @@ def study_options(args: argparse.Namespace) -> Any:
 
     shape = prompt_shape(args)
     caching = not getattr(args, "no_prefix_caching", False)
-    input_len, output_len = lengths_from_args(args)
+    input_len, output_len = given_lengths(args)
     measured = _measured(args)
     if measured is not None:
         input_len, output_len = measured.lengths(shared=caching and shape is None)

@@ -31,10 +31,10 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.deployment import Deployment
+from bstar.engine_defaults import vllm_defaults
 from bstar.errors import BstarError
 from bstar.recommend import MEMORY_HEADROOM
 from bstar.sim import SchedulerConfig, SimConfig, Slo, Workload, check_feasible
-from bstar.sim.scheduler import vllm_server_defaults
 from bstar.sim.steptime import coefficients
 from bstar.specs.model import ModelSpec
 
@@ -195,8 +195,7 @@ def replicas_for(model: ModelSpec, model_name: str, base: Deployment, tps: list[
         bm = rl.b_mem(d, max(1, round(i + o)))
         if bm >= 1:
             seqs = sorted({min(m, bm) for m in seqs})
-        toks = list(max_num_batched_tokens) or [vllm_server_defaults(g.memory_bytes,
-                                                                     f"{g.id} {g.name}")[1]]
+        toks = list(max_num_batched_tokens) or [vllm_defaults(g).max_num_batched_tokens]
         for m in seqs:
             for b in toks:
                 out.append(Replica(model_name, g.id, t, m, b, d, calibrated))

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bstar import roofline as rl
-from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.options import assemble
 from bstar.search.backends import Backend, TaskFailed
 from bstar.search.candidates import (
     Candidate,
@@ -148,14 +148,11 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
     for m in models:
         label = m.name
         for g in gpus:
-            base = Deployment(m, g, 1, mem.weight_dtype, mem.kv_dtype, mem.gpu_util,
-                              mem.reserve_bytes, mem.block_size, spec.eff,
-                              behaviour=spec.behaviour)
             prof = profiles.get(g.id)
-            if prof is not None:
-                base = prof.apply(base)
-                if prof.reserve_bytes is not None:
-                    base = replace(base, reserve_bytes=prof.reserve_bytes)
+            base = assemble(m, g, weight_dtype=mem.weight_dtype, kv_dtype=mem.kv_dtype,
+                            gpu_util=mem.gpu_util, reserve_bytes=mem.reserve_bytes,
+                            block_size=mem.block_size, eff=spec.eff, engine=spec.engine,
+                            behaviour=spec.behaviour, profile=prof)
             valid = sorted({t for n in spec.num_gpus for t in tp_sizes(m, n)})
             reps = with_speculation(spec, replicas_for(
                 m, label, base, valid, unit, spec.max_num_seqs, spec.max_num_batched_tokens,

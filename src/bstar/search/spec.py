@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bstar.deployment import Efficiency, EngineBehaviour
-from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
+from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
 from bstar.errors import BstarError
 from bstar.sim import Lengths, Poisson, Slo, Trace, Workload, make_workload
 from bstar.units import GiB
@@ -154,12 +154,18 @@ class Memory:
     weight_dtype: str = ""
     kv_dtype: str = "bf16"
     gpu_util: float = GPU_MEMORY_UTILIZATION
-    reserve_bytes: int = 2 * GiB
+    # None: each GPU's profile reserve, else DEFAULT_RESERVE_GIB (options.assemble); given
+    # (--reserve-gib), it wins over the profile's.
+    reserve_bytes: int | None = None
     block_size: int = BLOCK_SIZE
 
     def to_dict(self) -> dict[str, Any]:
+        # None hashes as the default did before it could be None, so stored searches keep
+        # their names (a profile's reserve applied to them then as now).
+        reserve = round(DEFAULT_RESERVE_GIB * GiB) if self.reserve_bytes is None \
+            else self.reserve_bytes
         return {"weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
-                "gpu_util": self.gpu_util, "reserve_bytes": self.reserve_bytes,
+                "gpu_util": self.gpu_util, "reserve_bytes": reserve,
                 # The key keeps its old name: this dict is hashed into the name of every
                 # stored search, so a rename would orphan them.
                 "block_tokens": self.block_size}
@@ -190,6 +196,9 @@ class SearchSpec:
     num_speculative_tokens: tuple[int, ...] = ()
     acceptance_rate: float = 0.7
     drafter: str = "auto"
+    # The engine profile whose entries for each GPU's architecture and kernel path price it
+    # (options.assemble); not in the search id: `eff` is.
+    engine: str = ""
 
     def __post_init__(self) -> None:
         if not self.models or not self.gpus:

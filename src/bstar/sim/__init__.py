@@ -13,10 +13,12 @@ from dataclasses import replace
 import numpy as np
 
 from bstar.deployment import Deployment
-from bstar.sim.engine import SimConfig, SimRun, check_feasible, simulate
+from bstar.engine_defaults import vllm_defaults
+from bstar.sim.engine import SimConfig, SimRun, simulate
+from bstar.sim.feasible import check_feasible
 from bstar.sim.metrics import SimSummary, Slo, parse_slo, summarize
 from bstar.sim.prefix import PromptShape, shape_workload
-from bstar.sim.scheduler import SchedulerConfig, vllm_server_defaults
+from bstar.sim.scheduler import SchedulerConfig
 from bstar.sim.traffic import (
     Arrivals,
     ClosedLoop,
@@ -50,7 +52,6 @@ __all__ = [
     "simulate",
     "simulate_levels",
     "summarize",
-    "vllm_server_defaults",
 ]
 
 
@@ -61,7 +62,8 @@ def simulate_levels(d: Deployment, max_num_seqs: list[int], arrivals: Arrivals,
                     prompts: PromptShape | None = None) -> list[SimSummary]:
     """The same requests (one draw from `seed`) under each max_num_seqs: the levels differ in
     the scheduler's cap only. Every level's settings are checked before any runs."""
-    base = config or SimConfig(SchedulerConfig(max_num_seqs[0]))
+    base = config or SimConfig(SchedulerConfig(
+        max_num_seqs[0], vllm_defaults(d.gpu).max_num_batched_tokens))
     w = make_workload(arrivals, input_len, output_len, num_requests,
                       np.random.default_rng(seed))
     if cached_prefix_tokens:  # a shared prefix the prefix cache holds (whole blocks)

@@ -149,13 +149,13 @@ def capacity(d: Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
     cost). The bracket starts warm: the saturated floor is a few percent under the capacity
     (lock-step waves), so the first rate above it is floor x (1 + 4 rel_tol), two bisections
     from rel_tol, and only a floor that still does not grow there widens by 1.5x."""
-    from bstar.sim.block_manager import num_gpu_blocks
+    from bstar.sim.feasible import sim_pool
     from bstar.sim.metrics import summarize
 
     seqs = cfg.scheduler.max_num_seqs
     n = sample_size(seqs)
     sample = head(unit, n)
-    sat = simulate(d, cfg, saturated_workload(sample, seqs, num_gpu_blocks(d, d.block_size),
+    sat = simulate(d, cfg, saturated_workload(sample, seqs, sim_pool(d, cfg, sample).num_blocks,
                                               d.block_size))
     floor = capacity_req_s(sat)
     mean_out = float(np.mean(unit.output_tokens))

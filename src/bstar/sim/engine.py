@@ -19,28 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
-from bstar.sim.block_manager import (
-    BlockManager,
-    block_bytes_per_gpu,
-    change_blocks,
-    engine_pool,
-    num_gpu_blocks,
-    peak_blocks,
-)
+from bstar.sim.block_manager import BlockManager, change_blocks
+from bstar.sim.feasible import MAX_REQUESTS as MAX_REQUESTS  # its home: feasible.py
+from bstar.sim.feasible import check_feasible, max_steps
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
 from bstar.sim.sequence import FloatArray, IntArray, Requests
 from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
 from bstar.units import GiB
 
-# Each request is simulated step by step, and `bstar simulate` runs a level's workload
-# several more times to find its capacity: `simulate --rate 10 --num-requests 10000` took
-# 6.6 s of CPU on the 2-core development machine, so the documented 1,000,000 took over ten
-# minutes; 100,000 take about one.
-MAX_REQUESTS = 100_000
 # Every pass of the simulator's loop moves a token, a request or the clock: a run that
 # takes more passes than this many per token (prompt and output, plus one per request) is
 # stopped and says so, whatever the input (issue 19: a NaN arrival spun it forever).
@@ -108,7 +97,8 @@ class SimRun:
     timeline: Timeline
     truncated: bool  # stopped at max_sim_time_s (or the step bound) with requests unfinished
     # Why the loop ended: "done" (every request finished), "time limit" (max_sim_time_s
-    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token).
+    # simulated), "step limit" (the bound on loop passes, STEPS_PER_TOKEN per token, or on
+    # steps, `max_steps`; neither is reached by a run `check_feasible` passed).
     stop_reason: str = "done"
     # Prefix-cache counters as vLLM's vllm:prefix_cache_hits / _queries count them (prompt
     # tokens at admission of requests never preempted); None: no cache modelled.
@@ -116,56 +106,14 @@ class SimRun:
     prefix_query_tokens: int | None = None
 
 
-def check_feasible(d: Deployment, cfg: SimConfig, w: Workload) -> int:
-    """Refuse impossible settings before simulating; returns the number of KV blocks."""
-    bs = d.block_size
-    sc = cfg.scheduler
-    if w.num_requests > MAX_REQUESTS:
-        raise BstarError(f"--num-requests is capped at {MAX_REQUESTS:,} per run")
-    if sc.max_num_batched_tokens < bs:
-        raise BstarError(f"--max-num-batched-tokens {sc.max_num_batched_tokens} is below one "
-                         f"KV block ({bs} tokens)")
-    windowed = engine_pool(d, bs)
-    blocks = windowed[0] if windowed else num_gpu_blocks(d, bs)
-    if blocks < 1:
-        raise BstarError(
-            f"the KV cache has no blocks: {d.model.name} on {d.num_gpus} x {d.gpu.id} at "
-            f"--gpu-util {d.gpu_util:g} leaves {rl.kv_pool_bytes(d) / GiB:.2f} GiB per GPU for "
-            f"KV, under one block of "
-            f"{windowed[1] if windowed else block_bytes_per_gpu(d, bs):,} bytes")
-    longest = int((w.prompt_tokens + w.output_tokens).max()) if w.num_requests else 0
-    # The last generated token is never fed back, so a request holds at most in+out-1.
-    need = peak_blocks(d, bs, longest - 1, sc.max_num_batched_tokens) if windowed \
-        else -(-(longest - 1) // bs)
-    if need > blocks:
-        raise BstarError(
-            f"a request of {longest} tokens needs {need} KV blocks; the pool holds {blocks} "
-            f"({blocks * bs} tokens): it could never run. Shorten it or add memory/GPUs")
-    return blocks
-
-
 def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
-    blocks_total = check_feasible(d, cfg, w)
+    pool = check_feasible(d, cfg, w)
     bs = d.block_size
-    # A model with sliding or chunked layers: vLLM V1's pool of KV cache group blocks,
-    # each sequence giving back the blocks behind its window (`engine_pool`).
-    windowed = engine_pool(d, bs)
     caching = w.prompt_ids is not None and cfg.prefix_caching
     sc = cfg.scheduler
-    if cfg.speculative is not None or caching:
-        # The prefix cache's block table and speculation's pool (the drafter's KV beside the
-        # target's) count whole-model blocks: every token of every layer (conservative for a
-        # windowed model, whose freeing is not combined with them).
-        windowed = None
-    if cfg.speculative is not None:
-        from bstar.sim.speculative import num_blocks
-
-        blocks_total = num_blocks(d, cfg.speculative, bs)
-        sc = replace(sc, lookahead_tokens=cfg.speculative.lookahead_tokens)
-    elif caching:
-        blocks_total = num_gpu_blocks(d, bs)
-    block_bytes = windowed[1] if windowed else block_bytes_per_gpu(d, bs)
-    host_blocks = cfg.swap_space_bytes // block_bytes \
+    if pool.lookahead_tokens:
+        sc = replace(sc, lookahead_tokens=pool.lookahead_tokens)
+    host_blocks = cfg.swap_space_bytes // pool.block_bytes \
         if cfg.scheduler.preemption == "swap" else 0
     coeffs = coefficients(d)
     reqs = Requests.new(w.prompt_tokens, w.output_tokens)
@@ -174,7 +122,7 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
 
         assert w.prompt_ids is not None
         w.prompt_ids.check(reqs.prompt_tokens)
-        bm: BlockManager = CachingBlockManager(blocks_total, bs, w.prompt_ids,
+        bm: BlockManager = CachingBlockManager(pool.num_blocks, bs, w.prompt_ids,
                                                reqs.prompt_tokens, reqs.output_tokens,
                                                host_blocks)
         return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
@@ -184,8 +132,7 @@ def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
         hit = np.minimum(np.asarray(w.cached_tokens, dtype=np.int64),
                          reqs.prompt_tokens - 1) // bs * bs
         reqs.num_computed[:] = np.maximum(hit, 0)
-    bm = BlockManager(blocks_total, bs, host_blocks,
-                      blocks_fn=windowed[2] if windowed else None)
+    bm = BlockManager(pool.num_blocks, bs, host_blocks, blocks_fn=pool.blocks_fn)
     return _Loop(d, cfg, w, coeffs, reqs, bm, Scheduler(sc, reqs, bm)).run()
 
 
@@ -280,13 +227,12 @@ class _Loop:
         truncated = False
         stop = "done"
         stalled = 0
-        tokens = int(np.sum(self.w.prompt_tokens, dtype=np.int64)
-                     + np.sum(self.w.output_tokens, dtype=np.int64))
-        max_passes = STEPS_PER_TOKEN * (tokens + n_total) + 1000
+        steps_bound = max_steps(self.w)  # sum(prompt + output): check_feasible says why
+        max_passes = STEPS_PER_TOKEN * (steps_bound + n_total) + 1000
         passes = 0
         while True:
             passes += 1
-            if passes > max_passes:
+            if passes > max_passes or self.num_steps > steps_bound:
                 truncated, stop = True, "step limit"
                 break
             if self.front:
@@ -312,7 +258,8 @@ class _Loop:
                               sched.num_running)
             plan = sched.schedule()
             if plan.empty:
-                # Only after preempting the sole running request; the next pass admits it.
+                # Only after preempting the sole running request; the next pass admits it
+                # (it fits alone: check_feasible).
                 stalled += 1
                 if stalled > 2:
                     raise RuntimeError("simulator made no progress")  # a bug, not input

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bstar.engine_defaults import vllm_batch_defaults
 from bstar.errors import BstarError
 from bstar.sim.block_manager import BlockManager, change_blocks
 from bstar.sim.sequence import FloatArray, IntArray, Requests
@@ -33,17 +32,12 @@ from bstar.sim.sequence import FloatArray, IntArray, Requests
 PREEMPTION_MODES = ("recompute", "swap")
 
 
-def vllm_server_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) that `vllm serve` picks when not told: the
-    table in bstar.engine_defaults (`gpu_name`: the catalog id and name together)."""
-    t = vllm_batch_defaults(gpu_memory_bytes, gpu_name)
-    return t.max_num_seqs, t.max_num_batched_tokens
-
-
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int
-    max_num_batched_tokens: int = 2048  # see vllm_server_defaults
+    # A shorthand for tests: the commands, search and the report's replay pass the GPU's
+    # (bstar.engine_defaults.vllm_defaults; 8192 on an H200).
+    max_num_batched_tokens: int = 2048
     preemption: str = "recompute"
     # KV slots reserved past each scheduled sequence's new tokens: speculative decoding's
     # K draft tokens (vLLM V1's num_lookahead_tokens; bstar.sim.speculative). 0: none.

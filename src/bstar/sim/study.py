@@ -100,16 +100,16 @@ def _arrivals(o: StudyOptions) -> Any:
 
 def run_study(d: Deployment, o: StudyOptions) -> Study:
     """Simulate every level of `o` on `d`; advise on the knee when there are several."""
-    from bstar.sim import SchedulerConfig, SimConfig, simulate_levels, vllm_server_defaults
+    from bstar.engine_defaults import vllm_defaults
+    from bstar.sim import SchedulerConfig, SimConfig, simulate_levels
     from bstar.sim.advice import advise
     from bstar.sim.metrics import parse_slo
     from bstar.sim.traffic import parse_lengths
 
     arrivals = _arrivals(o)
-    default_seqs, default_tokens = vllm_server_defaults(d.gpu.memory_bytes,
-                                                        f"{d.gpu.id} {d.gpu.name}")
-    levels = sorted(set(o.max_num_seqs or [default_seqs]))
-    tokens = o.max_num_batched_tokens or default_tokens
+    defaults = vllm_defaults(d.gpu)
+    levels = sorted(set(o.max_num_seqs or [defaults.max_num_seqs]))
+    tokens = o.max_num_batched_tokens or defaults.max_num_batched_tokens
     if not 0 <= o.swap_space_gib * GiB <= MAX_MEMORY_BYTES:
         raise BstarError(f"--swap-space-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                          f"GiB, got {o.swap_space_gib:g}")
@@ -177,16 +177,19 @@ def replay_closed_loops(d: Deployment, levels: list[tuple[int, int]], prompt_tok
                         ) -> list[dict[str, Any]]:
     """The simulator at each level given as (closed-loop users, server batch cap), every
     request `prompt_tokens` in and `output_tokens` out: what a sweep of those levels would
-    measure if the cost model were right, scheduling and queueing included. One simulate
-    JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
+    measure if the cost model were right, scheduling and queueing included, under the
+    GPU's default token budget as `vllm serve` runs it (`engine_defaults.vllm_defaults`). One
+    simulate JSON object per level, with `batch`: the running-batch bound min(users, cap)."""
+    from bstar.engine_defaults import vllm_defaults
     from bstar.fit.points import level_batch
     from bstar.sim import ClosedLoop, SchedulerConfig, SimConfig, simulate_levels
     from bstar.sim.traffic import parse_lengths
 
+    budget = vllm_defaults(d.gpu).max_num_batched_tokens
     rows = []
     for users, cap in levels:
         r = simulate_levels(d, [cap], ClosedLoop(users), parse_lengths(str(prompt_tokens)),
                             parse_lengths(str(output_tokens)), num_requests, seed,
-                            SimConfig(SchedulerConfig(cap)))[0].to_dict()
+                            SimConfig(SchedulerConfig(cap, budget)))[0].to_dict()
         rows.append({"batch": level_batch({"concurrency": users, "max_num_seqs": cap}), **r})
     return rows

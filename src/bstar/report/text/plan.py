@@ -203,7 +203,7 @@ def engine_defaults_line(defaults: tuple[dict[str, Any], ...], st: Styler) -> st
     if v is not None:
         parts.append(f"vLLM {v['max_num_seqs']}")
     if s is not None:
-        parts.append(f"SGLang ~{s['max_num_seqs']:,} (KV tokens / 2)")
+        parts.append(f"SGLang ~{s['max_num_seqs']:,} (min(KV tokens / 2, request pool))")
     if "tgi" in by:
         parts.append("TGI none (token budget)")
     text = "engine defaults without the flag: " + ", ".join(parts)

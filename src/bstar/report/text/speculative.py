@@ -40,7 +40,8 @@ def speculative_lines(sp: SpecPlan, st: Styler) -> list[str]:
         out.append("  " + row)
     be = sp.break_even_batch
     out.append("    break-even batch: " + (str(be) if be is not None
-                                            else "none up to B_mem (it pays at every batch)"))
+                                            else f"none up to B_mem with the drafter "
+                                            f"({sp.b_mem}: it pays at every batch)"))
     out.append("    " + st(sp.advice(), "bold green"))
     out += [f"    {engine:<13} {flags}" for engine, flags in sp.flags().items()]
     return out

@@ -171,13 +171,6 @@ class ModelSpec(ModelFields):
         return sum(g.num_layers * g.kv_values_per_token_per_gpu(num_gpus) * kv.bits // 8
                    for g in self.layer_groups() if g.kind != "state")
 
-    def kv_values_per_token_per_layer_per_gpu(self, num_gpus: int) -> int:
-        if self.is_mla:
-            return self.kv_values_per_token_per_layer()  # the latent is replicated
-        # KV heads shard across GPUs; with fewer heads than GPUs each GPU keeps one copy.
-        heads = max(1, math.ceil(self.num_kv_heads / num_gpus))
-        return 2 * heads * self.head_dim
-
     def kv_tokens_held(self, context_tokens: int) -> tuple[int, ...]:
         """Tokens of KV each layer holds for a sequence of this context (group order)."""
         return tuple(t for g in self.layer_groups()
