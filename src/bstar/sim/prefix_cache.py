@@ -213,10 +213,8 @@ class CachingBlockManager(BlockManager):
         keys = self._keys(rid)
         full = min(full, len(keys), len(blocks))
         index, key_of = self.index, self.key_of
-        for j in range(done, full):
-            key = keys[j]
+        for key, b in zip(keys[done:full], blocks[done:full], strict=True):
             if key not in index:
-                b = blocks[j]
                 index[key] = b
                 key_of[b] = key
         self.req_cached[rid] = max(done, full)
@@ -261,7 +259,9 @@ class CachingBlockManager(BlockManager):
             ref[b] -= 1
         freed = [b for b in reversed(blocks) if ref[b] == 0]
         if freed:
-            self.free_q.update(dict.fromkeys(freed))
+            free_q = self.free_q
+            for b in freed:  # at the tail, in order (2x faster than update(dict.fromkeys))
+                free_q[b] = None
             self._touch(freed)
         self.num_free = len(self.free_q)
         return len(blocks)
