@@ -199,3 +199,63 @@ def test_a_longer_replay_shares_what_the_trace_shares_and_no_more() -> None:
     assert c.segments[2][0] == (1, 8)  # the shared system prompt stays shared
     assert c.segments[2][1] != (2, 4) and c.segments[2][1][1] == 4  # its own part is new
     assert c.output_ids[2] not in ids.output_ids
+
+
+def _mixed_ids(n: int, prompts: np.ndarray) -> PromptIds:
+    """Every third prompt starts with one of two shared 48-token system prompts; a few quote
+    an earlier prompt whole; the others are private (their first segment is theirs alone)."""
+    segs: list[tuple[tuple[int, int], ...]] = []
+    for i, p in enumerate(prompts.tolist()):
+        if i % 3 == 0:
+            segs.append(((10 + i % 2, 48), (1000 + i, p - 48)))
+        elif i % 7 == 1 and i > 8 and p > prompts[i - 7]:  # quotes request i - 7's prompt
+            segs.append(((1000 + i - 7, int(prompts[i - 7])), (2000 + i, p - prompts[i - 7])))
+        else:
+            segs.append(((1000 + i, p),))
+    return PromptIds(tuple(segs), tuple(5000 + i for i in range(n)))
+
+
+def test_private_requests_keyed_lazily_give_the_eager_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40: requests no other request can share (their first segment is theirs
+    alone) are keyed only when a preemption releases them. A run with preemptions,
+    evictions and shared prefixes is the same, to the bit, as keying every block at once."""
+    from bstar.deployment import Deployment
+    from bstar.sim import SimConfig, simulate
+    from bstar.sim import prefix_cache as pc
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
+    d = Deployment(model=get_model("llama-3-8b"), gpu=get_gpu("a100-80gb-sxm"), gpu_util=0.22)
+    rng = np.random.default_rng(3)
+    n = 180
+    prompts = rng.integers(60, 900, n)
+    w = Workload(prompts, rng.integers(20, 400, n), np.cumsum(rng.exponential(0.05, n)),
+                 prompt_ids=_mixed_ids(n, prompts))
+    managers: list[CachingBlockManager] = []
+    private: list[int] = []
+    init = pc.CachingBlockManager.__init__
+
+    def run(lazy: bool):  # type: ignore[no-untyped-def]
+        def patched(self, *a, **k):  # type: ignore[no-untyped-def]
+            init(self, *a, **k)
+            private.append(int(self.lazy.sum()))
+            if not lazy:
+                self.lazy[:] = False
+            managers.append(self)
+
+        monkeypatch.setattr(pc.CachingBlockManager, "__init__", patched)
+        return simulate(d, SimConfig(SchedulerConfig(64, 2048)), w)
+
+    eager, lazy = run(False), run(True)
+    assert n // 2 < private[1] < n  # most are private, not all
+    assert managers[1].lazy.sum() < private[1]  # some were preempted and keyed
+    assert eager.num_preemptions > 0 and managers[0].num_evicted > 0
+    assert eager.prefix_hit_tokens and eager.prefix_hit_tokens > 0
+    for f in ("first_token_s", "finish_s", "num_preemptions", "num_generated"):
+        assert np.array_equal(getattr(eager.requests, f), getattr(lazy.requests, f),
+                              equal_nan=True), f
+    assert (eager.num_steps, eager.duration_s, eager.prefix_hit_tokens,
+            eager.prefix_query_tokens) == (lazy.num_steps, lazy.duration_s,
+                                           lazy.prefix_hit_tokens, lazy.prefix_query_tokens)
+    assert managers[0].num_evicted == managers[1].num_evicted
+    assert np.array_equal(eager.itl_values_s, lazy.itl_values_s)

@@ -399,7 +399,7 @@ class _Loop:
         self.itl_arrays_w.append(np.full(cut - 1, b, dtype=np.int64))
         if bm.caching:
             need = np.maximum((comp + cut + bs - 1) // bs - held, 0)
-            bm.grow_many(ids, need, comp + cut)  # type: ignore[attr-defined]
+            bm.grow_many(ids, need, comp + cut, held + need)  # type: ignore[attr-defined]
         else:
             if bm.blocks_fn is not None:  # as the last of `cut` ordinary steps leaves them
                 need = bm.blocks_for(comp + cut, comp + cut - 1) - held

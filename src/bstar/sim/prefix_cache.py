@@ -18,18 +18,36 @@ block_pool.py, kv_cache_utils.py), with block ids where `BlockManager` keeps cou
 Hits and queries are counted at admission, for requests never preempted, as vLLM's
 `vllm:prefix_cache_hits` / `_queries` counters count them (PrefixCacheStats.record).
 Two blocks with one key (computed apart) keep the first in the index: vLLM indexes both.
+
+Cost (issue 40): a request whose first segment no other request of the workload starts
+with is *private*: a block's key is the whole prefix that ends with it, so no other request
+can ever hold one of its keys (short of a 64-bit hash collision, which the keys already
+accept), and only the request itself, readmitted after a preemption, can hit its blocks.
+Its blocks are keyed lazily: counted (`req_cached`) while it runs, put in the index when a
+preemption releases them (its first chance to be looked up), and marked `_PRIVATE` when it
+finishes (never looked up again; evicting one still counts in `num_evicted`). Its admission
+skips the lookup (nothing of it can be cached yet) and its keys are never hashed. The hits,
+evictions and free queue are the ones eager keying gives (tests/test_sim_prefix_cache.py
+holds a run equal with and without the private path); what is left per block is the free
+queue's O(1) moves. A workload of distinct prompts (100,000 distinct hash chains) costs
+that, not a lookup and a key per block.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
 from bstar.sim.block_manager import BlockManager
 from bstar.sim.prefix import PromptIds, block_keys
 from bstar.sim.sequence import IntArray
+
+# key_of's mark for a finished private request's keyed block: cached (evicting it counts)
+# but in no index (nobody can look it up).
+_PRIVATE: Any = object()
 
 
 class CachingBlockManager(BlockManager):
@@ -43,13 +61,19 @@ class CachingBlockManager(BlockManager):
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.ref = [0] * num_blocks
-        self.key_of: list[int | None] = [None] * num_blocks
+        self.key_of: list[Any] = [None] * num_blocks  # a key, None, or _PRIVATE
         self.index: dict[int, int] = {}  # block key -> block id
         self.free_q: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.req_blocks: dict[int, list[int]] = {}
         # Per request: its leading blocks already keyed.
         self.req_cached = np.zeros(int(prompt_tokens.size), dtype=np.int64)
         self.req_keys: dict[int, list[int]] = {}
+        # Private requests (module docstring), lazy until a preemption keys their blocks.
+        firsts = Counter(seg[0][0] if seg else None for seg in ids.segments)
+        self.lazy = np.fromiter((firsts[seg[0][0] if seg else None] == 1
+                                 for seg in ids.segments), dtype=bool, count=len(ids))
+        # Full blocks among a request's first prompt + output - 1 tokens: len(_keys(rid)).
+        self.num_keys = (prompt_tokens + output_tokens - 1) // block_size
         self.hit_tokens = 0
         self.query_tokens = 0
         self.num_evicted = 0
@@ -81,7 +105,7 @@ class CachingBlockManager(BlockManager):
                   budget: int) -> tuple[list[int], int, int, int]:
         """(hit blocks, computed tokens, tokens to schedule, blocks it takes from the free
         queue) for a waiting request: a lookup when nothing of it is computed."""
-        if computed:
+        if computed or self.lazy[rid]:  # a private request's blocks are not cached yet
             hit, free_hits = [], 0
         else:
             hit, free_hits = self._lookup(rid, num_tokens)
@@ -182,29 +206,52 @@ class CachingBlockManager(BlockManager):
         full = upto // self.block_size
         if full <= done:
             return
-        keys = self._keys(rid)
         blocks = self.req_blocks[rid]
+        if self.lazy[rid]:  # counted now, keyed when released
+            self.req_cached[rid] = max(done, min(full, int(self.num_keys[rid]), len(blocks)))
+            return
+        keys = self._keys(rid)
         full = min(full, len(keys), len(blocks))
         index, key_of = self.index, self.key_of
-        for j in range(done, full):
-            key = keys[j]
+        for key, b in zip(keys[done:full], blocks[done:full], strict=True):
             if key not in index:
-                b = blocks[j]
                 index[key] = b
                 key_of[b] = key
         self.req_cached[rid] = max(done, full)
 
-    def grow_many(self, ids: IntArray, need: IntArray, upto: IntArray) -> None:
-        """`grow` for each running request that takes a block or fills one this step."""
-        bs = self.block_size
-        touch = (need > 0) | (upto // bs > self.req_cached[ids])
+    def grow_many(self, ids: IntArray, need: IntArray, upto: IntArray,
+                  num_blocks: IntArray) -> None:
+        """`grow` for each running request that takes a block or fills one this step
+        (`num_blocks`: what each holds after it); a private request that only fills one is
+        counted here at once, as `_cache` would count it."""
+        full = upto // self.block_size
+        done = self.req_cached[ids]
+        fills = full > done
+        count = fills & (need == 0) & self.lazy[ids]
+        if count.any():
+            sel = ids[count]
+            self.req_cached[sel] = np.maximum(done[count], np.minimum(
+                np.minimum(full[count], self.num_keys[sel]), num_blocks[count]))
+        touch = (need > 0) | (fills & ~count)
         for rid, n, u in zip(ids[touch].tolist(), need[touch].tolist(), upto[touch].tolist(),
                              strict=True):
             self.grow(rid, n, u)
 
-    def release(self, rid: int) -> int:
+    def release(self, rid: int, finished: bool = False) -> int:
         """Free a request's blocks, tail first; those no one else holds join the free queue
-        and stay cached until taken. Returns the blocks the request held."""
+        and stay cached until taken. Returns the blocks the request held. A private
+        request's blocks are keyed here (`finished`: marked, as nobody will look them up)."""
+        if self.lazy[rid]:
+            done = int(self.req_cached[rid])
+            if finished:
+                key_of = self.key_of
+                for b in self.req_blocks.get(rid, [])[:done]:
+                    key_of[b] = _PRIVATE
+            else:  # preempted: its blocks can be hit when it comes back, so key them
+                self.lazy[rid] = False
+                if done:
+                    self.req_cached[rid] = 0
+                    self._cache(rid, done * self.block_size)
         blocks = self.req_blocks.pop(rid, [])
         self.req_cached[rid] = 0
         ref = self.ref
@@ -212,7 +259,9 @@ class CachingBlockManager(BlockManager):
             ref[b] -= 1
         freed = [b for b in reversed(blocks) if ref[b] == 0]
         if freed:
-            self.free_q.update(dict.fromkeys(freed))
+            free_q = self.free_q
+            for b in freed:  # at the tail, in order (2x faster than update(dict.fromkeys))
+                free_q[b] = None
             self._touch(freed)
         self.num_free = len(self.free_q)
         return len(blocks)

@@ -134,7 +134,8 @@ class Scheduler:
                                                             - held, 0)
             if int(np.cumsum(need).max()) <= bm.num_free:
                 if bm.caching:
-                    bm.grow_many(ids, need, comp + sched)  # type: ignore[attr-defined]
+                    bm.grow_many(ids, need, comp + sched,  # type: ignore[attr-defined]
+                                 held + need)
                 else:
                     change_blocks(bm, int(need.sum()))
                 r.num_blocks[ids] = held + need
@@ -318,7 +319,7 @@ class Scheduler:
             r.done[fin] = True
             if self.blocks.caching:
                 for rid in fin.tolist():
-                    self.blocks.release(rid)  # type: ignore[attr-defined]
+                    self.blocks.release(rid, finished=True)  # type: ignore[attr-defined]
                     self.blocks.forget(rid)  # type: ignore[attr-defined]
             else:
                 self.blocks.free(int(r.num_blocks[fin].sum()))

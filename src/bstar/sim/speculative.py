@@ -17,18 +17,21 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from bstar import roofline as rl
+from bstar import step as st
 from bstar.deployment import Deployment
 from bstar.kv_pool import kv_bytes_per_seq_allocated
 from bstar.sim.scheduler import Scheduler, StepPlan
-from bstar.sim.sequence import IntArray
+from bstar.sim.sequence import FloatArray, IntArray
+from bstar.sim.steptime import OneStep
 from bstar.specdec import (
+    PROB_BYTES,
     Drafter,
     SpecConfig,
     accepted_drafts,
     lookahead_slots,
-    scheduled_step_s,
 )
 
 
@@ -65,9 +68,49 @@ class SpecStep:
     def __init__(self, d: Deployment, spec: SpecSim) -> None:
         self.d, self.spec = d, spec
         self.rng = np.random.default_rng([spec.seed, 31])
+        self.target = OneStep(st.shape(d), d.eff)
+        dd = spec.drafter.deployment
+        self.draft = None if dd is None else OneStep(st.shape(dd), dd.eff)
+        self.prob_bw = d.gpu.hbm_bandwidth_bytes_s * d.eff.bandwidth
+        self.vocab_size = d.model.vocab_size
 
     def step_s(self, plan: StepPlan) -> float:
-        return scheduled_step_s(self.d, self.spec.drafter, plan.start, plan.new, self.spec.k)
+        """`specdec.scheduled_step_s(d, drafter, plan.start, plan.new, k)` in Python floats
+        (`OneStep`, as the plain path's step): the same terms in the same order, so the same
+        number (tests/test_sim_speculative_fast.py holds them equal); numpy's cost per call on
+        one-element StepWorks was 80% of a speculative simulation (issue 40)."""
+        k = self.spec.k
+        c = plan.start.astype(np.float64)
+        n = plan.new.astype(np.float64)
+        if n.size == 0:
+            return 0.0
+        dec = n == 1
+        nd = float(dec.sum())
+        total = self._verify_s(self.target, c, n, dec, nd, k, True)
+        total += nd * (k + 1) * self.vocab_size * PROB_BYTES / self.prob_bw
+        one = self.draft
+        if one is not None:
+            total += self._verify_s(one, c, n, dec, nd, k, False)
+            if nd:
+                cd = c[dec] + k
+                ones = np.ones_like(cd)
+                for j in range(1, k):
+                    total += one.price(*one.shape.scheduled_sums(cd + j, ones), overhead=False)
+        return total
+
+    @staticmethod
+    def _verify_s(one: OneStep, c: FloatArray, n: FloatArray, dec: npt.NDArray[np.bool_],
+                  nd: float, k: int, overhead: bool) -> float:
+        """`specdec._verify_work` priced by `one` (with or without the overhead terms)."""
+        sums = one.shape.scheduled_sums(c + k * dec, n)
+        if not nd:
+            return one.price(*sums, overhead=overhead)
+        q = k + 1
+        (num_seqs, num_dec, num_chunks, num_tokens, kv, score, attn, ckv, ctiles, cattn,
+         cattn_g) = sums
+        return one.price(num_seqs, num_dec, num_chunks, num_tokens, kv, score * q, attn * q,
+                         ckv, ctiles, cattn, cattn_g, gemm_tokens=float(n.sum()) + k * nd,
+                         overhead=overhead)
 
     def accept(self, sched: Scheduler, plan: StepPlan, end_s: float) -> tuple[IntArray, int]:
         """After `Scheduler.update`: each sequence that verified drafts this step (it decoded

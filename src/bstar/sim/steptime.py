@@ -126,19 +126,26 @@ class OneStep:
 
     def price(self, num_seqs: float, num_decode: float, num_chunks: float, num_tokens: float,
               kv: float, score: float, dec_attn: float, chunk_kv: float, chunk_tiles_kv: float,
-              chunk_attn: float, chunk_attn_gemm: float) -> float:
-        """The step's time in seconds (0 without sequences, as `price_parts`)."""
+              chunk_attn: float, chunk_attn_gemm: float, gemm_tokens: float | None = None,
+              overhead: bool = True) -> float:
+        """The step's time in seconds (0 without sequences, as `price_parts`).
+
+        For a speculative verify step (`bstar.specdec._verify_work`) `gemm_tokens` is the
+        token rows the weights, the dense GEMMs and the all-reduces see (the step's tokens
+        and the drafts), `num_tokens` the step's own; `overhead=False` leaves out the
+        overhead terms (`kernels_s + layers_s + comm_s` of `price_parts`, a drafter pass)."""
         if not num_seqs > 0:
             return 0.0
         s, p, t = self.shape, self.p, num_tokens
-        weight_s = s.dense_weight_s + s.weight_s_per_token * t  # StepShape.weight_s
-        weight16_s = s.dense16_weight_s + s.weight_s_per_token * t
+        g = t if gemm_tokens is None else gemm_tokens
+        weight_s = s.dense_weight_s + s.weight_s_per_token * g  # StepShape.weight_s
+        weight16_s = s.dense16_weight_s + s.weight_s_per_token * g
         if s.num_experts:
-            frac = 1.0 - (1.0 - s.top_k / s.num_experts) ** t  # expert_fraction_read
+            frac = 1.0 - (1.0 - s.top_k / s.num_experts) ** g  # expert_fraction_read
             weight_s = weight_s + s.expert_weight_s * frac
             weight16_s = weight16_s + s.expert16_weight_s * frac
         weight_mem = (weight_s - weight16_s) / self.ws + weight16_s / self.ws16
-        gemm_c = s.gemm_s_per_token * t / p["compute"]
+        gemm_c = s.gemm_s_per_token * g / p["compute"]
         if self.grouped and s.moe_layers:
             gemm_c = gemm_c + s.expert_gemm_s_per_token * t * (1.0 / self.moe_c - 1.0) \
                 / p["compute"]
@@ -161,10 +168,12 @@ class OneStep:
             compute = gemm_c + attn_c + chunk_attn_gemm / p["compute"]
             kernels = max(memory, compute)
             layers = s.num_layers * p["layer_s"]
-        comm = s.comm_s_per_token * t + s.allreduce_calls * p["allreduce_latency_s"]
-        overhead = p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs \
-            + (self.prompt_token_s * (t - num_decode) if num_chunks > 0 else 0.0)
-        return kernels + layers + comm + overhead
+        comm = s.comm_s_per_token * g + s.allreduce_calls * p["allreduce_latency_s"]
+        if not overhead:
+            return kernels + layers + comm
+        return kernels + layers + comm + (
+            p["overhead_s"] + p["overhead_per_seq_s"] * num_seqs
+            + (self.prompt_token_s * (t - num_decode) if num_chunks > 0 else 0.0))
 
 
 # `price`'s arguments: what `StepShape._work` takes, read back from a StepWork.
