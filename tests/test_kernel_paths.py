@@ -112,3 +112,22 @@ def test_a_gpu_file_with_an_unknown_arch_name_is_refused(tmp_path) -> None:  # t
                    'hbm_bandwidth_bytes_s = 2e12\nbf16_flops = 3e14\narch = "hoper"\n')
     with pytest.raises(BstarError, match="arch"):
         get_gpu(str(bad))
+
+
+def test_native_fp4_experts_multiply_at_the_fp8_rate() -> None:
+    """Blackwell runs gpt-oss's MXFP4 experts natively (MXFP4 x MXFP8 MMAs at the FP8 rate);
+    Hopper and CDNA3 dequantize them to the 16-bit rate; dense GEMMs keep their own."""
+    from bstar import step
+    from bstar.deployment import expert_compute
+
+    for gpu, rate in (("b200", "fp8"), ("h200", "bf16"), ("mi300x", "bf16")):
+        d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu).build()
+        g, m = d.gpu, d.model
+        assert expert_compute(g, d.weight) == rate
+        sh = step.shape(d)
+        assert sh.expert_gemm_s_per_token == pytest.approx(
+            2 * m.expert_matmul_params_per_token / g.peak_flops(rate))
+        dense = sh.gemm_s_per_token - sh.expert_gemm_s_per_token
+        assert dense == pytest.approx(2 * (m.matmul_params_per_token
+                                           - m.expert_matmul_params_per_token)
+                                      / g.peak_flops("bf16"))

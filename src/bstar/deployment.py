@@ -211,6 +211,16 @@ def kernel_path(gpu: GpuSpec, weight: Precision) -> str:
     return f"{arch}:{family}-{'native' if native else 'dequant'}"
 
 
+def expert_compute(gpu: GpuSpec, weight: Precision) -> str:
+    """The tensor rate the routed experts' GEMMs run at: FP8 where the GPU runs the
+    experts' FP4 format natively (vLLM's MXFP4 x MXFP8 kernels on Blackwell: a mixed FP8 x
+    FP4 MMA runs at the FP8 rate; a W4A4 NVFP4 kernel's FP4 rate, twice that, is not
+    assumed), else the weights' compute dtype. Physics of the catalog, not a fitted term."""
+    if kernel_path(gpu, weight).endswith(":fp4-native") and gpu.fp8_flops:
+        return "fp8"
+    return weight.compute
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """One model on `num_gpus` GPUs (tensor parallel) with its serving memory settings."""

@@ -28,10 +28,9 @@ A step is described twice:
                         + prompt_token_s * prompt chunks' tokens (not divided by TP)
 
 where the GEMMs' compute counts the routed experts' FLOPs at the fused-MoE kernels' rate,
-expert_gemm_s / (eta_c * moe_compute) (docs/cost-model.md, "2026 models"), and
-roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard max at inf). With
-`grouped` false (cost model 1, the seeds' arithmetic) the kernels are one max over the
-step's memory and compute totals.
+expert_gemm_s / (eta_c * moe_compute) (docs/cost-model.md, "2026 models"; on the peak of
+deployment.expert_compute), and roof(a, b) = (a^k + b^k)^(1/k), k = roof_sharpness (a hard
+max at inf). With `grouped` false (cost model 1) one max over memory and compute totals.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from bstar.deployment import EFFICIENCY_FIELDS
+from bstar.deployment import EFFICIENCY_FIELDS, expert_compute
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
@@ -55,10 +54,9 @@ ATTENTION_TILE_TOKENS = 128  # query rows per block of FlashAttention-2's forwar
 
 
 def roof(memory_s: npt.ArrayLike, compute_s: npt.ArrayLike, sharpness: float) -> FloatArray:
-    """Time of a kernel group bound by two resources: the soft maximum
-    (m^k + c^k)^(1/k), the hard max at k = inf. With k = 2 a kernel exactly at its ridge
-    takes sqrt(2) = 1.41x either roof: an H200 bf16 GEMM with 256 rows (near its ridge)
-    streamed its weights at 0.64-0.74x the rate of 1 row (data/h200/gemv.jsonl)."""
+    """Time of a kernel group bound by two resources: the soft maximum (m^k + c^k)^(1/k),
+    the hard max at k = inf. At k = 2 a kernel at its ridge takes sqrt(2) x either roof: an
+    H200 bf16 GEMM of 256 rows streamed at 0.64-0.74x 1 row's rate (data/h200/gemv.jsonl)."""
     m = np.asarray(memory_s, dtype=np.float64)
     c = np.asarray(compute_s, dtype=np.float64)
     if math.isinf(sharpness):
@@ -450,6 +448,7 @@ def _shape_uncached(d: Deployment) -> StepShape:
     m, g, n = d.model, d.gpu, d.num_gpus
     bw = g.hbm_bandwidth_bytes_s
     peak = g.peak_flops(d.weight.compute)
+    expert_peak = g.peak_flops(expert_compute(g, d.weight))
     dense, expert, embed = m.weight_bytes_parts(d.weight)
     dense16, expert16 = m.weight_bytes_16bit(d.weight)
     per_token = 0.0
@@ -488,8 +487,9 @@ def _shape_uncached(d: Deployment) -> StepShape:
         else 0.0,
         top_k=m.num_experts_per_tok if m.is_moe else 0,
         num_experts=m.num_experts if m.is_moe else 0,
-        gemm_s_per_token=2 * m.matmul_params_per_token / n / peak,
-        expert_gemm_s_per_token=2 * m.expert_matmul_params_per_token / n / peak,
+        gemm_s_per_token=2 * (m.matmul_params_per_token - m.expert_matmul_params_per_token)
+        / n / peak + 2 * m.expert_matmul_params_per_token / n / expert_peak,
+        expert_gemm_s_per_token=2 * m.expert_matmul_params_per_token / n / expert_peak,
         moe_layers=m.num_moe_layers if m.is_moe else 0,
         groups=tuple(groups), comm_s_per_token=comm_per_token,
         allreduce_calls=2 * m.num_layers * allreduce_rounds(n),
