@@ -102,6 +102,11 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
     medians."""
     prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
     start = replace(prof, **{k: getattr(Efficiency(), k) for k in KERNEL_FIELDS})
+    # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at 1 ms
+    zero = {k: 1e-3 for k in also if k.endswith("_s")
+            and getattr(start, k, getattr(beh, k, None)) == 0}
+    start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
+    beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
     fit = (*KERNEL_FIELDS, *also)
     before = _medians(runs, start, beh, path)
     got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path)
