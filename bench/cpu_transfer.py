@@ -1,6 +1,6 @@
 """The transfer proof, end to end on this machine: probe, sweep, calibrate, predict.
 
-    python bench/transfer.py WORKDIR [--json]   # minutes; needs bstar[tiny,llamacpp]
+    python bench/cpu_transfer.py WORKDIR [--json]   # minutes; needs bstar[tiny,llamacpp]
 
 Two tiny random-weight Llamas of different sizes (bstar.tinymodel) are served by the real
 llama.cpp server (bstar.servers.LlamaCppServer) on the CPU. Model A is swept at a short
@@ -197,7 +197,7 @@ def format_result(r: TransferResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/transfer.py",
+    p = argparse.ArgumentParser(prog="python bench/cpu_transfer.py",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("workdir", type=Path)
     p.add_argument("--json", action="store_true")
