@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -204,6 +205,7 @@ def page(results: Sequence[dict[str, Any]], quick: bool, minutes: float,
          load: tuple[float, float, float]) -> str:
     cmd = "python bench/transfer.py" + (" --quick" if quick else "")
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    avg = " / ".join(f"{x:.1f}" for x in load)
     return f"""# The transfer matrix: engine terms judged by what they did not see
 
 Issue 37, item 0. Each slice of the shared real data (a GPU, a model, an engine) is left
@@ -225,13 +227,14 @@ rows (X's structure kept). What `--quick` drops is in the docstring of `bench/tr
 its commit. A change that improves an in-sample cell and worsens a left-out cell by more
 than a point is a regression, whatever the in-sample figure says.
 
-Regenerate with `{cmd}` (from the repository root; it rewrites this page).
+Regenerate with `{cmd}` (from the repository root; it rewrites
+this page).
 
 ## The matrix
 
-Printed by `{cmd}` on {date}, in {minutes:.0f} min, on a shared machine with load average
-{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) on its 2 cores.
-{QUICK_NOTE if quick else ""}
+Printed by `{cmd}` on {date}, in {minutes:.0f} min, on a shared
+machine with load average {avg} (1 / 5 / 15 min) on its {os.cpu_count()} cores.
+{textwrap.fill(QUICK_NOTE, 92) if quick else ""}
 
 {table(results)}
 """
