@@ -1,211 +1,275 @@
-"""The transfer proof, end to end on this machine: probe, sweep, calibrate, predict.
+"""Judge the engine terms by what they did not see (issue 37, item 0): the transfer matrix.
 
-    python bench/transfer.py WORKDIR [--json]   # minutes; needs bstar[tiny,llamacpp]
+    python bench/transfer.py [--quick] [--json] [--jobs N] [--no-write]
 
-Two tiny random-weight Llamas of different sizes (bstar.tinymodel) are served by the real
-llama.cpp server (bstar.servers.LlamaCppServer) on the CPU. Model A is swept at a short
-context; the cost model is calibrated on that sweep alone; then it predicts model A at a
-longer context and model B at the short one, and those are swept too. The per-level error
-of the predictions is the figure of merit. This script prints it; the slow test
-(tests/test_calibrate_transfer.py) asserts a bound on it.
+The shared real data of each engine: the closed-loop runs (data/inferencemax/runs.csv:
+vLLM, SGLang and TensorRT-LLM on H200, B200 and MI300X) and, for vLLM, the H100 load stages
+(data/vllm-h100/stages.csv). Each slice of it is left out in turn; the engine's terms are
+fitted on the rest (`bstar.validate_stages.fit_stages`, as bench/fit_runs.py fits the
+profiles) and the slice is predicted (`bstar.validate_stages.evaluate`). Per slice, the
+median |predicted / measured - 1| of the mean TPOT, TTFT and E2E over its measured-steady
+rows, two ways side by side:
 
-Modelled as llama.cpp runs these files: weights float32 as written in the GGUF ("fp32"),
-KV cache float16 (llama.cpp's default cache_type_k/v = f16), one decode step per token for
-all running slots. The step time is the median inter-token gap of a level (itl_p50): the
-mean TPOT also carries stalls behind other requests' prefills, which the decode model does
-not describe.
+- in-sample: the shipped engine profile (src/bstar/presets/engines.toml), which was fitted
+  on every row, the slice's included;
+- left out: the terms refitted without the slice.
+
+Slices:
+- GPU left out (H100 stages, H200, B200, MI300X), per engine with rows on two GPUs or more;
+- model left out (Llama-2-7B, CodeLlama-34B, gpt-oss-120b, DeepSeek-R1), per engine with two
+  models or more;
+- engine left out: an engine's rows predicted with its terms fitted on the other engines'
+  rows (each simulated with the left-out engine's structure: its scheduling lag, per-layer
+  costs and every term not fitted).
+
+The terms fitted: bench/fit_runs.py's FIT of the engine, from the generic defaults (the
+engine's structure kept, as `bstar validate`'s leave-one-model-out fit starts), so that no
+value learned on the slice enters. The kernel terms (moe_compute, moe_layer_s:
+bstar.deployment.KERNEL_FIELDS) are fitted only where a kernel path of the slice's rows has
+rows in the training set; else they stay generic for the fit and the slice, which is how
+bstar prices a GPU whose path has no entry in the profile. Each training set is fitted by one
+`fit_stages` call over all its rows (kernel terms, where fitted, shared by the rows' paths).
+
+--quick (docs/transfer.md says how long it took, and under what load) drops, for both the
+fits and the scored slices: the runs at every other concurrency (keeps 4, 16, 64 of 4-128),
+the runs at TP sizes other than the smallest and largest of each GPU x engine x model, every
+other H100 stage; and in the fits: Gauss-Newton iterations 1 instead of 4 and each row
+simulated for at most 15 s instead of 40 s (bstar.validate_stages.FIT_WINDOW_S). The scored
+figures (in-sample and left out) use the same simulation window as `bstar validate`.
+
+Regressions rule (issue 37): a change to a profile or a step term that improves an in-sample
+cell and worsens a left-out cell by more than a point is a regression, whatever the
+in-sample figure says. The page docs/transfer.md holds the matrix this command printed; it
+is rewritten on every run (--no-write: print only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import textwrap
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-# A: ~52M parameters (208 MB of float32), B: ~95M (380 MB): both far past the 32 MiB L3 of
-# the machines this runs on, and different enough that a calibration tied to A's size
-# would show.
-MODEL_A = {"hidden_size": 768, "num_layers": 8, "intermediate_size": 2048, "num_heads": 12,
-           "num_kv_heads": 4}
-MODEL_B = {"hidden_size": 1024, "num_layers": 8, "intermediate_size": 2816, "num_heads": 16,
-           "num_kv_heads": 8}
-FIT = ("bandwidth", "compute", "overhead_s")
+from bstar.deployment import KERNEL_FIELDS, Efficiency, EngineBehaviour  # noqa: E402
+from bstar.engines import get_engine  # noqa: E402
+from bstar.runs_table import load_runs  # noqa: E402
+from bstar.stages_table import Stage, load_stages  # noqa: E402
+from bstar.validate_stages import (  # noqa: E402
+    FIT_WINDOW_S,
+    evaluate,
+    fit_stages,
+    stage_deployment,
+)
+from fit_runs import FIT  # noqa: E402
 
-
-@dataclass(frozen=True)
-class TransferConfig:
-    concurrency: tuple[int, ...] = (1, 2, 4, 8)
-    short_input_len: int = 64
-    # At 512 + 32 tokens A's KV read adds ~17% to its weight bytes at batch 8 and attention
-    # ~13% to its FLOPs: a context change the prediction must follow. Prefill of 512
-    # tokens costs ~1 s on one core, hence fewer requests at that length.
-    long_input_len: int = 512
-    output_len: int = 64
-    num_requests: int = 16
-    num_requests_long: int = 8
-    # One engine thread: llama.cpp's threads spin at barriers, so on a busy 2-core machine
-    # two threads stall each other whenever one is descheduled; one thread degrades
-    # gracefully. The probe measures with the same count.
-    threads: int = 1
-    # One model at one context: compute efficiency and per-sequence overhead are both
-    # linear in the batch and tie exactly, so the per-sequence overhead stays at its prior
-    # (5 us) and only the rest is fitted.
-    fit: tuple[str, ...] = FIT
-    metric: str = "itl_p50"
-    probe_sizes: dict[str, int] = field(default_factory=dict)  # e.g. {"copy_mib": 64}
+RUNS = ROOT / "data" / "inferencemax" / "runs.csv"
+STAGES = ROOT / "data" / "vllm-h100" / "stages.csv"
+PAGE = ROOT / "docs" / "transfer.md"
+QUANTITIES = ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")
+FULL = {"iterations": 4, "fit_window_s": FIT_WINDOW_S}
+QUICK = {"iterations": 1, "fit_window_s": 15.0}
+QUICK_CONCURRENCY = (4, 16, 64)
+QUICK_NOTE = ("With --quick the fits ran one Gauss-Newton round from the generic start: a "
+              "left-out figure far above the in-sample one may be an unconverged fit, not only "
+              "a term that does not transfer; the full command (4 rounds, every row) is the "
+              "reference.")
 
 
 @dataclass(frozen=True)
-class Case:
-    name: str
-    run_id: str
-    model: str
-    points: tuple[Any, ...]  # bstar.calibrate.PointFit
-
-    @property
-    def median_abs_error(self) -> float:
-        from bstar.calibrate import median_abs_error
-
-        return median_abs_error(self.points)
-
-    @property
-    def max_abs_error(self) -> float:
-        return max(abs(p.rel_error) for p in self.points)
-
-    @property
-    def uncalibrated_median_abs_error(self) -> float:
-        from bstar.calibrate import median_abs_error
-
-        return median_abs_error(self.points, uncalibrated=True)
+class Slice:
+    kind: str  # "gpu", "model", "engine"
+    engine: str  # the engine whose terms are fitted
+    left_out: str  # the GPU, model or engine left out
+    test: tuple[Stage, ...]
+    train: tuple[Stage, ...]
 
 
-@dataclass(frozen=True)
-class TransferResult:
-    gpu_file: str
-    db: str
-    calibration: Any  # bstar.calibrate.Calibration
-    cases: tuple[Case, ...]  # the calibration run itself first, then the two transfers
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpu_file": self.gpu_file, "db": self.db,
-                "calibration": self.calibration.to_dict(),
-                "cases": [{"name": c.name, "run_id": c.run_id, "model": c.model,
-                           "median_abs_error": c.median_abs_error,
-                           "max_abs_error": c.max_abs_error,
-                           "uncalibrated_median_abs_error": c.uncalibrated_median_abs_error,
-                           "levels": [{"batch": p.batch, "context_tokens": p.context_tokens,
-                                       "measured_ms": p.measured_ms,
-                                       "predicted_ms": p.predicted_ms,
-                                       "rel_error": p.rel_error,
-                                       "uncalibrated_ms": p.uncalibrated_ms,
-                                       "uncalibrated_rel_error": p.uncalibrated_rel_error}
-                                      for p in c.points]}
-                          for c in self.cases]}
+def load_rows(quick: bool) -> list[Stage]:
+    """Every shared row (runs with tensor-parallel attention, and the vLLM H100 stages);
+    with `quick`, the subsample the docstring names."""
+    runs = [r for r in load_runs(RUNS) if not r.dp_attention]
+    stages = load_stages(STAGES)
+    if not quick:
+        return [*runs, *stages]
+    tps: dict[tuple[str, str, str], set[int]] = {}
+    for r in runs:
+        tps.setdefault((r.engine, r.gpu, r.model), set()).add(r.num_gpus)
+    keep = [r for r in runs if r.concurrency in QUICK_CONCURRENCY
+            and r.num_gpus in (min(tps[(r.engine, r.gpu, r.model)]),
+                               max(tps[(r.engine, r.gpu, r.model)]))]
+    return [*keep, *stages[::2]]
 
 
-def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
-                 log: Callable[[str], None] = lambda s: None) -> TransferResult:
-    from bstar import calibrate as cal
-    from bstar.deployment import Deployment
-    from bstar.loadgen.sweep import SweepConfig, run_sweep
-    from bstar.servers import LlamaCppServer
-    from bstar.specs.gpu import load_gpu_file
-    from bstar.specs.presets import get_model
-    from bstar.tinymodel import default_tiny_dir
-
-    cfg = cfg or TransferConfig()
-    work = Path(workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    gpu_file = work / "probe.toml"
-    # A fresh process, so BLAS starts with the engine's thread count.
-    extra = [a for k, v in cfg.probe_sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    subprocess.run([sys.executable, "-m", "bstar", "probe", "-o", str(gpu_file), "--device",
-                    "cpu", "--threads", str(cfg.threads), *extra], check=True,
-                   stdout=subprocess.DEVNULL)
-    gpu = load_gpu_file(gpu_file)
-    log(f"probe: {gpu.hbm_bandwidth_bytes_s / 1e9:.1f} GB/s, "
-        f"{gpu.bf16_flops / 1e9:.1f} GFLOP/s fp32 -> {gpu_file}")
-    db = work / "runs.db"
-    tiny = {"A": default_tiny_dir(**MODEL_A), "B": default_tiny_dir(**MODEL_B)}
-
-    def sweep(url: str, input_len: int, num_requests: int) -> str:
-        sc = SweepConfig(url=url, served_model="tiny", concurrency=list(cfg.concurrency),
-                         input_len=input_len, output_len=cfg.output_len,
-                         num_requests=num_requests, level_time_limit_s=300.0,
-                         request_timeout_s=300.0)
-        return run_sweep(sc, db=db).run_id
-
-    ctx_slot = cfg.long_input_len + cfg.output_len + 64
-    runs: dict[str, str] = {}
-    for name in ("A", "B"):
-        gguf = tiny[name].gguf_path
-        assert gguf is not None
-        with LlamaCppServer(gguf, n_parallel=max(cfg.concurrency), ctx_per_slot=ctx_slot,
-                            threads=cfg.threads, log_path=work / f"llamacpp-{name}.log") as s:
-            url = f"http://127.0.0.1:{s.port}"
-            runs[f"{name}-short"] = sweep(url, cfg.short_input_len, cfg.num_requests)
-            log(f"swept {name} at input {cfg.short_input_len}: run {runs[f'{name}-short']}")
-            if name == "A":
-                runs["A-long"] = sweep(url, cfg.long_input_len, cfg.num_requests_long)
-                log(f"swept A at input {cfg.long_input_len}: run {runs['A-long']}")
-
-    from bstar.loadgen.sweep import load_result
-
-    def deployment(name: str) -> Deployment:
-        return Deployment(get_model(str(tiny[name].hf_dir)), gpu, weight_dtype="fp32",
-                             kv_dtype="fp16")
-
-    def points(run: str) -> list[cal.Point]:
-        return cal.steps_from_sweep(load_result(db, run), cfg.metric)
-
-    c = cal.calibrate(deployment("A"), points(runs["A-short"]), cfg.fit, engine="llama.cpp",
-                      source=f"sweep run {runs['A-short']} ({db}), {cfg.metric}")
-    cases = [Case("A, calibration run", runs["A-short"], "A", c.points)]
-    for name, model, run in (("A, long context", "A", runs["A-long"]),
-                             ("B, short context", "B", runs["B-short"])):
-        cases.append(Case(name, run, model,
-                          cal.check(deployment(model), c.eff, points(run),
-                                    c.bandwidth_scale, c.compute_scale)))
-    (work / "profile.toml").write_text(cal.profile_toml(c))
-    return TransferResult(str(gpu_file), str(db), c, tuple(cases))
+def slices(rows: Sequence[Stage]) -> list[Slice]:
+    """Every slice the docstring lists, in the order of the matrix."""
+    out: list[Slice] = []
+    engines = sorted({r.engine for r in rows})
+    for kind, key in (("gpu", lambda r: r.gpu), ("model", lambda r: r.model)):
+        for eng in engines:
+            mine = [r for r in rows if r.engine == eng]
+            values = sorted({key(r) for r in mine})
+            if len(values) < 2:
+                continue
+            for v in values:
+                out.append(Slice(kind, eng, v, tuple(r for r in mine if key(r) == v),
+                                 tuple(r for r in mine if key(r) != v)))
+    if len(engines) > 1:
+        for eng in engines:
+            out.append(Slice("engine", eng, eng, tuple(r for r in rows if r.engine == eng),
+                             tuple(r for r in rows if r.engine != eng)))
+    return out
 
 
-def format_result(r: TransferResult) -> str:
-    c = r.calibration
-    lines = [f"calibrated on run {r.cases[0].run_id}: bandwidth "
-             f"{c.params['bandwidth'].value:.3f}, compute {c.params['compute'].value:.3f} "
-             f"(of the probed figures), overhead {c.eff.overhead_s * 1e3:.3f} ms + "
-             f"{c.eff.overhead_per_seq_s * 1e6:.1f} us/seq"]
-    lines += [f"  note: {n}" for n in c.notes]
-    for case in r.cases:
-        lines.append(f"{case.name} (run {case.run_id}): median |error| "
-                     f"{case.median_abs_error:.1%} (max {case.max_abs_error:.1%}), "
-                     f"uncalibrated {case.uncalibrated_median_abs_error:.1%}")
-        for p in case.points:
-            lines.append(f"  batch {p.batch:>3}  context {p.context_tokens:>4}  measured "
-                         f"{p.measured_ms:8.3f} ms  predicted {p.predicted_ms:8.3f} ms  "
-                         f"{p.rel_error:+6.1%}  (uncalibrated {p.uncalibrated_rel_error:+6.1%})")
+def fitted_terms(sl: Slice) -> tuple[str, ...]:
+    """FIT of the slice's engine, less the kernel terms where no kernel path of the slice's
+    rows has a row in the training set."""
+    train_paths = {stage_deployment(r).kernel_path for r in sl.train}
+    test_paths = {stage_deployment(r).kernel_path for r in sl.test}
+    fit = FIT.get(sl.engine, FIT["vllm"])
+    if test_paths & train_paths:
+        return fit
+    return tuple(k for k in fit if k not in KERNEL_FIELDS)
+
+
+def start_terms(engine: str, fit: Sequence[str]) -> tuple[Efficiency, EngineBehaviour]:
+    """The engine's profile with the fitted terms and the kernel terms at their generic
+    values: its structure kept, nothing learned on any row."""
+    prof = get_engine(engine)
+    e, b = prof.efficiency(), prof.behaviour()
+    ge, gb = Efficiency(), EngineBehaviour()
+    e = replace(e, **{k: getattr(ge, k) for k in (*fit, *KERNEL_FIELDS) if hasattr(ge, k)})
+    b = replace(b, **{k: getattr(gb, k) for k in fit if hasattr(gb, k)})
+    return e, b
+
+
+def _medians(summary: Any) -> dict[str, float | None]:
+    return {k: summary.median_abs[k] for k in QUANTITIES}
+
+
+def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
+    """One cell row of the matrix: in-sample (shipped profile) and left out (refit)."""
+    t0 = time.monotonic()
+    settings = QUICK if quick else FULL
+    fit = fitted_terms(sl)
+    _, inside = evaluate(list(sl.test))
+    e, b = start_terms(sl.engine, fit)
+    got = fit_stages(list(sl.train), e, fit, max_window_s=settings["fit_window_s"],
+                     iterations=settings["iterations"], behaviour=b)
+    out: dict[str, Any] = {
+        "kind": sl.kind, "engine": sl.engine, "left_out": sl.left_out,
+        "test_rows": len(sl.test), "train_rows": len(sl.train), "fit": list(fit),
+        "in_sample": _medians(inside), "left_out_errors": None, "fitted": None}
+    if got is None:
+        out["note"] = "the training rows cannot determine the terms"
+    else:
+        fe, fb = got
+        _, held = evaluate(list(sl.test), fe, behaviour=fb)
+        out["left_out_errors"] = _medians(held)
+        out["fitted"] = {k: float(getattr(fe if hasattr(fe, k) else fb, k)) for k in fit}
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """The matrix as a markdown table."""
+    lines = ["| left out | engine | rows (slice / fit) | terms fitted | in-sample TPOT / TTFT "
+             "/ E2E | left out TPOT / TTFT / E2E |", "|---|---|---|---|---|---|"]
+    for r in results:
+        terms = ", ".join(r["fit"])
+        ins = " / ".join(_pct(r["in_sample"][k]) for k in QUANTITIES)
+        lo = r["left_out_errors"]
+        out = (" / ".join(_pct(lo[k]) for k in QUANTITIES) if lo
+               else f"- ({r.get('note', '')})")
+        lines.append(f"| {r['kind']} {r['left_out']} | {r['engine']} | {r['test_rows']} / "
+                     f"{r['train_rows']} | {terms} | {ins} | {out} |")
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/transfer.py",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("workdir", type=Path)
-    p.add_argument("--json", action="store_true")
+def page(results: Sequence[dict[str, Any]], quick: bool, minutes: float,
+         load: tuple[float, float, float]) -> str:
+    cmd = "python bench/transfer.py" + (" --quick" if quick else "")
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    avg = " / ".join(f"{x:.1f}" for x in load)
+    return f"""# The transfer matrix: engine terms judged by what they did not see
+
+Issue 37, item 0. Each slice of the shared real data (a GPU, a model, an engine) is left
+out in turn: the engine's terms are fitted on the rest of that engine's data
+(`bstar.validate_stages.fit_stages`, the terms of `bench/fit_runs.py`'s FIT from the generic
+defaults; the kernel terms `moe_compute`, `moe_layer_s` only where the slice's kernel path
+has other rows, else generic, as bstar prices a GPU with no entry for its path), and the
+slice is predicted. Each cell is the median |predicted / measured - 1| of the mean TPOT,
+TTFT and E2E over the slice's measured-steady rows:
+
+- **in-sample**: the shipped engine profile (`src/bstar/presets/engines.toml`), fitted on
+  every row, the slice's included;
+- **left out**: the terms refitted without the slice.
+
+"engine X left out" predicts engine X's rows with X's terms fitted on the other engines'
+rows (X's structure kept). What `--quick` drops is in the docstring of `bench/transfer.py`.
+
+**Regressions rule.** A change to a profile or a step term lands only with this matrix in
+its commit. A change that improves an in-sample cell and worsens a left-out cell by more
+than a point is a regression, whatever the in-sample figure says.
+
+Regenerate with `{cmd}` (from the repository root; it rewrites
+this page).
+
+## The matrix
+
+Printed by `{cmd}` on {date}, in {minutes:.0f} min, on a shared
+machine with load average {avg} (1 / 5 / 15 min) on its {os.cpu_count()} cores.
+{textwrap.fill(QUICK_NOTE, 92) if quick else ""}
+
+{table(results)}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/transfer.py", description=__doc__.split(
+        "\n")[0])
+    p.add_argument("--quick", action="store_true", help="subsampled rows, one fit round")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--jobs", type=int, default=2, help="slices fitted side by side")
+    p.add_argument("--no-write", action="store_true", help=f"do not rewrite {PAGE.name}")
+    p.add_argument("--only", default=None, help="only the slices of this kind")
     args = p.parse_args(argv)
-    r = run_transfer(args.workdir, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
+    t0 = time.monotonic()
+    rows = load_rows(args.quick)
+    todo = [s for s in slices(rows) if args.only in (None, s.kind)]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run_slice, s, args.quick) for s in todo]
+        results = []
+        for s, f in zip(todo, futures, strict=True):
+            results.append(f.result())
+            print(f"done: {s.kind} {s.left_out} ({s.engine}), {results[-1]['seconds']} s",
+                  file=sys.stderr, flush=True)
+    minutes = (time.monotonic() - t0) / 60
+    load = os.getloadavg()
+    if args.json:
+        print(json.dumps({"quick": args.quick, "minutes": minutes, "load": load,
+                          "slices": results}, indent=2))
+    else:
+        print(table(results))
+    if not args.no_write:
+        PAGE.write_text(page(results, args.quick, minutes, load))
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The transfer proof on this machine (slow): probe, sweep model A with the real llama.cpp
 server, calibrate on that sweep alone, then predict model A at a longer context and a
-bigger model B at the first, and sweep those to compare (bench/transfer.py, the harness).
+bigger model B at the first, and sweep those to compare (bench/cpu_transfer.py, the harness).
 
 Stated bound: the median |error| over the four levels (batch 1, 2, 4, 8) of EACH transfer
 is at most 40%, and the calibration run itself is fitted within 25%. Measured on a shared,
@@ -20,7 +20,7 @@ import pytest
 
 from bstar import calibrate as cal
 
-HARNESS = Path(__file__).resolve().parents[1] / "bench" / "transfer.py"
+HARNESS = Path(__file__).resolve().parents[1] / "bench" / "cpu_transfer.py"
 
 TRANSFER_BOUND = 0.40
 FIT_BOUND = 0.25
@@ -49,8 +49,8 @@ def test_calibration_on_one_sweep_predicts_another_context_and_a_sibling_model(
 
 
 def _harness() -> ModuleType:
-    """bench/transfer.py, imported from its file (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_transfer", HARNESS)
+    """bench/cpu_transfer.py, imported from its file (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_cpu_transfer", HARNESS)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up by name
@@ -59,7 +59,7 @@ def _harness() -> ModuleType:
 
 
 def test_the_harness_imports_and_parses_its_arguments() -> None:
-    # The fast check of the slow harness: bench/transfer.py loads and its main rejects a
+    # The fast check of the slow harness: bench/cpu_transfer.py loads and its main rejects a
     # missing WORKDIR as argparse does.
     bench = _harness()
     assert bench.TransferConfig().fit == bench.FIT

@@ -11,8 +11,12 @@ leaves none out as warm-up). Every step is priced by `bstar.step.price`.
 Scored per run: the means of TPOT, TTFT and E2E (`bstar.validate_stages.score_stage`) and the
 output tokens per second per GPU (the run's output tokens over its span, from the first
 request's start to the last one's end, divided by its GPUs: the client's definition),
-|predicted / measured - 1|. Per GPU x engine three ways, as for load stages
-(`bstar.validate_stages.score_stages`): generic, profile, and leave one model out.
+|predicted / measured - 1|. Per GPU x engine four ways, as for load stages
+(`bstar.validate_stages.score_stages`): generic, profile, leave one model out, and leave one
+GPU out (where the group's engine has runs on other GPUs of the table: the same terms as
+leave one model out, fitted from the same generic start on that engine's runs of the OTHER
+GPUs only, then predicting this GPU's runs: how the engine's terms transfer to a chip whose
+runs they never saw).
 
 Runs whose attention is data parallel (`dp_attention`) are skipped: bstar prices tensor
 parallel attention only.
@@ -85,12 +89,15 @@ def _add_tok_s(scores: dict[str, Any], gd: dict[str, Any]) -> None:
 
 
 def score_runs(runs: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
-               engine: str | None = None, lomo: bool = True, seed: int = 0,
-               progress: Callable[[str], None] | None = None) -> RunsValidation:
+               engine: str | None = None, lomo: bool = True, logo: bool = True,
+               seed: int = 0, progress: Callable[[str], None] | None = None
+               ) -> RunsValidation:
     """Every run scored per GPU x engine: generic, profile (`engine`, else each run's own)
-    and, with `lomo` and two models or more, leave one model out (fitting `fit`)."""
+    and, with `lomo` and two models or more, leave one model out (fitting `fit`); with
+    `logo` and the engine's runs on other GPUs, leave one GPU out (fitting `fit` on those)."""
     usable = [r for r in runs if not r.dp_attention]
-    v = score_stages(usable, fit, engine=engine, lomo=lomo, seed=seed, progress=progress)
+    v = score_stages(usable, fit, engine=engine, lomo=lomo, logo=logo, seed=seed,
+                     progress=progress)
     for r in runs:
         if r.dp_attention:
             v.skipped.append({"stage": r.stage, "model": r.model, "gpu": r.gpu,

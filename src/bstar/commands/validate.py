@@ -1,7 +1,8 @@
 """`bstar validate FILE.csv`: the planner against measurements. Four table shapes:
 - a closed-loop runs table (`num_prompts` and `output_len_max` columns;
   data/inferencemax/runs.csv): each run simulated like for like and scored per GPU x
-  engine as load stages are, with output tok/s per GPU (bstar.validate_runs);
+  engine as load stages are, with output tok/s per GPU and a leave-one-GPU-out way
+  (bstar.validate_runs);
 - a load-stages table (`arrival` and `duration_s` columns; data/vllm-h100/stages.csv): each
   stage simulated like for like and scored per GPU x engine, generic, profile and
   leave-one-model-out, with its saturation state (bstar.validate_stages);
@@ -48,6 +49,10 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lomo", action="store_true",
                    help="load stages and runs: skip the leave-one-model-out fit (it simulates the "
                         "other models' stages many times)")
+    p.add_argument("--no-logo", action="store_true",
+                   help="load stages and runs: skip the leave-one-GPU-out fit (per GPU x "
+                        "engine whose engine has rows on other GPUs: fitted on those, "
+                        "predicting this GPU's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -95,7 +100,7 @@ def _run_stages(args: argparse.Namespace, text: str) -> int:
     stages = stages_from_csv(text, str(args.table), args.table.resolve().parent)
     fit = tuple(args.fit) if args.fit else DEFAULT_FIT
     v = score_stages(stages, fit, engine=args.engine, lomo=not args.no_lomo,
-                     progress=_progress(args))
+                     logo=not args.no_logo, progress=_progress(args))
     return emit(args, v.to_dict, lambda: print_stages_validation(v.to_dict()))
 
 
@@ -107,7 +112,7 @@ def _run_runs(args: argparse.Namespace, text: str) -> int:
     runs = runs_from_csv(text, str(args.table), args.table.resolve().parent)
     fit = tuple(args.fit) if args.fit else DEFAULT_FIT
     v = score_runs(runs, fit, engine=args.engine, lomo=not args.no_lomo,
-                   progress=_progress(args))
+                   logo=not args.no_logo, progress=_progress(args))
     return emit(args, v.to_dict, lambda: print_runs_validation(v.to_dict()))
 
 

@@ -1,6 +1,7 @@
 """Scoring simulated stages against the measured ones: per stage (`score_stage`), per way of
 predicting (`summarize_scores`), per GPU x engine three ways (`score_stages`: generic,
-profile, leave one model out through `fit_stages`)."""
+profile, leave one model out through `fit_stages` and, with several GPUs, leave one GPU
+out)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from bstar.deployment import Deployment, Efficiency, EngineBehaviour, split_values
+from bstar.deployment import (
+    KERNEL_FIELDS,
+    Deployment,
+    Efficiency,
+    EngineBehaviour,
+    split_values,
+)
 from bstar.errors import BstarError
 from bstar.stages_table import Stage
 from bstar.validate_stages.simulate import (
@@ -263,7 +270,7 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
 
 @dataclass
 class StagesGroup:
-    """One GPU x engine: per-stage scores and summaries, generic / profile / LOMO."""
+    """One GPU x engine: per-stage scores and summaries, generic / profile / LOMO / LOGO."""
 
     gpu: str
     engine: str
@@ -271,10 +278,13 @@ class StagesGroup:
     profile_basis: str | None
     fit: tuple[str, ...]
     models: list[str]
-    scores: dict[str, list[StageScore]]  # "generic", "profile", "lomo" -> one per stage
+    # "generic", "profile", "lomo", "logo" -> one per stage
+    scores: dict[str, list[StageScore]]
     summaries: dict[str, Summary]
     lomo_eff: dict[str, dict[str, float]]
     notes: list[str] = field(default_factory=list)
+    logo_eff: dict[str, float] | None = None  # the terms fitted on the other GPUs' rows
+    logo_gpus: list[str] | None = None  # those GPUs
 
     def to_dict(self) -> dict[str, Any]:
         stages = []
@@ -298,7 +308,9 @@ class StagesGroup:
                 "profile_basis": self.profile_basis, "fit": list(self.fit),
                 "models": self.models,
                 "summary": {k: v.to_dict() for k, v in self.summaries.items()},
-                "stages": stages, "lomo_eff": self.lomo_eff, "notes": self.notes}
+                "stages": stages, "lomo_eff": self.lomo_eff, "notes": self.notes,
+                **({"logo_eff": self.logo_eff, "logo_gpus": self.logo_gpus}
+                   if self.logo_gpus is not None else {})}
 
 
 @dataclass
@@ -312,16 +324,10 @@ class StagesValidation:
                 "groups": [g.to_dict() for g in self.groups], "skipped": self.skipped}
 
 
-def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
-                 engine: str | None = None, lomo: bool = True,
-                 max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
-                 fit_window_s: float = FIT_WINDOW_S, seed: int = 0,
-                 progress: Callable[[str], None] | None = None) -> StagesValidation:
-    """Every stage scored per GPU x engine: generic, profile (`engine`, else each group's own)
-    and, with `lomo` and two models or more, leave one model out (fitting `fit`)."""
-    from bstar.engines import get_engine
-
-    generic = (Efficiency(), EngineBehaviour())
+def _usable(stages: Sequence[Stage], engine: str | None
+            ) -> tuple[list[Stage], list[dict[str, str]]]:
+    """The stages whose deployment builds, and one skip record per model, GPU and reason
+    for the others."""
     usable, skipped, seen = [], [], set()
     for s in stages:
         try:
@@ -333,6 +339,23 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
                 seen.add((s.model, s.gpu, str(e)))
             continue
         usable.append(s)
+    return usable, skipped
+
+
+def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
+                 engine: str | None = None, lomo: bool = True, logo: bool = False,
+                 max_window_s: float = MAX_WINDOW_S, max_requests: int = MAX_REQUESTS,
+                 fit_window_s: float = FIT_WINDOW_S, seed: int = 0,
+                 progress: Callable[[str], None] | None = None) -> StagesValidation:
+    """Every stage scored per GPU x engine: generic, profile (`engine`, else each group's own)
+    and, with `lomo` and two models or more, leave one model out (fitting `fit`); with
+    `logo`, where the group's engine has stages on other GPUs, leave one GPU out: `fit`
+    fitted from the same generic start on the engine's stages of the OTHER GPUs only, then
+    predicting this group's (`_leave_gpu_out`)."""
+    from bstar.engines import get_engine
+
+    generic = (Efficiency(), EngineBehaviour())
+    usable, skipped = _usable(stages, engine)
     by_group: dict[tuple[str, str], list[Stage]] = defaultdict(list)
     for s in usable:
         by_group[s.group].append(s)
@@ -378,14 +401,57 @@ def score_stages(stages: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
             scores["lomo"] = sorted(held, key=lambda sc: order[id(sc.stage)])
         elif lomo:
             notes.append("one model: no leave-one-model-out figure")
+        logo_eff = logo_gpus = None
+        if logo:
+            others = [s for s in usable if s.engine == eng and s.gpu != gpu]
+            logo_gpus = sorted({s.gpu for s in others}) or None
+            if progress and others:
+                progress(f"{gpu} x {eng}: fitting {', '.join(fit)} on {', '.join(logo_gpus)}")
+            logo_eff = _leave_gpu_out(ss, others, prof_terms, fit, fit_window_s, engine,
+                                      scores, notes, **kw)
         if prof.basis == "fitted":
             notes.append(f"the {prof.name} profile is fitted: where it was fitted to these "
                          "stages, its figure is in-sample")
         groups.append(StagesGroup(gpu, eng, prof.name, prof.basis, tuple(fit), models, scores,
                                   {k: summarize_scores(v) for k, v in scores.items()},
-                                  lomo_eff, notes))
+                                  lomo_eff, notes, logo_eff, logo_gpus))
     settings = {"max_window_s": max_window_s, "max_requests": max_requests,
                 "warmup_fraction": WARMUP_FRACTION, "fit_window_s": fit_window_s,
                 "fit_iterations": FIT_ITERATIONS,
                 "seed": seed, "growth_limit": GROWTH_LIMIT, "failed_limit": FAILED_LIMIT}
     return StagesValidation(groups, skipped, settings)
+
+
+def _leave_gpu_out(group: Sequence[Stage], others: Sequence[Stage],
+                   prof_terms: tuple[Efficiency, EngineBehaviour], fit: Sequence[str],
+                   fit_window_s: float, engine: str | None,
+                   scores: dict[str, list[StageScore]], notes: list[str], **kw: Any
+                   ) -> dict[str, float] | None:
+    """The leave-one-GPU-out way of one GPU x engine: `fit` fitted on `others` (the same
+    engine's stages on the other GPUs: none of `group`'s) from the generic start the
+    leave-one-model-out fit takes, then each stage of `group` predicted with the result
+    (into `scores["logo"]`; the fitted terms returned), or a note why not.
+    The kernel terms (KERNEL_FIELDS) too start generic where no other GPU's stage takes a
+    kernel path of `group`'s: the profile's were fitted on this GPU's own rows (its home
+    path or its entry), and a GPU whose path has no entry is priced with generic ones.
+    None where the other GPUs' stages cannot determine `fit`."""
+    if not others:
+        eng = group[0].engine
+        notes.append(f"{eng} on one GPU: no leave-one-GPU-out figure")
+        return None
+    generic = (Efficiency(), EngineBehaviour())
+    paths = {stage_deployment(s).kernel_path for s in group}
+    reset = ([] if paths & {stage_deployment(s).kernel_path for s in others}
+             else list(KERNEL_FIELDS))
+    start = _with_values(*prof_terms, {k: _value(*generic, k)
+                                       for k in dict.fromkeys([*fit, *reset])})
+    fitted = fit_stages(others, start[0], fit, fit_window_s, kw.get("seed", 0),
+                        behaviour=start[1])
+    if fitted is None:
+        notes.append(f"the other GPUs' ({', '.join(sorted({s.gpu for s in others}))}) "
+                     f"steady stages cannot determine {', '.join(fit)}")
+        return None
+    scores["logo"] = [score_stage(s, simulate_stage(s, fitted[0], engine=engine,
+                                                    behaviour=fitted[1], **kw))
+                      for s in group]
+    return {k: _value(*fitted, k) for k in fit}

@@ -67,7 +67,7 @@ def print_curves_validation(v: CurvesValidation, num_rows: int) -> None:
 
 
 # ---- load stages ------------------------------------------------------------------------
-WAYS = (("generic", "generic"), ("profile", "profile"), ("lomo", "LOMO"))
+WAYS = (("generic", "generic"), ("profile", "profile"), ("lomo", "LOMO"), ("logo", "LOGO"))
 METRIC_NAMES = (("e2e_mean_ms", "E2E"), ("ttft_mean_ms", "TTFT"),
                 ("tpot_mean_ms", "per-token"))
 
@@ -102,7 +102,7 @@ def _stage_group_lines(g: dict[str, Any]) -> list[str]:
     """One GPU x engine: its heading, a line per stage, the summary of each way."""
     ways = [(k, name) for k, name in WAYS if k in g["summary"]]
     lomo = (f"; LOMO fits {', '.join(g['fit'])} without the stage's model"
-            if "lomo" in g["summary"] else "")
+            if "lomo" in g["summary"] else "") + _logo_heading(g)
     out = ["", f"{Path(g['gpu']).name} x {g['engine']} (profile {g['profile']}, "
                f"{g['profile_basis']}{lomo})"]
     hdr = f"  {'stage':<31}{'load':>9}  {'state meas':<11}"
@@ -128,6 +128,7 @@ def _stage_group_lines(g: dict[str, Any]) -> list[str]:
     for m, e in g["lomo_eff"].items():
         out.append(f"    LOMO without {m}: " + ", ".join(f"{k} = {x:.4g}"
                                                      for k, x in e.items()))
+    out += _logo_lines(g)
     out += [f"    note: {n}" for n in g["notes"]]
     return out
 
@@ -180,7 +181,7 @@ def format_runs_validation(v: dict[str, Any]) -> str:
     for g in v["groups"]:
         ways = [(k, name) for k, name in WAYS if k in g["summary"]]
         lomo = (f"; LOMO fits {', '.join(g['fit'])} without the run's model"
-                if "lomo" in g["summary"] else "")
+                if "lomo" in g["summary"] else "") + _logo_heading(g)
         out += ["", f"{Path(g['gpu']).name} x {g['engine']} (profile {g['profile']}, "
                     f"{g['profile_basis']}{lomo})"]
         hdr = f"  {'run':<44}"
@@ -207,10 +208,27 @@ def format_runs_validation(v: dict[str, Any]) -> str:
         for m, e in g["lomo_eff"].items():
             out.append(f"    LOMO without {m}: " + ", ".join(f"{k} = {x:.4g}"
                                                          for k, x in e.items()))
+        out += _logo_lines(g)
         out += [f"    note: {n}" for n in g["notes"]]
     for s in v["skipped"]:
         out.append(f"  skipped {s['stage']} ({s['model']} on {s['gpu']}): {s['reason']}")
     return "\n".join(out)
+
+
+def _logo_heading(g: dict[str, Any]) -> str:
+    """The heading's words for the leave-one-GPU-out way, where the group has it."""
+    if "logo" not in g["summary"]:
+        return ""
+    return (f"; LOGO fits {', '.join(g['fit'])} on {g['engine']}'s rows of "
+            f"{', '.join(Path(x).name for x in g.get('logo_gpus') or [])} only")
+
+
+def _logo_lines(g: dict[str, Any]) -> list[str]:
+    """The terms the leave-one-GPU-out fit found."""
+    if not g.get("logo_eff"):
+        return []
+    return ["    LOGO (fitted on " + ", ".join(Path(x).name for x in g["logo_gpus"]) + "): "
+            + ", ".join(f"{k} = {x:.4g}" for k, x in g["logo_eff"].items())]
 
 
 def _run_model_lines(g: dict[str, Any], ways: list[tuple[str, str]]) -> list[str]:

@@ -1,0 +1,45 @@
+"""bench/transfer.py's slices (issue 37, item 0): each left-out slice is fitted on none of
+its own rows, and its kernel terms stay generic where its kernel path has no other rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from bstar.runs_table import runs_from_csv
+from test_validate_logo import PICKS, _table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _transfer():
+    spec = importlib.util.spec_from_file_location("bench_transfer_matrix",
+                                                  ROOT / "bench" / "transfer.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_transfer_slices_leave_their_rows_out_and_kernel_terms_where_unseen() -> None:
+    t = _transfer()
+    rows = runs_from_csv(_table([*PICKS, ("sglang", "b200", "deepseek-v3"),
+                                 ("trt-llm", "h200", "gpt-oss-120b")]))
+    got = {(s.kind, s.engine, s.left_out): s for s in t.slices(rows)}
+    assert set(got) == {("gpu", "vllm", "h200"), ("gpu", "vllm", "b200"),
+                        ("gpu", "sglang", "h200"), ("gpu", "sglang", "b200"),
+                        ("engine", "vllm", "vllm"), ("engine", "sglang", "sglang"),
+                        ("engine", "trt-llm", "trt-llm")}
+    for s in got.values():
+        assert s.test and not set(map(id, s.test)) & set(map(id, s.train))
+        attr = {"gpu": "gpu", "engine": "engine"}[s.kind]
+        assert {getattr(r, attr) for r in s.test} == {s.left_out}
+        assert s.left_out not in {getattr(r, attr) for r in s.train}
+    # a left-out GPU's kernel path has no other rows: generic kernel terms, not fitted
+    assert "moe_compute" not in t.fitted_terms(got["gpu", "vllm", "b200"])
+    # vLLM's H200 gpt-oss path (hopper:fp4-dequant) is TensorRT-LLM's H200 gpt-oss path too
+    assert "moe_compute" in t.fitted_terms(got["engine", "vllm", "vllm"])
+    e, _ = t.start_terms("vllm", t.fitted_terms(got["gpu", "vllm", "b200"]))
+    assert (e.moe_compute, e.moe_layer_s) == (1.0, 0.0)
