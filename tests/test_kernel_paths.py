@@ -48,10 +48,10 @@ def test_terms_fitted_on_one_path_do_not_price_another() -> None:
     assert (home.moe_compute, home.moe_layer_s) == (vllm.efficiency().moe_compute,
                                                     vllm.efficiency().moe_layer_s)
     assert home.moe_layer_s > 0
-    # Mixtral's bf16 experts on H100, FP8 DeepSeek on H200, gpt-oss natively on a B200 and
-    # dequantized on an MI300X: none of them is that path
+    # Mixtral's bf16 experts on H100, FP8 DeepSeek on H200, gpt-oss natively on an RTX PRO
+    # 6000 and dequantized on an A100: none of them is that path, nor has an entry
     for model, gpu in (("mixtral-8x7b", "h100-sxm"), ("deepseek-v3", "h200"),
-                       ("gpt-oss-120b", "b200"), ("gpt-oss-120b", "mi300x")):
+                       ("gpt-oss-120b", "rtx-pro-6000"), ("gpt-oss-120b", "a100-80gb-sxm")):
         e = _eff(model, gpu)
         assert all(getattr(e, k) == getattr(generic, k) for k in KERNEL_FIELDS), (model, gpu)
         # the engine's other terms still apply
@@ -59,6 +59,20 @@ def test_terms_fitted_on_one_path_do_not_price_another() -> None:
 
 
 def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's entries for B200's native FP4 kernels and for ROCm (kernels and the engine's
+    # per-request time), each on its own GPUs only
+    vllm = get_engine("vllm")
+    for gpu, path in (("b200", "blackwell:fp4-native"), ("mi300x", "cdna3:fp4-dequant")):
+        (entry,) = [k for k in vllm.kernels if k.path == path]
+        d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu).build()
+        assert d.kernel_path == path and d.kernel_terms_priced
+        assert (d.eff.moe_compute, d.eff.moe_layer_s) == tuple(dict(entry.values)[k]
+                                                              for k in KERNEL_FIELDS)
+    rocm = DeploymentOptions(model="gpt-oss-120b", gpu="mi300x").build().behaviour
+    assert rocm.request_overhead_s == dict(vllm.arch_entry("cdna3").behaviour_values)[
+        "request_overhead_s"] != vllm.behaviour().request_overhead_s
+    assert DeploymentOptions(model="gpt-oss-120b", gpu="h200").build().behaviour \
+        == vllm.behaviour()
     trt = get_engine("trt-llm")
     (entry,) = [k for k in trt.kernels if k.path == "hopper:fp8-native"]
     e = _eff("deepseek-v3", "h200", "trt-llm")
@@ -76,8 +90,8 @@ def test_a_fit_for_a_path_prices_that_paths_runs() -> None:
     """fit_stages(kernel_path=...) prices the candidate terms on the runs of that path."""
     from bstar.validate_stages import stage_deployment
 
-    d = DeploymentOptions(model="gpt-oss-120b", gpu="b200").build()
-    moved = replace(d, kernel_terms_path="blackwell:fp4-native",
+    d = DeploymentOptions(model="gpt-oss-120b", gpu="rtx-pro-6000").build()
+    moved = replace(d, kernel_terms_path="blackwell-rtx:fp4-native",
                     eff=replace(d.eff, moe_layer_s=5e-5))
     assert moved.eff.moe_layer_s == 5e-5
     assert d.with_eff(replace(d.eff, moe_layer_s=5e-5)).eff.moe_layer_s == 0.0

@@ -25,13 +25,15 @@ CASES = [("llama-3-8b", 1, "eagle"), ("llama-3-8b", 1, "ngram"), ("llama-3-70b",
 
 
 _RATES = ("bandwidth", "compute", "kv_bandwidth", "attention_compute", "fp8_weight_stream",
-          "int4_weight_stream")
+          "int4_weight_stream", "moe_compute")
 
 
 def random_eff(rng: np.random.Generator) -> Efficiency:
-    """`random_params` as an Efficiency (its rates within (0, 1], as Efficiency requires)."""
+    """`random_params` as an Efficiency (its rates within (0, 1] and score_bytes within
+    [0, 1024], as Efficiency's FIELD_RANGES require)."""
     p = random_params(rng)
-    return Efficiency(**{**p, **{f: min(p[f], 1.0) for f in _RATES}})
+    return Efficiency(**{**p, **{f: min(p[f], 1.0) for f in _RATES},
+                         "score_bytes": min(p["score_bytes"], 1024.0)})
 
 
 @pytest.mark.parametrize("model,num_gpus,drafter", CASES)

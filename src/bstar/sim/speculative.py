@@ -106,11 +106,13 @@ class SpecStep:
         if not nd:
             return one.price(*sums, overhead=overhead)
         q = k + 1
-        (num_seqs, num_dec, num_chunks, num_tokens, kv, score, attn, ckv, ctiles, cattn,
+        (num_seqs, num_dec, num_chunks, _, kv, score, attn, ckv, ctiles, cattn,
          cattn_g) = sums
-        return one.price(num_seqs, num_dec, num_chunks, num_tokens, kv, score * q, attn * q,
-                         ckv, ctiles, cattn, cattn_g, gemm_tokens=float(n.sum()) + k * nd,
-                         overhead=overhead)
+        # every term that counts the step's rows takes the drafts too, the row count
+        # included (as _verify_work)
+        rows = float(n.sum()) + k * nd
+        return one.price(num_seqs, num_dec, num_chunks, rows, kv, score * q, attn * q,
+                         ckv, ctiles, cattn, cattn_g, gemm_tokens=rows, overhead=overhead)
 
     def accept(self, sched: Scheduler, plan: StepPlan, end_s: float) -> tuple[IntArray, int]:
         """After `Scheduler.update`: each sequence that verified drafts this step (it decoded
