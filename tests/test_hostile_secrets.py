@@ -175,8 +175,11 @@ def test_sigterm_stops_the_server_and_resume_completes(sig: int, tmp_path: Path)
     # group stopped, and --resume completes the run.
     port = free_port()
     db = tmp_path / "r.db"
+    # 50 ms a token: level 0 runs ~4 s, so a loaded machine still signals inside it (at
+    # 20 ms a loaded poll could first see 3 requests while the last level was ending, and
+    # the run finished before the signal: exit 0, seen once in a full suite)
     cmd = (f"{sys.executable} {TOKEN_SERVER} --port {{port}} --max-seqs {{max_num_seqs}} "
-           "--interval-ms 20")
+           "--interval-ms 50")
     argv = [sys.executable, "-m", "bstar", "sweep", "--url", f"http://127.0.0.1:{port}",
             "--server-cmd", cmd, "--max-num-seqs", "1,2", "--concurrency", "2",
             "--input-len", "8", "--output-len", "10", "--num-requests", "16",
@@ -190,6 +193,7 @@ def test_sigterm_stops_the_server_and_resume_completes(sig: int, tmp_path: Path)
     while _measured(db, 0) < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert _measured(db, 0) >= 3 and _port_open(port), "the first level did not start"
+    assert _measured(db, 0) < 16, "level 0 ended before the signal: the test, not bstar"
     proc.send_signal(sig)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
