@@ -114,12 +114,21 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
         print(f"{eng} {path}: the runs cannot determine {', '.join(fit)}")
         return
     e, b = got
-    print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs): " + ", ".join(
-        f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}" for k in fit))
+    print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs): {_values(e, b, fit)}")
     for name, m in (("before (generic kernel terms)", before),
                     ("after", _medians(runs, e, b, path))):
-        print(f"  runs {name}: median |error| " + ", ".join(
-            f"{q.split('_')[0].upper()} {x:.1%}" for q, x in m.items()))
+        print(f"  runs {name}: {_errors(m)}")
+
+
+def _values(e: Efficiency, b: EngineBehaviour, fit: tuple[str, ...]) -> str:
+    """The fitted terms, each from the record that holds it."""
+    return ", ".join(f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}"
+                     for k in fit)
+
+
+def _errors(medians: dict[str, float]) -> str:
+    return "median |error| " + ", ".join(f"{q.split('_')[0].upper()} {x:.1%}"
+                                          for q, x in medians.items())
 
 
 def main(argv: list[str]) -> int:
@@ -178,12 +187,11 @@ def main(argv: list[str]) -> int:
             print(f"{eng}: the runs cannot determine {', '.join(fit)}")
             continue
         e, b = got
-        print(f"{eng} ({', '.join(f'{len(v)} {k}' for k, v in sets.items())}): " + ", ".join(
-            f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}" for k in fit))
+        print(f"{eng} ({', '.join(f'{len(v)} {k}' for k, v in sets.items())}): "
+              f"{_values(e, b, tuple(fit))}")
         for k, v in sets.items():
             for name, m in (("before", before[k]), ("after", _medians(v, e, b))):
-                print(f"  {k} {name}: median |error| " + ", ".join(
-                    f"{q.split('_')[0].upper()} {x:.1%}" for q, x in m.items()))
+                print(f"  {k} {name}: {_errors(m)}")
     return 0
 
 

@@ -26,6 +26,7 @@ every prompt length and every output length uniformly from the integers
 from __future__ import annotations
 
 import csv
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,19 @@ ENGINES = {"vllm": "vllm", "sglang": "sglang", "trt": "trt-llm"}
 # The source's README names vLLM's version for the H200 runs only.
 VERSIONS = {("h200", "vllm"): "v0.11.0"}
 GPUS = {"h200": "h200", "b200": "b200", "mi300x": "mi300x"}
-# SGLang's default --max-running-requests is bounded by its request-to-token pool (at most
-# 4,096 requests; bstar.engine_defaults); the MI300X script leaves it at that default, far
-# above every run's concurrency (64 at most), so it never binds a closed loop.
-SGLANG_DEFAULT_RUNNING = 4096
+MI300X_SGLANG_MEMORY = 0.8  # dsr1_fp8_mi300x_docker.sh: --mem-fraction-static 0.8
+
+
+@functools.cache
+def sglang_default_running(model: str, gpu: str, tp: int, memory_fraction: float) -> int:
+    """SGLang's default --max-running-requests for the deployment (bstar.plan's rule, over
+    its KV pool): the MI300X script leaves it at that default, far above every run's
+    concurrency (64 at most), so it never binds a closed loop."""
+    from bstar.options import DeploymentOptions
+    from bstar.plan import sglang_default_cap
+
+    d = DeploymentOptions(model=model, gpu=gpu, num_gpus=tp, gpu_util=memory_fraction).build()
+    return sglang_default_cap(d, 0)
 
 
 def vllm_default_graph_tokens(max_num_seqs: int) -> int:
@@ -58,7 +68,8 @@ def vllm_default_graph_tokens(max_num_seqs: int) -> int:
     return min(2 * max_num_seqs, 512)
 
 
-def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int) -> tuple[int, int]:
+def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int, model: str = "",
+           tp: int = 1) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the benchmark scripts give the engine."""
     if engine == "vllm":
         if gpu == "h200":  # --max-num-seqs CONC, max-num-batched-tokens 8192
@@ -73,7 +84,8 @@ def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int) -> tuple[int, i
             return (512 if (isl, osl) == (1024, 1024) else 256), 32768
         if gpu == "b200":  # --max-running-requests 128, --chunked-prefill-size 32768
             return 128, 32768
-        return SGLANG_DEFAULT_RUNNING, 196608  # MI300X: --chunked-prefill-size 196608
+        # MI300X: --chunked-prefill-size 196608, its --mem-fraction-static
+        return sglang_default_running(model, gpu, tp, MI300X_SGLANG_MEMORY), 196608
     # trtllm-serve: max_batch_size CONC; the scripts set no max_num_tokens, so TensorRT-LLM's
     # default of 8192 tokens per step stands.
     return conc, 8192
@@ -102,7 +114,7 @@ def _settings(gpu: str, engine: str, model: str, max_num_seqs: int) -> dict[str,
             s.update(memory_fraction=0.82, cuda_graph_max_tokens=128, stream_interval=30,
                      kv_cache_dtype="fp8_e4m3")
         else:  # MI300X: --num-continuous-decode-steps 4, SGLang's stream interval default 1
-            s.update(memory_fraction=0.8, cuda_graph_max_tokens=128,
+            s.update(memory_fraction=MI300X_SGLANG_MEMORY, cuda_graph_max_tokens=128,
                      decode_steps_per_schedule=4)
     elif engine == "trt" and model == "gpt-oss-120b":
         s["memory_fraction"] = 0.85  # free_gpu_memory_fraction 0.85 (gpt-oss's script)
@@ -120,8 +132,8 @@ def _low(n: int) -> int:
 def run_row(r: dict[str, str]) -> dict[str, Any]:
     eng, gpu = r["framework"], GPUS[r["hw"]]
     conc, isl, osl, tp = int(r["conc"]), int(r["isl"]), int(r["osl"]), int(r["tp"])
-    seqs, tokens = _flags(gpu, eng, conc, isl, osl)
     model = get_model(r["model"]).name  # a bundled preset, by its Hugging Face repo
+    seqs, tokens = _flags(gpu, eng, conc, isl, osl, model, tp)
     dp = r["dp_attention"].lower() == "true"
     return {
         "run": f"{gpu}-{model}-{ENGINES[eng]}-tp{tp}-ep{r['ep']}{'-dpa' if dp else ''}"

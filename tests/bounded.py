@@ -29,3 +29,25 @@ def bounded(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def run_bstar(argv: list[str], seconds: int) -> tuple[int, str, str]:
+    """`bstar ARGV` in-process: (status, stdout, stderr), failing the test if it runs past
+    `seconds` (the hostile-input tests' runner)."""
+    import io
+
+    import pytest
+
+    from bstar.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with bounded(seconds), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            try:
+                status = main(argv)
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 2
+    except Hang:
+        pytest.fail(f"bstar {' '.join(argv)[:200]} ran past {seconds} s")
+    return status, out.getvalue(), err.getvalue()

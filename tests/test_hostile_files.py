@@ -9,9 +9,7 @@ servers and files print and draw as literal text, bounded; long tables are bound
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import re
@@ -21,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bounded import Hang, bounded
-from bstar.cli import main
+from bounded import run_bstar
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "src" / "bstar" / "presets" / "models"
@@ -34,17 +31,7 @@ BOUND_S = 20  # far above any case here; a hang fails instead of blocking the su
 
 def run(argv: list[str]) -> tuple[int, str, str]:
     """`bstar ARGV` in-process: (status, stdout, stderr), bounded in time."""
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with bounded(BOUND_S), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            try:
-                status = main(argv)
-            except SystemExit as e:
-                status = e.code if isinstance(e.code, int) else 2
-    except Hang:
-        pytest.fail(f"bstar {' '.join(argv)[:200]} ran past {BOUND_S} s")
-    return status, out.getvalue(), err.getvalue()
+    return run_bstar(argv, BOUND_S)
 
 
 def one_line_error(argv: list[str], *words: str) -> str:

@@ -14,7 +14,6 @@ function that owns the rule.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bounded import Hang, bounded
+from bounded import run_bstar
 from bstar import safeio
 from bstar.cli import main
 
@@ -36,17 +35,7 @@ BOUND_S = 30
 
 def run(argv: list[str]) -> tuple[int, str, str]:
     """`bstar ARGV` in-process: (status, stdout, stderr), bounded in time."""
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with bounded(BOUND_S), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            try:
-                status = main(argv)
-            except SystemExit as e:
-                status = e.code if isinstance(e.code, int) else 2
-    except Hang:
-        pytest.fail(f"bstar {' '.join(argv)[:200]} ran past {BOUND_S} s")
-    return status, out.getvalue(), err.getvalue()
+    return run_bstar(argv, BOUND_S)
 
 
 def one_line_error(argv: list[str], *words: str, status: int = 2) -> str:

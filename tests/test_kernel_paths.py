@@ -87,15 +87,14 @@ def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) ->
 
 
 def test_a_fit_for_a_path_prices_that_paths_runs() -> None:
-    """fit_stages(kernel_path=...) prices the candidate terms on the runs of that path."""
-    from bstar.validate_stages import stage_deployment
+    """fit_stages(kernel_path=...) prices the candidate terms on the runs of that path
+    (validate_stages.score._on_path, the deployments fit_stages and evaluate price with)."""
+    from bstar.validate_stages.score import _on_path
 
     d = DeploymentOptions(model="gpt-oss-120b", gpu="rtx-pro-6000").build()
-    moved = replace(d, kernel_terms_path="blackwell-rtx:fp4-native",
-                    eff=replace(d.eff, moe_layer_s=5e-5))
-    assert moved.eff.moe_layer_s == 5e-5
-    assert d.with_eff(replace(d.eff, moe_layer_s=5e-5)).eff.moe_layer_s == 0.0
-    assert callable(stage_deployment)
+    candidate = replace(d.eff, moe_layer_s=5e-5)
+    assert _on_path(d, "blackwell-rtx:fp4-native").with_eff(candidate).eff.moe_layer_s == 5e-5
+    assert _on_path(d, None).with_eff(candidate).eff.moe_layer_s == 0.0  # as built: generic
 
 
 def test_engines_toml_entries_name_their_basis() -> None:

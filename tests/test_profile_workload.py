@@ -84,6 +84,16 @@ def test_calibrate_records_the_workload_and_simulate_uses_it(
     assert "from_run" not in obj
 
 
+def calibrated_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """The profile `bstar calibrate -o` writes for a stored sweep with a 90% hit rate."""
+    db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
+    stored_sweep(db, 0.9)
+    assert main(["calibrate", "run-hit", "--db", str(db), "--model", "llama-3-8b", "--gpu",
+                 "a100-80gb-sxm", "--fit", "bandwidth,overhead_s", "-o", str(prof)]) == 0
+    capsys.readouterr()
+    return prof
+
+
 def test_long_length_lists_keep_their_quantiles() -> None:
     x = tuple(range(1, 10 * MAX_PROFILE_LENGTHS + 1))
     kept = _kept_lengths(x)
@@ -109,11 +119,7 @@ def test_search_sizes_for_the_profiles_workload_unless_given_one(
     from bstar.cli import build_parser
     from bstar.commands.search import spec_from_args
 
-    db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
-    stored_sweep(db, 0.9)
-    assert main(["calibrate", "run-hit", "--db", str(db), "--model", "llama-3-8b", "--gpu",
-                 "a100-80gb-sxm", "--fit", "bandwidth,overhead_s", "-o", str(prof)]) == 0
-    capsys.readouterr()
+    prof = calibrated_profile(tmp_path, capsys)
     base = ["search", "--profile", f"a100-80gb-sxm={prof}", "--rate", "5", "--slo",
             "ttft:2000,tpot:100", "--gpu", "a100-80gb-sxm"]
     spec = spec_from_args(build_parser().parse_args(base))
@@ -133,11 +139,7 @@ def test_explicit_default_lengths_beat_the_profiles_workload(
     from bstar.commands.search import spec_from_args
     from bstar.commands.simulate import study_options
 
-    db, prof = tmp_path / "runs.db", tmp_path / "p.toml"
-    stored_sweep(db, 0.9)
-    assert main(["calibrate", "run-hit", "--db", str(db), "--model", "llama-3-8b", "--gpu",
-                 "a100-80gb-sxm", "--fit", "bandwidth,overhead_s", "-o", str(prof)]) == 0
-    capsys.readouterr()
+    prof = calibrated_profile(tmp_path, capsys)
     m = traffic_from_profile(prof)
     assert m is not None and m.lengths(shared=False) != ("512", "256")
     explicit = ["--input-len", "512", "--output-len", "256"]

@@ -86,14 +86,27 @@ class OutputError(Exception):
     stream): one line and exit 1, never the OSError's traceback."""
 
 
-class _Stdout:
+class _Std:
+    """A standard stream that may be closed (None, `>&-`): it is a tty only when open, and
+    everything else is the stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return self.stream is not None and bool(self.stream.isatty())
+
+    def __getattr__(self, name: str) -> Any:
+        if self.stream is None:
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+class _Stdout(_Std):
     """`sys.stdout` while a command runs: a write or flush that fails raises OutputError,
     a closed stdout (`>&-`: Python's `sys.stdout` is None) too, at the first write (a
     command that prints nothing to stdout still runs). A broken pipe stays
     BrokenPipeError (`| head`: quiet)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
 
     def _call(self, name: str, *a: Any) -> Any:
         if self.stream is None:
@@ -113,21 +126,10 @@ class _Stdout:
         if self.stream is not None:
             self._call("flush")
 
-    def isatty(self) -> bool:
-        return self.stream is not None and bool(self.stream.isatty())
 
-    def __getattr__(self, name: str) -> Any:
-        if self.stream is None:
-            raise AttributeError(name)
-        return getattr(self.stream, name)
-
-
-class _Stderr:
+class _Stderr(_Std):
     """`sys.stderr` while a command runs: a closed one (None) or one whose writes fail
     takes the text and drops it (there is nowhere left to say anything)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
 
     def write(self, text: str) -> int:
         if self.stream is not None:
@@ -139,14 +141,6 @@ class _Stderr:
         if self.stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream is not None and bool(self.stream.isatty())
-
-    def __getattr__(self, name: str) -> Any:
-        if self.stream is None:
-            raise AttributeError(name)
-        return getattr(self.stream, name)
 
 
 def _hold_closed_std_fds() -> None:

@@ -199,6 +199,17 @@ def check_tensor_parallel(d: Deployment) -> None:
                          f"tensor-parallel sizes that work: {sizes}")
 
 
+def sglang_default_cap(d: Deployment, ctx: int) -> int:
+    """SGLang's default --max-running-requests on deployment `d`: its rule
+    (engine_defaults.sglang_max_running_requests) over the KV pool's tokens, for the model's
+    whole context (SGLang serves it unless told, --context-length; `ctx` without one)."""
+    pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
+                                             // max(1, d.block_size))
+    max_pos = d.model.config.get("max_position_embeddings")
+    return sglang_max_running_requests(
+        pool_tokens, max_pos if isinstance(max_pos, int) and max_pos > 0 else ctx)
+
+
 def engine_defaults(d: Deployment, ctx: int, b_mem: int,
                     recommended: int) -> tuple[dict[str, Any], ...]:
     """What each engine runs when --max-num-seqs (or its equivalent) is not given, and a
@@ -215,12 +226,7 @@ def engine_defaults(d: Deployment, ctx: int, b_mem: int,
         note = (f"vLLM's default max_num_seqs {v} is far from the recommended {recommended}")
     out.append({"engine": "vllm", "max_num_seqs": v, "rule": rule, "note": note,
                 "max_num_batched_tokens": vllm.max_num_batched_tokens})
-    pool_tokens = rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(d, 1)
-                                             // max(1, d.block_size))
-    # SGLang serves the model's whole context unless told (--context-length).
-    max_pos = d.model.config.get("max_position_embeddings")
-    sgl = sglang_max_running_requests(
-        pool_tokens, max_pos if isinstance(max_pos, int) and max_pos > 0 else ctx)
+    sgl = sglang_default_cap(d, ctx)
     out.append({"engine": "sglang", "max_num_seqs": sgl, "rule": SGLANG_RULE,
                 "note": (f"SGLang's default --max-running-requests ~{sgl:,} is above B_mem "
                          f"= {b_mem}: the KV pool binds" if sgl > b_mem else None)})
