@@ -120,6 +120,11 @@ def _measured(args: argparse.Namespace) -> Any:
     --profile recorded when no workload is given (`profile_traffic`), or None."""
     if not getattr(args, "from_run", None):
         return profile_traffic(args, getattr(args, "profile", None))
+    if getattr(args, "trace", None):
+        from bstar.errors import BstarError
+
+        raise BstarError("--from-run with --trace: both say what the requests are (the "
+                         "run's measured lengths and sharing, or the trace's); drop one")
     from bstar.loadgen.measured import measured_traffic
 
     return measured_traffic(getattr(args, "runs_db", None), args.from_run)
