@@ -243,8 +243,7 @@ def test_unknown_or_ambiguous_dtypes_are_refused_with_the_list() -> None:
 
 
 def test_memory_fraction_block_size_and_graphs_are_the_runs_own() -> None:
-    from bstar.deployment import Efficiency
-    from bstar.validate_stages.simulate import NO_GRAPHS
+    from bstar.deployment import NO_GRAPHS, Efficiency
 
     d = _run_deployment(memory_fraction="0.95", block_size="64", cuda_graph_max_tokens="2048")
     assert (d.gpu_util, d.block_size, d.eff.graph_max_tokens) == (0.95, 64, 2048.0)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bstar.deployment import Deployment, Efficiency, EngineBehaviour
+from bstar.deployment import NO_GRAPHS, Deployment, Efficiency, EngineBehaviour
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.specs.precision import kv_dtype_for, weight_dtype_for
@@ -153,11 +153,6 @@ def stage_deployment(stage: Stage, engine: str | None = None,
     d = d if eff is None else d.with_eff(eff)
     d = d.with_eff(graph_settings(stage, d.eff))
     return d if behaviour is None else d.with_behaviour(behaviour)
-
-
-# graph_max_tokens when no step runs in a captured graph: every step of a token or more is
-# past it, and pays the eager floor (bstar.step).
-NO_GRAPHS = 0.5
 
 
 def graph_settings(stage: Stage, eff: Efficiency) -> Efficiency:
