@@ -146,6 +146,8 @@ def stage_deployment(stage: Stage, engine: str | None = None,
                              gpu_util=stage.memory_fraction or GPU_MEMORY_UTILIZATION,
                              block_size=stage.block_size or BLOCK_SIZE,
                              engine=stage.engine if engine is None else engine)
+    if stage.engine == "trt-llm":  # the run's own server: its fraction is of free memory
+        opts = replace(opts, gpu_util=_trt_gpu_util(opts, stage.memory_fraction))
     key = tuple(opts.to_dict().values())
     d = _DEPLOYMENTS.get(key)
     if d is None:
@@ -153,6 +155,21 @@ def stage_deployment(stage: Stage, engine: str | None = None,
     d = d if eff is None else d.with_eff(eff)
     d = d.with_eff(graph_settings(stage, d.eff))
     return d if behaviour is None else d.with_behaviour(behaviour)
+
+
+def _trt_gpu_util(opts: Any, free_fraction: float | None) -> float:
+    """A TensorRT-LLM run's free_gpu_memory_fraction (blank: its default) as gpu_util
+    (bstar.engine_defaults.gpu_util_for_free_fraction), on the run's weights and reserve."""
+    from bstar.engine_defaults import (
+        TRT_LLM_FREE_GPU_MEMORY_FRACTION,
+        gpu_util_for_free_fraction,
+    )
+    from bstar.roofline import weight_bytes_per_gpu
+
+    d = replace(opts, gpu_util=1.0).build()
+    return gpu_util_for_free_fraction(free_fraction or TRT_LLM_FREE_GPU_MEMORY_FRACTION,
+                                      d.gpu.memory_bytes, weight_bytes_per_gpu(d),
+                                      d.reserve_bytes)
 
 
 def graph_settings(stage: Stage, eff: Efficiency) -> Efficiency:
