@@ -1,11 +1,13 @@
 """Score bstar's disaggregated plan against measured disaggregated runs.
 
-    python bench/disagg_validate.py [data/inferencex-h200/disagg_runs.csv] [--json]
+    python bench/disagg_validate.py [data/inferencex-h200/disagg_runs.csv] [--simulate] [--json]
 
 Per run: the plan at the run's concurrency and mean lengths (bstar.disagg_runs): predicted
 TPOT (decode side) and TTFT against the measured means, and the median |error| over the
 scored runs, all of them and apart for the runs without EP or attention DP (priced as tensor
-parallel until bstar.step carries those terms). MTP runs are listed as skipped.
+parallel until bstar.step carries those terms). MTP runs are listed as skipped. With
+--simulate, also the two-pool simulation of each run's own closed loop (bstar.sim.disagg;
+about a minute on a laptop core).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ def _pct(x: float | None) -> str:
 
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
-    paths = [a for a in argv if a != "--json"]
-    scores = score_disagg_runs(load_disagg_runs(paths[0] if paths else DEFAULT))
+    sim = "--simulate" in argv
+    paths = [a for a in argv if a not in ("--json", "--simulate")]
+    scores = score_disagg_runs(load_disagg_runs(paths[0] if paths else DEFAULT), simulate=sim)
     s = summary(scores)
     if as_json:
         print(json.dumps({"runs": [x.to_dict() for x in scores], "summary": s}, indent=2))
@@ -44,14 +47,19 @@ def main(argv: list[str]) -> int:
             continue
         print(f"{r.run:48s} {dp:>7s} {x.predicted_tpot_ms:6.2f} / {r.tpot_mean_ms:6.2f} "
               f"{_pct(x.tpot_error):>5s} {x.predicted_ttft_ms:7.0f} / {r.ttft_mean_ms:7.0f} "
-              f"{_pct(x.ttft_error):>6s}  {x.bound}")
+              f"{_pct(x.ttft_error):>6s}  {x.bound}"
+              + (f"  simulated TPOT {x.simulated_tpot_ms:6.2f} {_pct(x.simulated_tpot_error)}"
+                 f" TTFT {x.simulated_ttft_ms:6.0f} {_pct(x.simulated_ttft_error)}"
+                 if x.simulated_tpot_ms is not None else ""))
     print(f"{s['scored']} of {s['runs']} runs scored ({s['skipped']} skipped); median "
           "|predicted / measured - 1| (targets: TPOT 15%, TTFT 30%):")
     for k in ("all", "tp_only", "with_ep_or_dp"):
         g = s[k]
         tp, tt = g["tpot_median_abs_error"], g["ttft_median_abs_error"]
-        print(f"  {k:14s} {g['runs']:3d} runs  TPOT {'-' if tp is None else f'{tp:.1%}'}  "
-              f"TTFT {'-' if tt is None else f'{tt:.1%}'}")
+        print(f"  {k:14s} {g['runs']:3d} runs  plan: TPOT {'-' if tp is None else f'{tp:.1%}'}"
+              f"  TTFT {'-' if tt is None else f'{tt:.1%}'}", end="")
+        st, stt = g["simulated_tpot_median_abs_error"], g["simulated_ttft_median_abs_error"]
+        print(f"   simulated: TPOT {st:.1%}  TTFT {stt:.1%}" if st is not None else "")
     return 0
 
 

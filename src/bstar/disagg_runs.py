@@ -171,6 +171,10 @@ class DisaggScore:
     bound: str = ""
     priced_as: str = ""
     skipped: str = ""
+    # `bstar.sim.disagg`'s means over the run's own requests (None: not simulated)
+    simulated_tpot_ms: float | None = None
+    simulated_ttft_ms: float | None = None
+    simulated_ttft_median_ms: float | None = None
 
     @property
     def tpot_error(self) -> float | None:
@@ -183,6 +187,18 @@ class DisaggScore:
         if self.predicted_ttft_ms is None:
             return None
         return self.predicted_ttft_ms / self.run.ttft_mean_ms - 1.0
+
+    @property
+    def simulated_tpot_error(self) -> float | None:
+        if self.simulated_tpot_ms is None:
+            return None
+        return self.simulated_tpot_ms / self.run.tpot_mean_ms - 1.0
+
+    @property
+    def simulated_ttft_error(self) -> float | None:
+        if self.simulated_ttft_ms is None:
+            return None
+        return self.simulated_ttft_ms / self.run.ttft_mean_ms - 1.0
 
     def to_dict(self) -> dict[str, Any]:
         r = self.run
@@ -197,6 +213,12 @@ class DisaggScore:
                               "ttft_ms": self.predicted_ttft_ms, "bound": self.bound,
                               "priced_as": self.priced_as},
                 "errors": {"tpot": self.tpot_error, "ttft": self.ttft_error},
+                "simulated": None if self.simulated_tpot_ms is None else {
+                    "tpot_mean_ms": self.simulated_tpot_ms,
+                    "ttft_mean_ms": self.simulated_ttft_ms,
+                    "ttft_median_ms": self.simulated_ttft_median_ms,
+                    "errors": {"tpot": self.simulated_tpot_error,
+                               "ttft": self.simulated_ttft_error}},
                 "skipped": self.skipped or None}
 
 
@@ -216,12 +238,19 @@ def summary(scores: Sequence[DisaggScore]) -> dict[str, Any]:
                         ("with_ep_or_dp", [s for s in scored if s.run.has_dp_or_ep])):
         out[name] = {"runs": len(group),
                      "tpot_median_abs_error": _median_abs([s.tpot_error for s in group]),
-                     "ttft_median_abs_error": _median_abs([s.ttft_error for s in group])}
+                     "ttft_median_abs_error": _median_abs([s.ttft_error for s in group]),
+                     "simulated_tpot_median_abs_error": _median_abs(
+                         [s.simulated_tpot_error for s in group]),
+                     "simulated_ttft_median_abs_error": _median_abs(
+                         [s.simulated_ttft_error for s in group])}
     return out
 
 
-def score_disagg_runs(runs: Sequence[DisaggRun]) -> list[DisaggScore]:
-    """Each run against the plan at its concurrency (module docstring); MTP runs skipped."""
+def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
+                      seed: int = 0) -> list[DisaggScore]:
+    """Each run against the plan at its concurrency (module docstring); MTP runs skipped.
+    With `simulate`, also against `bstar.sim.disagg` running the run's own closed loop (its
+    users all starting at t = 0, its requests and length ranges, every request counted)."""
     from bstar.disaggregate import plan_disaggregated
 
     out = []
@@ -237,6 +266,16 @@ def score_disagg_runs(runs: Sequence[DisaggRun]) -> list[DisaggScore]:
             out.append(DisaggScore(r, skipped=str(e)))
             continue
         a = p.at_load
+        sim: dict[str, float | None] = {}
+        if simulate:
+            from bstar.sim.disagg import simulate_plan
+
+            res = simulate_plan(p, num_requests=r.num_prompts, prompt_len=r.prompt_len,
+                                output_len=r.output_len, concurrency=r.concurrency,
+                                seed=seed)
+            sim = {"simulated_tpot_ms": float(res.tpot_s.mean() * 1e3),
+                   "simulated_ttft_ms": float(res.ttft_s.mean() * 1e3),
+                   "simulated_ttft_median_ms": float(np.median(res.ttft_s) * 1e3)}
         out.append(DisaggScore(r, a.tpot_s * 1e3, a.ttft_s * 1e3, a.bound,
-                               "/".join(f"{k}:{v}" for k, v in p.priced_as.items())))
+                               "/".join(f"{k}:{v}" for k, v in p.priced_as.items()), **sim))
     return out

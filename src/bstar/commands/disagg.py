@@ -18,7 +18,9 @@ SIDE_FLAGS = (("workers", "workers of this side"),
               ("max-num-batched-tokens", "the engine's step token budget per worker"))
 
 
-def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
+def add_disagg_arguments(p: argparse.ArgumentParser, load: bool = True) -> None:
+    """The flags of a disaggregated deployment; `load` adds --concurrency and --rate (bstar
+    simulate has its own) and bstar simulate's --range-ratio otherwise."""
     from bstar.kv_link import LINK_KINDS
 
     g = p.add_argument_group("disaggregated prefill/decode (--disaggregate; "
@@ -41,11 +43,16 @@ def add_disagg_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt length of the mix (default 1024)")
     g.add_argument("--output-tokens", type=positive_int, default=None,
                    help="output length of the mix (default 1024)")
-    load = g.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=positive_int, default=None,
-                      help="closed-loop users the deployment serves")
-    load.add_argument("--rate", type=positive_float, default=None,
-                      help="open-loop requests/s the deployment serves")
+    if not load:
+        g.add_argument("--range-ratio", type=positive_float, default=1.0,
+                       help="lengths uniform in [ratio x L, L] (bench_serving's "
+                            "--random-range-ratio; default 1: fixed lengths)")
+        return
+    loads = g.add_mutually_exclusive_group()
+    loads.add_argument("--concurrency", type=positive_int, default=None,
+                       help="closed-loop users the deployment serves")
+    loads.add_argument("--rate", type=positive_float, default=None,
+                       help="open-loop requests/s the deployment serves")
 
 
 def disagg_from_args(args: argparse.Namespace) -> Any:
@@ -89,3 +96,32 @@ def run_disagg_plan(args: argparse.Namespace) -> int:
                               concurrency=args.concurrency, rate_req_s=args.rate)
     data = plan.to_dict()
     return emit(args, lambda: data, lambda: print_disagg_plan(data))
+
+
+def run_disagg_simulate(args: argparse.Namespace) -> int:
+    """`bstar simulate --disaggregate`: the plan's two sides run by bstar.sim.disagg at
+    --concurrency (closed loop) or --rate (Poisson), --num-requests of them (default 10 a
+    user, or 1000), lengths uniform in [--range-ratio x L, L]."""
+    from bstar.disaggregate import plan_disaggregated
+    from bstar.errors import BstarError
+    from bstar.report.text import print_disagg_simulation
+    from bstar.sim.disagg import simulate_plan
+
+    if args.concurrency is None and args.rate is None:
+        raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
+    if not 0 < args.range_ratio <= 1:
+        raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
+    dd = disagg_from_args(args)
+    prompt, output = args.prompt_tokens or 1024, args.output_tokens or 1024
+    plan = plan_disaggregated(dd, prompt, output, concurrency=args.concurrency,
+                              rate_req_s=None if args.concurrency else args.rate)
+    n = args.num_requests or (10 * args.concurrency if args.concurrency else 1000)
+
+    def rng(length: int) -> tuple[int, int]:
+        return max(1, int(length * args.range_ratio)), length
+
+    res = simulate_plan(plan, num_requests=n, prompt_len=rng(prompt),
+                        output_len=rng(output), concurrency=args.concurrency,
+                        rate_req_s=None if args.concurrency else args.rate, seed=args.seed)
+    data = plan.to_dict() | {"simulation": res.to_dict()}
+    return emit(args, lambda: data, lambda: print_disagg_simulation(data))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 _RENDERERS = {
     "print_plan": "plan",
     "print_disagg_plan": "disaggregate", "format_disagg_plan": "disaggregate",
+    "print_disagg_simulation": "disaggregate",
     "print_compare": "compare",
     "print_models": "catalog", "print_gpus": "catalog",
     "print_fit": "fit",
@@ -46,6 +47,7 @@ __all__ = [
     "print_curves_validation",
     "print_demo",
     "print_disagg_plan",
+    "print_disagg_simulation",
     "print_fit",
     "print_gpus",
     "print_kv_check",
@@ -69,7 +71,11 @@ if TYPE_CHECKING:
     from bstar.report.text.catalog import print_gpus, print_models
     from bstar.report.text.compare import print_compare
     from bstar.report.text.demo import print_demo
-    from bstar.report.text.disaggregate import format_disagg_plan, print_disagg_plan
+    from bstar.report.text.disaggregate import (
+        format_disagg_plan,
+        print_disagg_plan,
+        print_disagg_simulation,
+    )
     from bstar.report.text.fit import print_fit
     from bstar.report.text.kv import format_kv_check, print_kv_check
     from bstar.report.text.plan import print_plan

@@ -61,3 +61,15 @@ def format_disagg_plan(d: dict[str, Any]) -> str:
 
 def print_disagg_plan(d: dict[str, Any]) -> None:
     print(format_disagg_plan(d))
+
+
+def print_disagg_simulation(d: dict[str, Any]) -> None:
+    """The plan, then the simulation's means beside the plan's figures."""
+    print(format_disagg_plan(d))
+    s, a = d["simulation"], d["at_load"]
+    print(f"simulated ({s['requests']} requests, {s['span_s']:.1f} s): TTFT mean "
+          f"{s['ttft']['mean_ms']:.1f} ms (median {s['ttft']['median_ms']:.1f}, p99 "
+          f"{s['ttft']['p99_ms']:.1f}; plan {a['ttft_ms']:.1f}), TPOT mean "
+          f"{s['tpot']['mean_ms']:.2f} ms (plan {a['tpot_ms']:.2f}), prefill wait mean "
+          f"{s['prefill_wait']['mean_ms']:.1f} ms, {s['output_tok_s_per_gpu']:,.1f} output "
+          "tok/s per GPU")
