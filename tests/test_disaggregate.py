@@ -13,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from bstar.disagg_load import md1_wait_s, operating_point
 from bstar.disagg_runs import COLUMNS, disagg_runs_from_csv, score_disagg_runs, summary
-from bstar.disaggregate import (
-    DisaggregatedDeployment,
-    WorkerSpec,
-    md1_wait_s,
-    operating_point,
-    plan_disaggregated,
-)
+from bstar.disaggregate import DisaggregatedDeployment, WorkerSpec, plan_disaggregated
 from bstar.errors import BstarError
 from bstar.kv_link import default_link_kind, kv_link, kv_transfer
 from bstar.options import DeploymentOptions

@@ -43,19 +43,19 @@ import numpy as np
 from bstar import roofline as rl
 from bstar import step as _step
 from bstar.deployment import Deployment
+from bstar.disagg_load import OperatingPoint, operating_point
 from bstar.errors import BstarError
 from bstar.kv_link import LINK_KINDS, KvTransfer, default_link_kind, kv_link, kv_transfer
 from bstar.options import DeploymentOptions
 
 __all__ = ["DEFAULT_PREFILL_BUDGET", "DecodeSide", "DisaggPlan", "DisaggregatedDeployment",
            "OperatingPoint", "PrefillSide", "WorkerSpec", "decode_side", "operating_point",
-           "plan_disaggregated", "prefill_side", "side_deployment"]
+           "plan_disaggregated", "prefill_side", "side_deployment"]  # the load: disagg_load
 
 # SGLang's --max-prefill-tokens in the public Dynamo recipes (16384 is its own default):
 # the prefill step's token budget when a side gives none.
 DEFAULT_PREFILL_BUDGET = 8192
 MAX_WORKERS = 4096
-BUSY = 0.95  # a side past this fraction of its capacity is the one that binds
 SIDES = ("prefill", "decode")
 
 
@@ -322,158 +322,6 @@ def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
     tpots = rl.decode_step(d, grid, ctx).step_s
     return DecodeSide(ctx, ctx_max, bm, cap, source, b, float(tpots[-1]), output_tokens,
                       grid, tpots)
-
-
-# ---- the operating point ------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class OperatingPoint:
-    """The deployment at one load: throughput, decode batch, TTFT's parts and TPOT."""
-
-    load: str  # "concurrency", "rate" or "unloaded"
-    load_value: float
-    throughput_req_s: float
-    request_overhead_s: float  # the front end's work per request (EngineBehaviour)
-    decode_batch: float  # sequences per decode worker (mean)
-    prefill_utilization: float
-    prefill_queue_s: float
-    prefill_s: float
-    transfer_s: float
-    first_decode_step_s: float
-    decode_wait_s: float
-    tpot_s: float
-    bound: str  # "prefill", "decode" or "none" (neither side full)
-    output_tokens: int
-    num_gpus: int
-
-    @property
-    def ttft_s(self) -> float:
-        return (self.request_overhead_s + self.prefill_queue_s + self.prefill_s + self.transfer_s
-                + self.first_decode_step_s + self.decode_wait_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"load": self.load, "load_value": self.load_value,
-                "throughput_req_s": self.throughput_req_s,
-                "output_tok_s_per_gpu": self.throughput_req_s * self.output_tokens
-                / self.num_gpus,
-                "decode_batch_per_worker": self.decode_batch,
-                "prefill_utilization": self.prefill_utilization, "bound": self.bound,
-                "ttft_ms": self.ttft_s * 1e3,
-                "ttft_parts_ms": {"request_overhead": self.request_overhead_s * 1e3,
-                                  "prefill_queue": self.prefill_queue_s * 1e3,
-                                  "prefill": self.prefill_s * 1e3,
-                                  "transfer": self.transfer_s * 1e3,
-                                  "first_decode_step": self.first_decode_step_s * 1e3,
-                                  "decode_wait": self.decode_wait_s * 1e3},
-                "tpot_ms": self.tpot_s * 1e3}
-
-
-def md1_wait_s(utilization: float, service_s: float) -> float:
-    """Mean wait in an M/D/1 queue: rho / (2 (1 - rho)) x service (Pollaczek-Khinchine
-    with deterministic service); inf at rho >= 1."""
-    if utilization >= 1.0:
-        return math.inf
-    return utilization / (2.0 * (1.0 - utilization)) * service_s
-
-
-def _decode_batch_for(dec: DecodeSide, workers: int, req_s: float) -> float:
-    """The per-worker batch b in [0, S] at which D workers pass `req_s` requests/s:
-    D b / (output x TPOT(b)) = req_s (b / TPOT(b) grows with b: bisection)."""
-    if req_s <= 0:
-        return 0.0
-    lo, hi = 0.0, float(dec.batch)
-    if workers * dec.req_s_at(hi) <= req_s:
-        return hi
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if workers * dec.req_s_at(mid) < req_s:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def operating_point(pre: PrefillSide, dec: DecodeSide, transfer: KvTransfer,
-                    prefill_workers: int, decode_workers: int, num_gpus: int, *,
-                    request_overhead_s: float = 0.0, concurrency: int | None = None,
-                    rate_req_s: float | None = None) -> OperatingPoint:
-    """The deployment at a closed loop of `concurrency` users or an open `rate_req_s`
-    (neither: unloaded, one request at a time through decode batches at their cap).
-
-    For a throughput X: decode batch b(X) (`_decode_batch_for`), prefill utilization
-    rho = X / (P mu_p), prefill queue M/D/1 at rho with service 1/mu_p, prefill time a
-    prompt's own (`alone_s`), then the transfer, then the first decode step at b(X).
-    `request_overhead_s` (the engine's front-end work per request: tokenization, routing)
-    comes first. A closed loop holds N = X (TTFT + (output - 1) TPOT) requests (Little's
-    law): X is the root of that in (0, capacity); where even capacity holds fewer than N,
-    the rest wait in front of the side that binds."""
-    cap_p = prefill_workers * pre.req_s
-    cap_d = decode_workers * dec.req_s
-    capacity = min(cap_p, cap_d)
-    bound_side = "prefill" if cap_p < cap_d else "decode"
-    service = 1.0 / pre.req_s
-    out = dec.output_tokens
-
-    def at(x: float) -> tuple[float, float, float, float]:
-        b = _decode_batch_for(dec, decode_workers, x)
-        tpot = dec.tpot_at(b)
-        rho = x / cap_p
-        q = md1_wait_s(rho, service)
-        return b, tpot, rho, q
-
-    def point(x: float, load: str, value: float, wait_p: float = 0.0,
-              wait_d: float = 0.0, bound: str = "") -> OperatingPoint:
-        b, tpot, rho, q = at(x)
-        if not bound:  # a side at 95% of its capacity or more binds
-            bound = "prefill" if rho >= BUSY else "decode" if b >= BUSY * dec.batch \
-                else "none"
-        return OperatingPoint(load, value, x, request_overhead_s, b, min(rho, 1.0),
-                              q + wait_p, pre.alone_s,
-                              transfer.transfer_s, tpot, wait_d, tpot, bound, out, num_gpus)
-
-    if rate_req_s is not None:
-        if not rate_req_s > 0:
-            raise BstarError(f"--rate must be positive, got {rate_req_s}")
-        if rate_req_s >= capacity:
-            raise BstarError(
-                f"--rate {rate_req_s:g} requests/s is at or past the deployment's capacity "
-                f"{capacity:.3g} requests/s ({bound_side} binds: prefill {cap_p:.3g}, decode "
-                f"{cap_d:.3g}); add {bound_side} workers")
-        return point(rate_req_s, "rate", rate_req_s)
-    if concurrency is None:
-        b = dec.batch
-        return OperatingPoint("unloaded", 0.0, 0.0, request_overhead_s, float(b), 0.0, 0.0,
-                              pre.alone_s,
-                              transfer.transfer_s, dec.tpot_s, 0.0, dec.tpot_s, "none", out,
-                              num_gpus)
-    if concurrency < 1:
-        raise BstarError(f"--concurrency must be at least 1, got {concurrency}")
-
-    def cycle_s(x: float) -> float:
-        """A request's time in the loop at throughput x, but its last output - 1 steps
-        counted as output steps (the first decode step is TTFT's)."""
-        _, tpot, _, q = at(x)
-        return request_overhead_s + q + pre.alone_s + transfer.transfer_s + out * tpot
-
-    def in_flight(x: float) -> float:
-        return x * cycle_s(x)
-
-    top = capacity * (1.0 - 1e-9)
-    n_top = in_flight(top)
-    if n_top <= concurrency:  # every slot of the binding side busy: the rest wait
-        x = top
-        extra = concurrency / x - cycle_s(x)
-        if bound_side == "prefill":
-            return point(x, "concurrency", concurrency, wait_p=max(extra, 0.0),
-                         bound="prefill")
-        return point(x, "concurrency", concurrency, wait_d=max(extra, 0.0), bound="decode")
-    lo, hi = 0.0, top
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if in_flight(mid) < concurrency:
-            lo = mid
-        else:
-            hi = mid
-    return point(hi, "concurrency", concurrency)
 
 
 # ---- the plan -----------------------------------------------------------------------------------

@@ -108,7 +108,9 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
                            rate_req_s: float | None = None, seed: int = 0,
                            warmup_requests: int = 0, attention_tp: int | None = None,
                            max_sim_time_s: float = 7 * 24 * 3600.0) -> DisaggSimResult:
-    """Run the two pools (module docstring) and return the counted requests' times.
+    """Run the two pools (module docstring) and return the counted requests' times;
+    long on purpose: one event loop whose handlers share its queues and clock, as closures
+    (split apart, each would take them all as arguments).
     Lengths are uniform integers in [min, max]; `concurrency` users in a closed loop or a
     Poisson stream of `rate_req_s`. `attention_tp`: ways the decode side shards a
     sequence's KV (default its TP size; TP / attention DP with DP attention)."""
