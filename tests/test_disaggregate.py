@@ -145,6 +145,10 @@ def test_worker_spec_checks() -> None:
         WorkerSpec(1, 8, dp=3)
     with pytest.raises(BstarError, match="positive"):
         WorkerSpec(0, 8)
+    with pytest.raises(BstarError, match="at most"):
+        WorkerSpec(1, 10**30)
+    with pytest.raises(BstarError, match="max_num_seqs"):
+        WorkerSpec(1, 8, max_num_seqs=True)  # type: ignore[arg-type]
     assert WorkerSpec(2, 8, dp=8).attention_tp == 1
 
 

@@ -55,7 +55,8 @@ __all__ = ["DEFAULT_PREFILL_BUDGET", "DecodeSide", "DisaggPlan", "DisaggregatedD
 # SGLang's --max-prefill-tokens in the public Dynamo recipes (16384 is its own default):
 # the prefill step's token budget when a side gives none.
 DEFAULT_PREFILL_BUDGET = 8192
-MAX_WORKERS = 4096
+MAX_WORKERS = 4096  # workers of a side, and a worker's TP, EP and DP sizes
+MAX_LIMIT = 1 << 24  # an engine limit (sequences, tokens) past this is a typo
 SIDES = ("prefill", "decode")
 
 
@@ -86,8 +87,8 @@ class WorkerSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise BstarError(f"{name} must be a positive integer, got {v!r}")
-        if self.workers > MAX_WORKERS:
-            raise BstarError(f"workers must be at most {MAX_WORKERS}, got {self.workers}")
+            if v > MAX_WORKERS:
+                raise BstarError(f"{name} must be at most {MAX_WORKERS}, got {v}")
         if self.tp % self.dp:
             raise BstarError(f"attention DP size {self.dp} must divide the TP size {self.tp}")
         if self.ep > self.tp:
@@ -95,8 +96,9 @@ class WorkerSpec:
                              f"{self.tp} GPUs")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise BstarError(f"{name} must be a positive integer, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 1 <= v <= MAX_LIMIT):
+                raise BstarError(f"{name} must be an integer in 1..{MAX_LIMIT:,}, got {v!r}")
 
     @property
     def num_gpus(self) -> int:

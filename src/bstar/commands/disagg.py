@@ -57,7 +57,7 @@ def add_disagg_arguments(p: argparse.ArgumentParser, load: bool = True) -> None:
 
 def disagg_from_args(args: argparse.Namespace) -> Any:
     """The DisaggregatedDeployment the flags (over a --deployment file) name."""
-    from bstar.disaggregate import DisaggregatedDeployment, WorkerSpec
+    from bstar.disaggregate import DisaggregatedDeployment
 
     options = deployment_options(args)
     data: dict[str, Any] = {"prefill": {}, "decode": {}}
@@ -68,9 +68,9 @@ def disagg_from_args(args: argparse.Namespace) -> Any:
         data = load_toml(args.deployment, what="disaggregated deployment file")
         where = args.deployment
     for side in ("prefill", "decode"):
-        table = dict(data.get(side) or {}) if isinstance(data.get(side), dict) else data.get(side)
-        if not isinstance(table, dict):
-            continue
+        if not isinstance(data.get(side), dict):
+            continue  # DisaggregatedDeployment.from_mapping says which table is missing
+        table = dict(data[side])
         for name, _ in SIDE_FLAGS:
             key = name.replace("-", "_")
             v = getattr(args, f"{side}_{key}")
@@ -78,13 +78,11 @@ def disagg_from_args(args: argparse.Namespace) -> Any:
                 table[key] = v
         if getattr(args, f"{side}_gpu"):
             table["gpu"] = getattr(args, f"{side}_gpu")
-        table.setdefault("tp", table.get("tp") or options.num_gpus)
+        table.setdefault("tp", options.num_gpus)
         data[side] = table
     if args.kv_link:
         data["link"] = args.kv_link
-    dd = DisaggregatedDeployment.from_mapping(data, options, where)
-    assert isinstance(dd.prefill, WorkerSpec)
-    return dd
+    return DisaggregatedDeployment.from_mapping(data, options, where)
 
 
 def run_disagg_plan(args: argparse.Namespace) -> int:
