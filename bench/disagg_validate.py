@@ -56,10 +56,14 @@ def main(argv: list[str]) -> int:
     for k in ("all", "tp_only", "with_ep_or_dp"):
         g = s[k]
         tp, tt = g["tpot_median_abs_error"], g["ttft_median_abs_error"]
+        tm = g["ttft_vs_measured_median_abs_error"]
         print(f"  {k:14s} {g['runs']:3d} runs  plan: TPOT {'-' if tp is None else f'{tp:.1%}'}"
-              f"  TTFT {'-' if tt is None else f'{tt:.1%}'}", end="")
+              f"  TTFT {'-' if tt is None else f'{tt:.1%}'} (vs the measured median "
+              f"{'-' if tm is None else f'{tm:.1%}'})", end="")
         st, stt = g["simulated_tpot_median_abs_error"], g["simulated_ttft_median_abs_error"]
-        print(f"   simulated: TPOT {st:.1%}  TTFT {stt:.1%}" if st is not None else "")
+        sm = g["simulated_ttft_median_vs_measured_median_abs_error"]
+        print(f"   simulated: TPOT {st:.1%}  TTFT {stt:.1%} (median vs median {sm:.1%})"
+              if st is not None else "")
     return 0
 
 

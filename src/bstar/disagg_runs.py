@@ -189,6 +189,20 @@ class DisaggScore:
         return self.predicted_ttft_ms / self.run.ttft_mean_ms - 1.0
 
     @property
+    def ttft_median_error(self) -> float | None:
+        """The plan's TTFT against the measured median (a steady state has no bursts: the
+        median is the request it describes)."""
+        if self.predicted_ttft_ms is None or not self.run.ttft_median_ms:
+            return None
+        return self.predicted_ttft_ms / self.run.ttft_median_ms - 1.0
+
+    @property
+    def simulated_ttft_median_error(self) -> float | None:
+        if self.simulated_ttft_median_ms is None or not self.run.ttft_median_ms:
+            return None
+        return self.simulated_ttft_median_ms / self.run.ttft_median_ms - 1.0
+
+    @property
     def simulated_tpot_error(self) -> float | None:
         if self.simulated_tpot_ms is None:
             return None
@@ -212,13 +226,15 @@ class DisaggScore:
                 "predicted": {"tpot_ms": self.predicted_tpot_ms,
                               "ttft_ms": self.predicted_ttft_ms, "bound": self.bound,
                               "priced_as": self.priced_as},
-                "errors": {"tpot": self.tpot_error, "ttft": self.ttft_error},
+                "errors": {"tpot": self.tpot_error, "ttft": self.ttft_error,
+                           "ttft_vs_median": self.ttft_median_error},
                 "simulated": None if self.simulated_tpot_ms is None else {
                     "tpot_mean_ms": self.simulated_tpot_ms,
                     "ttft_mean_ms": self.simulated_ttft_ms,
                     "ttft_median_ms": self.simulated_ttft_median_ms,
                     "errors": {"tpot": self.simulated_tpot_error,
-                               "ttft": self.simulated_ttft_error}},
+                               "ttft": self.simulated_ttft_error,
+                               "ttft_median": self.simulated_ttft_median_error}},
                 "skipped": self.skipped or None}
 
 
@@ -239,10 +255,14 @@ def summary(scores: Sequence[DisaggScore]) -> dict[str, Any]:
         out[name] = {"runs": len(group),
                      "tpot_median_abs_error": _median_abs([s.tpot_error for s in group]),
                      "ttft_median_abs_error": _median_abs([s.ttft_error for s in group]),
+                     "ttft_vs_measured_median_abs_error": _median_abs(
+                         [s.ttft_median_error for s in group]),
                      "simulated_tpot_median_abs_error": _median_abs(
                          [s.simulated_tpot_error for s in group]),
                      "simulated_ttft_median_abs_error": _median_abs(
-                         [s.simulated_ttft_error for s in group])}
+                         [s.simulated_ttft_error for s in group]),
+                     "simulated_ttft_median_vs_measured_median_abs_error": _median_abs(
+                         [s.simulated_ttft_median_error for s in group])}
     return out
 
 
