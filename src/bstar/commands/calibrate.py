@@ -11,6 +11,7 @@ from typing import Any
 from bstar.commands.common import (
     add_deployment_arguments,
     add_force_argument,
+    build_deployment,
     positive_int,
     str_list,
 )
@@ -54,10 +55,9 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from bstar import calibrate as cal
-    from bstar.commands.plan import deployment_from_args
     from bstar.errors import BstarError
 
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     path = Path(args.source)
     warnings: list[str] = []
     workload = None
@@ -142,12 +142,10 @@ def _loads_back(path: Path, text: str) -> None:
 
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
     from bstar import calibrate as cal
-    from bstar.commands.plan import deployment_from_args
-
     run_id, _, model = spec.partition("=")
     points, _, run = points_from_run(args.db, run_id, args.metric, None)
     model = model or (run.get("options") or {}).get("model") or args.model
-    d = deployment_from_args(args, model)
+    d = build_deployment(args, model)
     return run["id"], d.model.name, list(cal.check(d, c.eff, points, c.bandwidth_scale,
                                                    c.compute_scale))
 

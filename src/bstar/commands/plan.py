@@ -11,9 +11,11 @@ from bstar.commands.common import (
     add_force_argument,
     add_speculative_arguments,
     build_deployment,
+    command_line,
     deployment_options,
     int_list,
     positive_float,
+    report_written,
     speculative_from_args,
     warn,
 )
@@ -56,18 +58,12 @@ def add_gpus_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def deployment_from_args(args: argparse.Namespace, model: str | None = None,
-                         gpu: str | None = None) -> Any:
-    """The deployment these flags name (see `bstar.options.DeploymentOptions`)."""
-    return build_deployment(args, model, gpu)
-
-
 def run_plan(args: argparse.Namespace) -> int:
     from bstar.plan import DEFAULT_CONTEXTS, make_plan
     from bstar.report import save_plan_plot
     from bstar.report.text import print_plan
 
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     spec, drafter = speculative_from_args(args, d)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms,
                      spec=spec, drafter=drafter)
@@ -136,3 +132,40 @@ def run_gpus(args: argparse.Namespace) -> int:
 
     rows = [asdict(g) for g in gpu_catalog().values()]
     return emit(args, lambda: rows, lambda: print_gpus(rows))
+
+
+def report_plan(args: argparse.Namespace) -> int:
+    """`bstar report plan`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_plan(args))
+
+
+def _report_plan(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.plan import DEFAULT_CONTEXTS, make_plan
+    from bstar.report import save_plan_plot, write_plan_report
+
+    if getattr(args, "num_speculative_tokens", None) is not None:
+        from bstar.errors import BstarError
+
+        raise BstarError("the plan report does not draw speculative decoding yet: use "
+                         "`bstar plan --num-speculative-tokens K` (text or --json)")
+    d = build_deployment(args)
+    plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
+    path = write_plan_report(plan, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_plan_plot(plan, args.plot)
+    return path, None
+
+
+def report_compare(args: argparse.Namespace) -> int:
+    """`bstar report compare`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_compare(args))
+
+
+def _report_compare(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.report import save_compare_plot, write_compare_report
+
+    rows = compare_rows(args)
+    path = write_compare_report(rows, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_compare_plot(rows, args.plot)
+    return path, None

@@ -215,3 +215,63 @@ def traffic_from_data(path: str | Path, data: dict[str, Any]) -> MeasuredTraffic
     if not isinstance(tab, dict):
         raise BstarError(f"{path}: [workload] must be a table")
     return traffic_from_table(str(path), tab)
+
+
+# ---- the acceptance rate a sweep measured (`--acceptance-rate from:RUN`) ---------------------
+def measured_acceptance(source: str, num_speculative_tokens: int) -> float:
+    """The acceptance rate of a sweep run (`bstar.specdec.acceptance_from_levels`): `source`
+    a `bstar sweep --json` file (read by bstar.safeio: bounded, its depth and integers
+    checked), else a run id in the default results DB. Either's levels are checked by
+    `spec_levels` first."""
+    from bstar import safeio
+    from bstar.specdec import acceptance_from_levels
+
+    path = Path(source)
+    if path.exists() or path.is_symlink():
+        where = f"--acceptance-rate from:{source}"
+        levels = spec_levels(where, safeio.load_json(path, safeio.MAX_TABLE_BYTES,
+                                                     "sweep --json file"))
+    else:
+        from bstar.loadgen.store import Store
+
+        where = f"--acceptance-rate from:{source} (run)"
+        with Store(None, readonly=True) as store:
+            levels = spec_levels(where, {"levels": [{"server": r.server}
+                                                    for r in store.levels(source) if r.server]})
+        if not levels:
+            raise BstarError(f"--acceptance-rate from:{source}: no such file or sweep run")
+    return acceptance_from_levels(levels, num_speculative_tokens)
+
+
+SPEC_COUNTERS = ("spec_num_accepted_tokens", "spec_tokens_per_step")
+
+
+def spec_levels(where: str, data: Any) -> list[dict[str, Any]]:
+    """A sweep --json object's levels as `acceptance_from_levels` reads them, each counter
+    checked: `levels` a list of objects, a level's `server` an object, each counter a finite
+    number in [0, 2**53] (a string, NaN or Infinity is one line naming the file and the
+    field: NaN became an acceptance rate of 4e-19)."""
+
+    levels = data.get("levels") if isinstance(data, dict) else None
+    if not isinstance(levels, list):
+        raise BstarError(f"{where}: not a sweep --json file (levels must be a list)")
+    out = []
+    for i, lv in enumerate(levels):
+        if not isinstance(lv, dict):
+            raise BstarError(f"{where}: levels[{i}] must be an object")
+        srv, name = (lv["server"], f"levels[{i}].server") if lv.get("server") is not None \
+            else (lv, f"levels[{i}]")
+        if not isinstance(srv, dict):
+            raise BstarError(f"{where}: {name} must be an object")
+        row: dict[str, float] = {}
+        for k in SPEC_COUNTERS:
+            v = srv.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or not 0 <= v <= 2**53:
+                raise BstarError(f"{where}: {name}.{k} must be a finite number in "
+                                 f"[0, 2**53], got {repr(v)[:40]}")
+            row[k] = float(v)
+        out.append({"server": row})
+    return out

@@ -27,6 +27,25 @@ DEFAULT_NUM_REQUESTS = 400
 MAX_NUM_REQUESTS = 100_000
 
 
+def demand_and_requests(rate_req_s: float | None, trace: Trace | None,
+                        num_requests: int | None) -> tuple[float, int]:
+    """The fleet's demand, requests/s: `rate_req_s` as given, else the trace's mean arrival
+    rate over its span ((n - 1) / span). The requests each simulation runs: `num_requests`
+    as given, else the trace's (at most MAX_NUM_REQUESTS), else DEFAULT_NUM_REQUESTS."""
+    demand = rate_req_s
+    if demand is None:
+        if trace is None:
+            raise BstarError("give the demand: --rate R (requests/s over the fleet) or --trace")
+        span = max(trace.arrival_s) - min(trace.arrival_s)
+        if span <= 0:
+            raise BstarError("the trace spans no time: give --rate")
+        demand = (len(trace.arrival_s) - 1) / span
+    if num_requests is None:
+        num_requests = (min(len(trace.arrival_s), MAX_NUM_REQUESTS) if trace is not None
+                        else DEFAULT_NUM_REQUESTS)
+    return demand, num_requests
+
+
 @dataclass(frozen=True, slots=True)
 class Traffic:
     """Demand (requests/s over the whole fleet) and the request mix each replica sees.

@@ -237,6 +237,18 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
 
 
+def read_trace_file(path: str) -> Trace:
+    """The trace file at `path` (a user's file: read through `safeio`, bounded), parsed by
+    `parse_trace`; an error names the file."""
+    from bstar import safeio
+
+    data = safeio.read_bytes(path, safeio.MAX_TRACE_BYTES, "trace")
+    try:
+        return parse_trace(data)
+    except BstarError as e:
+        raise BstarError(f"--trace {path}: {e}") from None
+
+
 def parse_trace(text: str | bytes) -> Trace:
     """A trace in any format `bstar.sim.trace_formats` reads (bstar's own CSV or JSON lines
     with arrival_s, prompt_tokens, output_tokens; Mooncake; Azure; BurstGPT), told by its
