@@ -277,3 +277,14 @@ def test_stream_interval_leaves_the_first_token_and_decode_steps_reach_the_sched
                                      decode_steps_per_schedule="4"))
     a, b = simulate_stage(one), simulate_stage(four)
     assert b.ttft_mean_ms > a.ttft_mean_ms
+
+
+def test_a_runs_table_is_read_through_safeio(tmp_path: Path) -> None:
+    # docs/architecture.md: every reader of a user's file goes through bstar.safeio. A FIFO
+    # blocked the old reader's open() until a writer came; safeio refuses it at once.
+    import os
+
+    fifo = tmp_path / "runs.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(BstarError, match=r"not a regular file|FIFO|fifo"):
+        load_runs(fifo)
