@@ -415,3 +415,25 @@ def test_every_module_is_named_in_architecture_md() -> None:
     named = set(_PATH.findall(ARCHITECTURE.read_text(encoding="utf-8")))
     # Each module by its path from src/bstar (`loadgen/kvserver.py`, top level `plan.py`).
     assert sorted(_module_paths() - named) == []
+
+
+# ---- one Poisson generator ----------------------------------------------------------------------
+def _poisson_draws(path: Path) -> list[int]:
+    """Lines drawing exponential gaps at a rate: `expovariate(...)` or `exponential(1 / r)`."""
+    out = []
+    for n in ast.walk(_tree(path)):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+            continue
+        if n.func.attr == "expovariate" or (
+                n.func.attr == "exponential" and n.args and isinstance(n.args[0], ast.BinOp)
+                and isinstance(n.args[0].op, ast.Div)):
+            out.append(n.lineno)
+    return out
+
+
+def test_one_poisson_generator() -> None:
+    # The simulator's open loop, capacity's, the validation stages' and the live sweep's
+    # arrivals all come from stats.poisson_gaps_s (issue 41: worker.py and sim/traffic.py
+    # each wrote one).
+    found = {n: _poisson_draws(p) for n, p in MODULES.items() if _poisson_draws(p)}
+    assert list(found) == ["bstar.stats"]

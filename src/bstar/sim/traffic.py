@@ -168,7 +168,9 @@ class Poisson:
                              f"{self.rate_per_s}")
 
     def arrivals(self, rng: np.random.Generator, n: int) -> FloatArray:
-        return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
+        from bstar.stats import poisson_gaps_s
+
+        return np.cumsum(poisson_gaps_s(self.rate_per_s, rng, n))
 
     def describe(self) -> str:
         return f"Poisson {self.rate_per_s:g} req/s"
