@@ -44,8 +44,9 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
+@functools.cache
 def imported(module: str, path: Path, top_level_only: bool,
-             type_checking: bool = False) -> set[str]:
+             type_checking: bool = False) -> frozenset[str]:
     """Modules `module` imports: every import statement that can run (inside functions
     too), or only those run when it is imported (module level). `if TYPE_CHECKING:` blocks
     are left out unless `type_checking` (they never run, but a signature naming
@@ -89,7 +90,7 @@ def imported(module: str, path: Path, top_level_only: bool,
             # is imported first in any case); `from bstar.plan import make_plan`, bstar.plan.
             subs = {f"{base}.{a.name}" for a in n.names} & MODULES.keys()
             out.update(subs if subs else {base})
-    return out
+    return frozenset(out)
 
 
 def test_the_library_never_imports_the_command_line() -> None:
