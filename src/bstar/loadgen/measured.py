@@ -275,3 +275,46 @@ def spec_levels(where: str, data: Any) -> list[dict[str, Any]]:
             row[k] = float(v)
         out.append({"server": row})
     return out
+
+
+# ---- the steps a stored sweep measured (`bstar calibrate RUN`) --------------------------------
+def steps_from_run(db: str | None, run_id: str, metric: str,
+                    context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
+    """Decode-step points from a stored sweep run (bstar sweep's store, `db` None: its
+    default), read by bstar.fit.points.steps_from_sweep, with where they came from and the
+    run's record (`bstar calibrate RUN`, `--check RUN`)."""
+    from bstar.db import DbError
+    from bstar.errors import BstarError
+    from bstar.fit.points import steps_from_sweep
+    from bstar.loadgen.store import Store
+    from bstar.loadgen.sweep import load_result
+
+    # db None: the sweep's default store. Read-only: never creates a file.
+    with Store(db, readonly=True) as store:
+        try:
+            result = load_result(store, run_id)
+        except DbError as e:
+            raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
+    points = steps_from_sweep(result, metric, context)
+    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
+
+
+# ---- a calibration profile as `bstar calibrate -o` writes it ----------------------------------
+def profile_text(path: str | Path, calibration: Any, workload: MeasuredTraffic | None) -> str:
+    """The profile's TOML: the calibration (`bstar.calibrate.profile_toml`) and the traffic
+    the sweep measured as its [workload] (`workload_toml`), read back by the readers
+    `--profile` uses before it is returned: a profile bstar writes is one bstar reads, or
+    nothing is written."""
+    import tomllib
+
+    from bstar import calibrate as cal
+
+    text = cal.profile_toml(calibration) + ("" if workload is None
+                                            else workload_toml(workload))
+    try:
+        cal.profile_from_text(path, text)
+        traffic_from_data(path, tomllib.loads(text))
+    except BstarError as e:
+        raise BstarError(f"not written: the profile would not load with --profile ({e})") \
+            from None
+    return text
