@@ -160,7 +160,7 @@ def _execution_arguments(x: argparse._ArgumentGroup) -> None:
 def spec_from_args(args: argparse.Namespace) -> Any:
     from bstar.errors import BstarError
     from bstar.search import Memory, SearchSpec, Traffic
-    from bstar.search.spec import DEFAULT_NUM_GPUS, demand_and_requests
+    from bstar.search.spec import DEFAULT_NUM_GPUS, demand_and_requests, parse_profiles
     from bstar.sim import parse_lengths, parse_slo
     from bstar.sim.traffic import read_trace_file
 
@@ -169,8 +169,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     slo = parse_slo(args.slo.replace("_p99", ""))
     trace = read_trace_file(args.trace) if args.trace is not None else None
     demand, num_requests = demand_and_requests(args.rate, trace, args.num_requests)
+    profiles = parse_profiles(args.profile or ())
+    # The first profile's [workload] sizes a search that gives no workload of its own.
     input_len, output_len, shape, measured = traffic_from_args(
-        args, _first_profile(args.profile))
+        args, profiles[0][1] if profiles else None)
     if measured is not None:
         from bstar.report.text._common import clean_text
 
@@ -184,10 +186,6 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     opts = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
                              overhead_ms=args.overhead_ms, engine=args.engine)
     eff = opts.efficiency()
-    profiles = []
-    for item in args.profile or []:
-        gpu, sep, path = item.partition("=")
-        profiles.append((gpu.strip().lower(), path.strip()) if sep else ("", item))
     return SearchSpec(
         models=tuple(args.model or ["llama-3-8b"]),
         gpus=tuple(args.gpu or DEFAULT_GPUS.split(",")), traffic=traffic, slo=slo,
@@ -197,7 +195,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
                       None if args.reserve_gib is None else round(args.reserve_gib * GiB),
                       args.block_size),
-        eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
+        eff=eff, behaviour=opts.behaviour(), profiles=profiles, rel_tol=args.rel_tol,
         max_utilization=args.max_utilization,
         num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),
         acceptance_rate=args.acceptance_rate, drafter=args.drafter,
@@ -285,14 +283,6 @@ def run_search(args: argparse.Namespace) -> int:
         print_search(obj, args.top)
 
     return emit(args, lambda: obj, text, plot)
-
-
-def _first_profile(items: list[str] | None) -> str | None:
-    """The first --profile's file ([GPU=]FILE): the one whose [workload] a search without
-    a workload of its own sizes for."""
-    if not items:
-        return None
-    return items[0].partition("=")[2].strip() if "=" in items[0] else items[0]
 
 
 def report_search(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,16 @@ from bstar.units import GiB
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 DEFAULT_NUM_REQUESTS = 400
 MAX_NUM_REQUESTS = 100_000
+
+
+def parse_profiles(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """--profile items, `[GPU=]FILE` each, as (gpu id lower-cased or "" for the GPU the
+    profile names, file)."""
+    out = []
+    for item in items:
+        gpu, sep, path = item.partition("=")
+        out.append((gpu.strip().lower(), path.strip()) if sep else ("", item))
+    return tuple(out)
 
 
 def demand_and_requests(rate_req_s: float | None, trace: Trace | None,
