@@ -85,11 +85,6 @@ class GpuSpec:
     chip_source: str = ""  # where arch, precisions, SMs, clock and power come from
     allreduce_source: str = ""
 
-    @property
-    def sm_count(self) -> int:
-        """SMs (AMD: CUs); the catalog's key is num_sms."""
-        return self.num_sms
-
     def __post_init__(self) -> None:
         for k in ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
                   "allreduce_link", "chip_source", "allreduce_source"):
