@@ -161,7 +161,7 @@ LAYERS = (
      "bstar.runs_table",
      "bstar.probe", "bstar.tinymodel"),
     ("bstar.options", "bstar.plan"),
-    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search",
+    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search", "bstar.capacity",
      "bstar.kvcheck", "bstar.validate_stages", "bstar.validate_runs", "bstar.db"),
     ("bstar.report",),
     ("bstar.commands",),

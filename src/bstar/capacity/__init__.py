@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from bstar.capacity.demand import DemandCurve, diurnal, from_trace, parse_rate_csv
 from bstar.capacity.policies import POLICIES, Schedule, Settings, required, schedule
-from bstar.capacity.run import CapacityResult, PolicyResult, plan_capacity, replica_for
+from bstar.capacity.run import (
+    CapacityResult,
+    PolicyResult,
+    evaluate_replica,
+    plan_capacity,
+    replica_for,
+    scale,
+)
 
 __all__ = [
     "POLICIES",
@@ -20,10 +27,12 @@ __all__ = [
     "Schedule",
     "Settings",
     "diurnal",
+    "evaluate_replica",
     "from_trace",
     "parse_rate_csv",
     "plan_capacity",
     "replica_for",
     "required",
+    "scale",
     "schedule",
 ]

@@ -90,8 +90,9 @@ def from_trace(trace: Trace, interval_s: float) -> DemandCurve:
 
 def parse_rate_csv(text: str, interval_s: float, where: str = "demand CSV") -> DemandCurve:
     """A CSV with a header naming `time_s` and `rate_req_s` (times ascending, seconds; rates
-    requests/s). Each rate holds from its row's time to the next row's; the curve runs from
-    the first time to the last plus one interval, each interval the time-weighted mean."""
+    requests/s). Each rate holds from its row's time to the next row's (the last row's to the
+    end of the interval one interval past it); each interval of the curve, from the first
+    time on, is the time-weighted mean."""
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise BstarError(f"{where}: empty; expected a header time_s,rate_req_s and rows")
@@ -128,7 +129,7 @@ def parse_rate_csv(text: str, interval_s: float, where: str = "demand CSV") -> D
     if n > MAX_INTERVALS:
         raise BstarError(f"{where}: {n:,} intervals of {interval_s:g} s, over "
                          f"{MAX_INTERVALS:,}: give a longer --interval-s")
-    ends = [*times[1:], times[-1] + interval_s]
+    ends = [*times[1:], t0 + n * interval_s]  # the last rate to the end of its interval
     out = []
     for k in range(n):
         a, b = t0 + k * interval_s, t0 + (k + 1) * interval_s

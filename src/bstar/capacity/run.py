@@ -14,6 +14,7 @@ Attainment per interval:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,34 +146,61 @@ class CapacityResult:
 def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic, slo: Slo,
                   settings: Settings, prices: PriceTable | None = None,
                   policies: tuple[str, ...] = POLICIES, trace: Workload | None = None,
-                  seed: int = 0, warmup_s: float = 60.0, rel_tol: float = 0.02,
+                  seed: int = 0, warmup_s: float = 30.0, rel_tol: float = 0.02,
                   max_utilization: float = 0.95) -> CapacityResult:
     """Each replica configuration scaled over `curve` under each policy. `traffic` is the
     request mix (its demand is the curve's peak, as `bstar search` at the peak is asked);
     `trace`, when the curve came from a trace, is its requests on the curve's clock and
     the ramps replay them instead of drawing Poisson arrivals."""
-    import time
-
     if not replicas:
         raise BstarError("no deployment to scale")
     t_start = time.perf_counter()
-    out = []
-    for r in replicas:
-        ev = evaluate(Task(r, traffic, slo, rel_tol, max_utilization))
-        ev.pop("_timing", None)
-        if ev["status"] != "ok":
-            raise BstarError(f"{r.key}: {ev['reason']}")
-        rate = float(ev["rate_per_replica_req_s"])
-        unit = traffic.unit_workload()
-        steady = steady_attainment(r, unit, rate, slo)
-        price = prices.get(r.gpu) if prices is not None else None
-        usd = None if price is None else price.per_gpu_hour
-        pols = [_policy(p, r, curve, rate, float(ev["mean_output_tokens"]), usd, settings,
-                        steady, unit, trace, slo, seed, warmup_s) for p in policies]
-        out.append(DeploymentResult(r, rate, float(ev["mean_output_tokens"]), usd, steady,
-                                    pols, ev))
+    out = [scale(r, evaluate_replica(r, traffic, slo, rel_tol, max_utilization), curve,
+                 traffic, slo, settings, prices, policies, trace, seed, warmup_s)
+           for r in replicas]
     return CapacityResult(curve, slo, settings, out, prices,
                           {"wall_s": time.perf_counter() - t_start})
+
+
+def evaluate_replica(r: Replica, traffic: Traffic, slo: Slo, rel_tol: float = 0.02,
+                     max_utilization: float = 0.95) -> dict[str, Any]:
+    """`bstar search`'s evaluation of one replica (the largest rate at the SLO, by
+    simulation); a replica that cannot meet the SLO at any rate is a one-line error."""
+    ev = evaluate(Task(r, traffic, slo, rel_tol, max_utilization))
+    ev.pop("_timing", None)
+    if ev["status"] != "ok":
+        raise BstarError(f"{r.key}: {ev['reason']}")
+    return ev
+
+
+def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, slo: Slo,
+          settings: Settings, prices: PriceTable | None = None,
+          policies: tuple[str, ...] = POLICIES, trace: Workload | None = None, seed: int = 0,
+          warmup_s: float = 30.0) -> DeploymentResult:
+    """One replica configuration, evaluated (`evaluate_replica`), over the curve under
+    each policy."""
+    rate = float(ev["rate_per_replica_req_s"])
+    mean_out = float(ev["mean_output_tokens"])
+    unit = traffic.unit_workload()
+    steady = steady_attainment(r, unit, rate, slo)
+    price = prices.get(r.gpu) if prices is not None else None
+    usd = None if price is None else price.per_gpu_hour
+    pols = [_policy(p, r, curve, rate, mean_out, usd, settings, steady, unit, trace, slo,
+                    seed, warmup_s) for p in policies]
+    return DeploymentResult(r, rate, mean_out, usd, steady, pols, ev)
+
+
+def episode_rng(seed: int, first_interval: int) -> np.random.Generator:
+    """The generator of the requests drawn for the episode starting at `first_interval`
+    (its own stream: an episode's requests do not depend on the episodes before it)."""
+    return np.random.default_rng([seed, first_interval])
+
+
+def episode_bounds(curve: DemandCurve, i: int, j: int, warmup_s: float
+                   ) -> tuple[float, float, float]:
+    """(warm-up start, first counted instant, end) of the episode over intervals i..j."""
+    a = float(curve.starts_s[i])
+    return max(curve.start_s, a - warmup_s), a, float(curve.starts_s[j] + curve.interval_s)
 
 
 def ramp_episodes(ramp: np.ndarray) -> list[tuple[int, int]]:
@@ -208,14 +236,11 @@ def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, mean_out: fl
     source = np.array(["steady"] * demand.size, dtype=object)
     replayed_req = np.zeros(demand.size)
     sims = 0
-    rng = np.random.default_rng(seed)
     cfg = sim_config(r)
     for i, j in ramp_episodes(ramp):
-        a = float(starts[i])
-        b = float(starts[j] + curve.interval_s)
-        lo = max(curve.start_s, a - warmup_s)
+        lo, a, b = episode_bounds(curve, i, j, warmup_s)
         reqs = (trace_requests(trace, lo, b) if trace is not None
-                else draw_requests(curve, lo, b, unit, rng))
+                else draw_requests(curve, lo, b, unit, episode_rng(seed, i)))
         if reqs.arrival_s.size == 0:
             continue
         rep = replay(r.deployment, cfg, sched, reqs, a, curve, slo)
