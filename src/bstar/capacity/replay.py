@@ -14,7 +14,8 @@ drains there), with `warmup_s` of the demand before it routed and simulated but 
 (the replicas enter the ramp with a steady batch). Replicas that became ready and were
 removed at the same instants are exchangeable under round-robin: one of each such group is
 simulated and its requests stand for the group's (weighted by the group's size), so an
-episode costs one simulation per group, not per replica. A request meets the SLO when it
+episode costs one simulation per group, not per replica (replicas ready before the episode and
+still there after it are one group, however long ago each came up). A request meets the SLO when it
 finishes and its TTFT, TPOT and E2E are within every target the SLO names (`Slo.met`); an
 interval's attainment is the weighted share of its arrivals that meet it.
 """
@@ -121,10 +122,16 @@ def replay(d: Deployment, cfg: SimConfig, sched: Schedule, reqs: Requests, count
     total = np.zeros(n_int)
     good = np.zeros(n_int)
     where = route(sched, reqs.arrival_s)
+    lo = float(reqs.arrival_s[0]) if reqs.arrival_s.size else 0.0
+    hi = float(reqs.arrival_s[-1]) if reqs.arrival_s.size else 0.0
     groups: dict[tuple[float, float], list[int]] = {}
     for j in np.unique(where[where >= 0]).tolist():
         r = sched.replicas[j]
-        groups.setdefault((r.ready_s, r.removed_s), []).append(j)
+        # Within the episode only its own changes tell replicas apart: one ready before its
+        # first request is as good as ready forever, one removed after its last as never.
+        key = (-np.inf if r.ready_s <= lo else r.ready_s,
+               np.inf if r.removed_s > hi else r.removed_s)
+        groups.setdefault(key, []).append(j)
     sims = 0
     for members in groups.values():
         j = members[0]
