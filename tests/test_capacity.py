@@ -292,3 +292,21 @@ def test_capacity_errors_are_one_line(tmp_path: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert code != 0 and needle in err, (argv, err)
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_winners_of_a_search_are_scaled(tmp_path: Path, capsys) -> None:
+    """--winners: the search at the curve's peak picks the replica; its static policy is
+    the search's instances x data parallel replicas."""
+    from bstar.cli import main
+
+    assert main(["capacity", "--model", MODEL, "--gpu", GPU, "--winners", "--db",
+                 str(tmp_path / "s.db"), "--input-len", "256", "--output-len", "64",
+                 "--diurnal", "300:100", "--duration-h", "2", "--interval-s", "600",
+                 "--slo", SLO, "--draws", "1", "--policies", "static", "--json"]) == 0
+    cap = json.loads(capsys.readouterr().out)
+    dep = cap["deployments"][0]
+    assert dep["model"] == MODEL and dep["gpu"] == GPU
+    peak = cap["demand"]["peak_req_s"]
+    assert cap["policies"][0]["replicas_max"] == int(np.ceil(
+        peak / dep["rate_per_replica_req_s"] * (1 - 1e-9)))

@@ -285,3 +285,17 @@ def replica_for(d: Any, model_label: str, max_num_seqs: int, max_num_batched_tok
     return Replica(model_label, d.gpu.id, d.num_gpus, max_num_seqs, max_num_batched_tokens, d,
                    calibrated)
 
+
+
+def search_winners(spec: Any, backend: Any, store: Any,
+                   prices: PriceTable | None = None) -> tuple[list[Replica], Any]:
+    """Each model's winner of `bstar search` (at the spec's demand: the curve's peak), as
+    the replica it runs; with the search result."""
+    from bstar.search import plan_candidates, run_search
+
+    result = run_search(spec, backend, store, prices)
+    by_key = {c.replica.key: c.replica for c in plan_candidates(spec)[0]}
+    reps = [by_key[w["replica_key"]] for w in result.winners.values()]
+    if not reps:
+        raise BstarError("the search found no deployment that meets the SLO at the peak")
+    return reps, result

@@ -28,6 +28,13 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
                         "GPU)")
     e.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="the replica's token budget (default: vllm serve's on the GPU)")
+    e.add_argument("--winners", action="store_true",
+                   help="scale each model's winner of `bstar search` at the curve's peak over "
+                        "--model x --gpu on --num-gpus GPUs (every valid tensor parallel "
+                        "size, max_num_seqs around the knee and B_mem) instead of the "
+                        "replica the flags name")
+    e.add_argument("--db", default=None,
+                   help="--winners: the search's results store (default: bstar search's)")
     d = p.add_argument_group("demand curve (one of --trace, --demand-csv, --diurnal)")
     d.add_argument("--trace", default=None, metavar="FILE",
                    help="a trace in any format `bstar simulate --trace` reads: its requests "
@@ -121,9 +128,7 @@ def _curve(args: argparse.Namespace, trace: Any) -> Any:
 
 def capacity_from_args(args: argparse.Namespace) -> Any:
     from bstar import safeio
-    from bstar.capacity import POLICIES, Settings, parse_rate_csv, plan_capacity, replica_for
-    from bstar.commands.common import build_deployment
-    from bstar.engine_defaults import vllm_defaults
+    from bstar.capacity import POLICIES, Settings, parse_rate_csv, plan_capacity
     from bstar.errors import BstarError
     from bstar.search import load_prices
     from bstar.search.spec import Traffic
@@ -166,6 +171,17 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
         assert replay_trace.arrival_s is not None
         replay_trace = Workload(replay_trace.prompt_tokens, replay_trace.output_tokens,
                                 replay_trace.arrival_s - replay_trace.arrival_s[0])
+    prices = load_prices(args.price) if args.price else None
+    replicas = _winners(args, traffic, slo, prices) if args.winners else _replicas(args)
+    return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
+                         replay_trace, args.seed, args.warmup_s)
+
+
+def _replicas(args: argparse.Namespace) -> list[Any]:
+    from bstar.capacity import replica_for
+    from bstar.commands.common import build_deployment
+    from bstar.engine_defaults import vllm_defaults
+
     replicas = []
     for m in args.model or [None]:
         for g in args.gpu or [None]:
@@ -175,9 +191,39 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
                                         lim.max_num_seqs, args.max_num_batched_tokens or
                                         lim.max_num_batched_tokens, getattr(args, "profile",
                                                                             None)))
-    prices = load_prices(args.price) if args.price else None
-    return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
-                         replay_trace, args.seed, args.warmup_s)
+    return replicas
+
+
+def _winners(args: argparse.Namespace, traffic: Any, slo: Any, prices: Any) -> list[Any]:
+    """The search's winners at the peak: the models and GPUs the flags name, the memory and
+    efficiency flags as `bstar search` reads them."""
+    from bstar.capacity.run import search_winners
+    from bstar.commands.common import deployment_options
+    from bstar.search import InProcess, Memory, SearchSpec, SearchStore, default_db_path
+    from bstar.units import GiB
+
+    opts = deployment_options(args)
+    spec = SearchSpec(
+        tuple(args.model or ["llama-3-8b"]), tuple(args.gpu or ["h100-sxm"]), traffic, slo,
+        memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
+                      None if args.reserve_gib is None else round(args.reserve_gib * GiB),
+                      args.block_size),
+        num_gpus=(args.num_gpus,), eff=opts.efficiency(), behaviour=opts.behaviour(),
+        profiles=(("", args.profile),) if getattr(args, "profile", None) else (),
+        engine="ideal" if opts.ideal else _engine_name(opts.engine))
+    store = SearchStore(args.db or default_db_path())
+    try:
+        with InProcess() as backend:
+            reps, _ = search_winners(spec, backend, store, prices)
+    finally:
+        store.close()
+    return reps
+
+
+def _engine_name(name: str) -> str:
+    from bstar.engines import get_engine
+
+    return get_engine(name).name
 
 
 def run_capacity(args: argparse.Namespace) -> int:
