@@ -310,3 +310,26 @@ def test_winners_of_a_search_are_scaled(tmp_path: Path, capsys) -> None:
     peak = cap["demand"]["peak_req_s"]
     assert cap["policies"][0]["replicas_max"] == int(np.ceil(
         peak / dep["rate_per_replica_req_s"] * (1 - 1e-9)))
+
+
+def test_replay_overloaded_replays_only_ramps_past_capacity(replica: object, traffic: Traffic,
+                                                            evaluation: dict) -> None:
+    """--replay overloaded: a ramp whose load per ready replica stays under the capacity is
+    read from the steady simulations; one past the capacity is still replayed."""
+    rate = evaluation["rate_per_replica_req_s"]
+    cap = evaluation["capacity"]["capacity_req_s"]
+    mild = min(1.02 * rate, 0.99 * cap)
+    assert mild > rate  # the SLO rate sits below the capacity here
+    c = DemandCurve(30.0, tuple([0.8 * rate] * 2 + [mild] * 2 + [0.8 * rate] + [1.6 * rate] * 2
+                                + [0.8 * rate]))
+    slo = parse_slo(SLO)
+    got = {}
+    for mode in ("all", "overloaded"):
+        p = scale(replica, evaluation, c, traffic, slo,  # type: ignore[arg-type]
+                  Settings(delay_s=60.0, cooldown_s=0.0, replay=mode),
+                  policies=("reactive",), seed=1).policies[0]
+        got[mode] = [iv["attainment_from"] for iv in p.intervals]
+        ramps = [iv["ready_replicas"] < iv["required_replicas"] for iv in p.intervals]
+    assert ramps[2] and ramps[5]
+    assert got["all"][2] == "replay" and got["overloaded"][2] == "steady"
+    assert got["all"][5] == got["overloaded"][5] == "replay"

@@ -45,18 +45,23 @@ class Settings:
     cooldown_s: float = 600.0
     period_s: float = 3600.0
     history: DemandCurve | None = None
+    # Which ramp intervals are replayed through the simulator: "all" of them, or only
+    # "overloaded" ones (load per ready replica past its capacity) and the interval after.
+    replay: str = "all"
 
     def __post_init__(self) -> None:
         for name, v in (("--provision-delay-s", self.delay_s),
                         ("--cooldown-s", self.cooldown_s)):
             if not (v >= 0 and math.isfinite(v)):
                 raise BstarError(f"{name} must be a finite number of seconds >= 0, got {v}")
+        if self.replay not in ("all", "overloaded"):
+            raise BstarError(f"--replay must be all or overloaded, got {self.replay!r}")
         if not (self.period_s > 0 and math.isfinite(self.period_s)):
             raise BstarError(f"--schedule-period-s must be positive, got {self.period_s}")
 
     def to_dict(self) -> dict[str, object]:
         return {"provision_delay_s": self.delay_s, "cooldown_s": self.cooldown_s,
-                "schedule_period_s": self.period_s,
+                "schedule_period_s": self.period_s, "replay": self.replay,
                 "history": "the demand curve itself" if self.history is None
                 else self.history.source}
 

@@ -50,18 +50,25 @@ class SteadyAttainment:
 
 
 def steady_attainment(r: Replica, unit: Workload, rate_req_s: float, slo: Slo,
+                      capacity_req_s: float | None = None,
                       num_requests: int = 400) -> SteadyAttainment:
+    """Simulated at STEADY_FRACTIONS of the SLO rate and, with `capacity_req_s` above it,
+    half-way to 0.98 x the capacity and at it (loads whose queue still does not grow: what
+    `--replay overloaded` reads for the milder ramps)."""
     from bstar.capacity.replay import met
 
     u = head(unit, num_requests)
-    rates, att = [], []
-    for f in STEADY_FRACTIONS:
-        w = at_rate(u, f * rate_req_s)
+    rates = [f * rate_req_s for f in STEADY_FRACTIONS]
+    top = 0.98 * capacity_req_s if capacity_req_s is not None else 0.0
+    if top > 1.01 * rate_req_s:
+        rates += [(rate_req_s + top) / 2, top]
+    att = []
+    for x in rates:
+        w = at_rate(u, x)
         run = simulate(r.deployment, sim_config(r), w)
         rq = run.requests
         assert w.arrival_s is not None
         ok = met(w.arrival_s, rq.first_token_s, rq.finish_s, rq.done, rq.output_tokens, slo)
-        rates.append(f * rate_req_s)
         att.append(float(ok.mean()))
     return SteadyAttainment(tuple(rates), tuple(att))
 
@@ -182,11 +189,13 @@ def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, 
     rate = float(ev["rate_per_replica_req_s"])
     mean_out = float(ev["mean_output_tokens"])
     unit = traffic.unit_workload()
-    steady = steady_attainment(r, unit, rate, slo)
+    capacity_req_s = float(ev["capacity"]["capacity_req_s"])
+    steady = steady_attainment(r, unit, rate, slo,
+                               capacity_req_s if settings.replay == "overloaded" else None)
     price = prices.get(r.gpu) if prices is not None else None
     usd = None if price is None else price.per_gpu_hour
-    pols = [_policy(p, r, curve, rate, mean_out, usd, settings, steady, unit, trace, slo,
-                    seed, warmup_s) for p in policies]
+    pols = [_policy(p, r, curve, rate, capacity_req_s, mean_out, usd, settings, steady, unit,
+                    trace, slo, seed, warmup_s) for p in policies]
     return DeploymentResult(r, rate, mean_out, usd, steady, pols, ev)
 
 
@@ -221,7 +230,8 @@ def ramp_episodes(ramp: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, mean_out: float,
+def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, capacity_req_s: float,
+            mean_out: float,
             usd: float | None, settings: Settings, steady: SteadyAttainment, unit: Workload,
             trace: Workload | None, slo: Slo, seed: int, warmup_s: float) -> PolicyResult:
     sched: Schedule = schedule(name, curve, rate, settings)
@@ -237,7 +247,13 @@ def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, mean_out: fl
     replayed_req = np.zeros(demand.size)
     sims = 0
     cfg = sim_config(r)
-    for i, j in ramp_episodes(ramp):
+    replayed = ramp
+    if settings.replay == "overloaded":
+        # Only ramps past the replica's capacity (the queue grows), and the interval after
+        # each; the milder ones read the steady simulations up to the capacity.
+        over = demand / np.maximum(ready, 1) > capacity_req_s
+        replayed = ramp & (over | np.r_[False, over[:-1]])
+    for i, j in ramp_episodes(replayed):
         lo, a, b = episode_bounds(curve, i, j, warmup_s)
         reqs = (trace_requests(trace, lo, b) if trace is not None
                 else draw_requests(curve, lo, b, unit, episode_rng(seed, i)))

@@ -82,6 +82,10 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--history", default=None, metavar="FILE",
                    help="scheduled: the demand history its targets come from, a "
                         "time_s,rate_req_s CSV (default: the demand curve itself)")
+    s.add_argument("--replay", choices=("all", "overloaded"), default="all",
+                   help="ramp intervals replayed through the simulator: all (default), or "
+                        "only those whose load per ready replica passes its capacity (the "
+                        "milder ones read steady simulations up to the capacity; faster)")
     s.add_argument("--draws", type=positive_int, default=3,
                    help="traffic draws the per-replica rate must meet the SLO on (default 3, "
                         "as bstar search)")
@@ -157,7 +161,7 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
         history = parse_rate_csv(safeio.read_text(args.history, safeio.MAX_TABLE_BYTES,
                                                   "history CSV"), args.interval_s, args.history)
     settings = Settings(args.provision_delay_s, args.cooldown_s, args.schedule_period_s,
-                        history)
+                        history, args.replay)
     n_req = 400 if trace is None else min(len(trace.arrival_s), 100_000)
     traffic = Traffic(curve.peak_req_s, parse_lengths(args.input_len or "512", "--input-len"),
                       parse_lengths(args.output_len or "256", "--output-len"), n_req,
