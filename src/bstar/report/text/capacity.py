@@ -36,7 +36,7 @@ def print_capacity(c: dict[str, Any]) -> None:
             tab.add_column(h, justify="left" if h == "policy" else "right")
         for p in d["policies"]:
             r = p["ramp"]
-            tab.add_row(p["policy"], str(p["replicas_max"]), f"{p['gpu_hours']:.1f}",
+            tab.add_row(p["policy"], str(p["replicas_max"]), f"{p['gpu_hours']:.4g}",
                         fmt_num(p["cost_per_day"], 0, "-"),
                         fmt_num(p["cost_per_mtok"], 3, "-"), f"{p['idle_fraction']:.0%}",
                         f"{p['slo_attainment']:.2%}", str(r["intervals"]),
