@@ -333,3 +333,26 @@ def test_replay_overloaded_replays_only_ramps_past_capacity(replica: object, tra
     assert ramps[2] and ramps[5]
     assert got["all"][2] == "replay" and got["overloaded"][2] == "steady"
     assert got["all"][5] == got["overloaded"][5] == "replay"
+
+
+def test_a_trace_as_the_demand_replays_its_own_requests(replica: object, traffic: Traffic,
+                                                        evaluation: dict) -> None:
+    """With the trace's arrivals as the demand, a ramp replays exactly the trace's
+    requests of its intervals (one replica per group here, so each counts once)."""
+    from bstar.capacity.replay import trace_workload
+
+    rate = evaluation["rate_per_replica_req_s"]
+    rng = np.random.default_rng(5)
+    times = np.concatenate([np.sort(rng.uniform(0, 20, int(0.5 * rate * 20))),
+                            np.sort(rng.uniform(20, 60, int(1.3 * rate * 40)))])
+    rows = "\n".join(f"{t:.6f},256,64" for t in times)
+    trace = parse_trace(f"arrival_s,prompt_tokens,output_tokens\n{rows}\n")
+    c = from_trace(trace, 20.0)
+    assert len(c.rates_req_s) == 3
+    p = scale(replica, evaluation, c, traffic, parse_slo(SLO),  # type: ignore[arg-type]
+              Settings(delay_s=20.0), policies=("reactive",), trace=trace_workload(trace),
+              seed=1).policies[0]
+    src = [iv["attainment_from"] for iv in p.intervals]
+    assert src == ["steady", "replay", "replay"]
+    in_episode = int(np.sum(times - times.min() >= 20.0))  # the curve starts at the first
+    assert p.ramp["replayed_requests"] == in_episode

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from bstar.capacity.demand import DemandCurve
 from bstar.capacity.policies import Schedule
 from bstar.deployment import Deployment
-from bstar.sim import SimConfig, Slo, Workload, simulate
+from bstar.sim import SimConfig, Slo, Trace, Workload, simulate
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -69,6 +69,15 @@ def trace_requests(trace: Workload, a_s: float, b_s: float) -> Requests:
     cached = None if trace.cached_tokens is None else np.asarray(trace.cached_tokens)[sel]
     return Requests(trace.arrival_s[sel], trace.prompt_tokens[sel], trace.output_tokens[sel],
                     cached)
+
+
+def trace_workload(trace: Trace) -> Workload:
+    """A trace's requests in arrival order on the demand curve's clock (its first arrival
+    at 0, as `demand.from_trace` bins them)."""
+    order = np.argsort(np.asarray(trace.arrival_s), kind="stable")
+    a = np.asarray(trace.arrival_s, dtype=np.float64)[order]
+    return Workload(np.asarray(trace.prompt_tokens, dtype=np.int64)[order],
+                    np.asarray(trace.output_tokens, dtype=np.int64)[order], a - a[0])
 
 
 def route(sched: Schedule, arrival_s: FloatArray) -> IntArray:

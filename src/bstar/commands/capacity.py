@@ -35,7 +35,21 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
                         "replica the flags name")
     e.add_argument("--db", default=None,
                    help="--winners: the search's results store (default: bstar search's)")
-    d = p.add_argument_group("demand curve (one of --trace, --demand-csv, --diurnal)")
+    _demand_arguments(p.add_argument_group("demand curve (one of --trace, --demand-csv, "
+                                           "--diurnal)"))
+    _policy_arguments(p.add_argument_group("policies and SLO"))
+    o = p.add_argument_group("output")
+    o.add_argument("--price", default=None, metavar="FILE.toml",
+                   help="GPU-hour prices (examples/gpu-prices-example.toml): $ per day and "
+                        "per million output tokens")
+    o.add_argument("--json", action="store_true", help="print the capacity object (contract)")
+    o.add_argument("--plot", default=None, metavar="FILE.png|.svg",
+                   help="also draw demand, capacity and replicas over the curve (needs "
+                        "bstar[plot])")
+    add_force_argument(o)
+
+
+def _demand_arguments(d: argparse._ArgumentGroup) -> None:
     d.add_argument("--trace", default=None, metavar="FILE",
                    help="a trace in any format `bstar simulate --trace` reads: its requests "
                         "are the mix, and without --demand-csv or --diurnal its arrivals "
@@ -64,7 +78,9 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
                    help="output tokens of the mix without --trace (default 256)")
     d.add_argument("--seed", type=seed_int, default=0,
                    help="seed of the bursts, the drawn requests and the mix (default 0)")
-    s = p.add_argument_group("policies and SLO")
+
+
+def _policy_arguments(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--slo", default=None,
                    help="p99 targets in ms, e.g. ttft:1000,tpot:50 (needs ttft or e2e); a "
                         "request meets it when within every target")
@@ -92,15 +108,6 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--warmup-s", type=non_negative_float, default=30.0,
                    help="seconds of demand before a ramp replayed but not counted "
                         "(default 30)")
-    o = p.add_argument_group("output")
-    o.add_argument("--price", default=None, metavar="FILE.toml",
-                   help="GPU-hour prices (examples/gpu-prices-example.toml): $ per day and "
-                        "per million output tokens")
-    o.add_argument("--json", action="store_true", help="print the capacity object (contract)")
-    o.add_argument("--plot", default=None, metavar="FILE.png|.svg",
-                   help="also draw demand, capacity and replicas over the curve (needs "
-                        "bstar[plot])")
-    add_force_argument(o)
 
 
 def _curve(args: argparse.Namespace, trace: Any) -> Any:
@@ -133,10 +140,11 @@ def _curve(args: argparse.Namespace, trace: Any) -> Any:
 def capacity_from_args(args: argparse.Namespace) -> Any:
     from bstar import safeio
     from bstar.capacity import POLICIES, Settings, parse_rate_csv, plan_capacity
+    from bstar.capacity.replay import trace_workload
     from bstar.errors import BstarError
     from bstar.search import load_prices
     from bstar.search.spec import Traffic
-    from bstar.sim import Workload, make_workload, parse_lengths, parse_slo, parse_trace
+    from bstar.sim import parse_lengths, parse_slo, parse_trace
 
     if not args.slo:
         raise BstarError("give the SLO: --slo ttft:1000,tpot:50 (p99 targets in ms)")
@@ -166,15 +174,9 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
     traffic = Traffic(curve.peak_req_s, parse_lengths(args.input_len or "512", "--input-len"),
                       parse_lengths(args.output_len or "256", "--output-len"), n_req,
                       args.seed, trace, args.draws)
-    replay_trace: Workload | None = None
-    if trace is not None and args.demand_csv is None and args.diurnal is None:
-        import numpy as np
-
-        replay_trace = make_workload(trace, traffic.input_len, traffic.output_len,
-                                     len(trace.arrival_s), np.random.default_rng(0))
-        assert replay_trace.arrival_s is not None
-        replay_trace = Workload(replay_trace.prompt_tokens, replay_trace.output_tokens,
-                                replay_trace.arrival_s - replay_trace.arrival_s[0])
+    # With the trace as the demand, ramps replay its own requests.
+    replay_trace = trace_workload(trace) if trace is not None and args.demand_csv is None \
+        and args.diurnal is None else None
     prices = load_prices(args.price) if args.price else None
     replicas = _winners(args, traffic, slo, prices) if args.winners else _replicas(args)
     return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,

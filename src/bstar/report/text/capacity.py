@@ -23,7 +23,7 @@ def print_capacity(c: dict[str, Any]) -> None:
               f"{slo} (each request)")
     con.print(f"  provisioning delay {st['provision_delay_s']:g} s, reactive cool-down "
               f"{st['cooldown_s']:g} s, scheduled period {st['schedule_period_s']:g} s from "
-              f"{mt(st['history'])}; router: {c['router']}")
+              f"{mt(st['history'])}; ramps replayed: {st['replay']}; router: {c['router']}")
     cur = (c.get("prices") or {}).get("currency", "USD")
     for d in c["deployments"]:
         con.print(f"\n[bold]{mt(d['model'])}[/] on {d['tensor_parallel']} x {mt(d['gpu'])} "
