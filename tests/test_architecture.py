@@ -163,7 +163,7 @@ LAYERS = (
      "bstar.runs_table",
      "bstar.probe", "bstar.tinymodel", "bstar.kvcheck"),
     ("bstar.options", "bstar.plan", "bstar.disaggregate", "bstar.disagg_load"),
-    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search",
+    ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search", "bstar.capacity",
      "bstar.validate_stages", "bstar.validate_runs", "bstar.db", "bstar.disagg_runs"),
     ("bstar.report",),
     ("bstar.commands",),

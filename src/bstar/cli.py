@@ -32,6 +32,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
                              "model; a sweep over --max-num-seqs finds the knee"),
     ("search", "search", "the cheapest deployment that meets the SLO: GPUs x TP x engine limits, "
                          "simulated in parallel (processes or Ray), resumable"),
+    ("capacity", "capacity", "replicas per interval over a demand curve: static, reactive and "
+                             "scheduled policies, their cost and SLO attainment"),
     ("probe", "probe", "measure this machine's bandwidth and matmul rate; write a GPU file"),
     ("report", "report", "a self-contained HTML report of a plan, comparison, fit, sweep run "
                          "or simulation"),

@@ -97,6 +97,13 @@ def save_sweep_plot(sweep: dict[str, Any], path: str | Path) -> Path:
     return charts.sweep_chart(sweep_view(sweep)).save(path)
 
 
+def save_capacity_plot(capacity: dict[str, Any], path: str | Path) -> Path:
+    """Demand, capacity and replicas over the curve per policy (the capacity contract)."""
+    from bstar.report import charts
+
+    return charts.capacity_chart(capacity).save(path)
+
+
 def save_search_plot(search: dict[str, Any], path: str | Path) -> Path:
     """The search's Pareto charts (`search`: the search JSON contract)."""
     from bstar.report import charts

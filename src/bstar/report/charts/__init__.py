@@ -1,8 +1,8 @@
 """Pictures of the batch-size story (matplotlib, the optional `bstar[plot]` extra): a small
 shared base (`base`: the Chart type, style, colours, axes and tooltips) and one module per
-chart family: `plan`, `compare`, `sweep`, `simulate`, `fit`, `signature`, `search`. Each takes the
-plain dicts of `bstar.report.views` or a contract JSON. Importing this package loads no
-matplotlib; drawing does."""
+chart family: `plan`, `compare`, `sweep`, `simulate`, `fit`, `signature`, `search`,
+`capacity`. Each takes the plain dicts of `bstar.report.views` or a contract JSON.
+Importing this package loads no matplotlib; drawing does."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from bstar.report.charts.base import (
     add_svg_tooltips,
     regime_spans,
     save,
+)
+from bstar.report.charts.capacity import (
+    capacity_chart,
 )
 from bstar.report.charts.compare import (
     compare_chart,
@@ -69,6 +72,7 @@ __all__ = [
     "TPUT_COLOR",
     "Chart",
     "add_svg_tooltips",
+    "capacity_chart",
     "compare_chart",
     "draw_latency",
     "draw_roofline",

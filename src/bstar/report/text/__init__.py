@@ -23,6 +23,7 @@ _RENDERERS = {
     "print_fit": "fit",
     "print_simulation": "simulate",
     "print_search": "search",
+    "print_capacity": "capacity",
     "print_result": "sweep", "levels_table": "sweep", "Progress": "sweep",
     "print_runs": "sweep", "print_runs_compare": "sweep",
     "print_curves_validation": "validate", "print_stages_validation": "validate",
@@ -43,6 +44,7 @@ __all__ = [
     "format_stages_validation",
     "levels_table",
     "print_calibration",
+    "print_capacity",
     "print_compare",
     "print_curves_validation",
     "print_demo",
@@ -68,6 +70,7 @@ __all__ = [
 if TYPE_CHECKING:
     from bstar.report.text._common import console, wide_console
     from bstar.report.text.calibrate import print_calibration
+    from bstar.report.text.capacity import print_capacity
     from bstar.report.text.catalog import print_gpus, print_models
     from bstar.report.text.compare import print_compare
     from bstar.report.text.demo import print_demo

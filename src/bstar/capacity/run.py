@@ -1,0 +1,317 @@
+"""Capacity over time: for each deployment, the rate one replica serves at the SLO (the
+search's evaluation, by simulation), each policy's replicas per interval, what they cost,
+and the SLO attainment through the day. Pure: specs in, a `CapacityResult` out.
+
+Attainment per interval:
+- where at least the per-interval minimum of replicas serves throughout (steady), each
+  replica carries demand / ready requests/s, below the rate the search found meets the SLO;
+  its attainment is read off `SteadyAttainment`, simulated once per deployment at a few
+  fractions of that rate (Poisson arrivals; round-robin spreads them more evenly than
+  Poisson, so this is on the safe side);
+- where fewer serve (a ramp: a replica still starting, or a schedule below the demand), the
+  requests are replayed through the simulator (`bstar.capacity.replay`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bstar.capacity.demand import DemandCurve
+from bstar.capacity.policies import POLICIES, Schedule, Settings, required, schedule
+from bstar.capacity.replay import draw_requests, replay, trace_requests
+from bstar.errors import BstarError
+from bstar.search.candidates import Replica, sim_config
+from bstar.search.evaluate import Task, evaluate
+from bstar.search.prices import PriceTable
+from bstar.search.spec import Traffic, at_rate
+from bstar.sim import Slo, Workload, simulate
+from bstar.sim.capacity import head
+
+STEADY_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
+ROUTER = ("round-robin over the replicas ready at each arrival; a replica still starting "
+          "takes nothing, so requests meanwhile queue on the others")
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyAttainment:
+    """Attainment of one replica fed Poisson arrivals at fractions of its SLO rate."""
+
+    rates_req_s: tuple[float, ...]
+    attainment: tuple[float, ...]
+
+    def at(self, rate_req_s: float) -> float:
+        """Linear between the simulated rates; below the lowest, the lowest's (a lighter
+        load only helps)."""
+        return float(np.interp(rate_req_s, self.rates_req_s, self.attainment))
+
+
+def steady_attainment(r: Replica, unit: Workload, rate_req_s: float, slo: Slo,
+                      capacity_req_s: float | None = None,
+                      num_requests: int = 400) -> SteadyAttainment:
+    """Simulated at STEADY_FRACTIONS of the SLO rate and, with `capacity_req_s` above it,
+    half-way to 0.98 x the capacity and at it (loads whose queue still does not grow: what
+    `--replay overloaded` reads for the milder ramps)."""
+    from bstar.capacity.replay import met
+
+    u = head(unit, num_requests)
+    rates = [f * rate_req_s for f in STEADY_FRACTIONS]
+    top = 0.98 * capacity_req_s if capacity_req_s is not None else 0.0
+    if top > 1.01 * rate_req_s:
+        rates += [(rate_req_s + top) / 2, top]
+    att = []
+    for x in rates:
+        w = at_rate(u, x)
+        run = simulate(r.deployment, sim_config(r), w)
+        rq = run.requests
+        assert w.arrival_s is not None
+        ok = met(w.arrival_s, rq.first_token_s, rq.finish_s, rq.done, rq.output_tokens, slo)
+        att.append(float(ok.mean()))
+    return SteadyAttainment(tuple(rates), tuple(att))
+
+
+@dataclass
+class PolicyResult:
+    """One policy's day. `to_dict` is the `policies[]` object of the capacity contract;
+    a new per-policy figure (energy) is one more field here and one more key there."""
+
+    policy: str
+    intervals: list[dict[str, Any]]
+    gpu_hours: float
+    cost_total: float | None
+    cost_per_day: float | None
+    cost_per_mtok: float | None
+    idle_fraction: float
+    slo_attainment: float
+    ramp: dict[str, Any]
+    replicas_max: int
+    simulations: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "gpu_hours": self.gpu_hours,
+                "cost_per_day": self.cost_per_day, "cost_total": self.cost_total,
+                "cost_per_mtok": self.cost_per_mtok, "idle_fraction": self.idle_fraction,
+                "slo_attainment": self.slo_attainment, "ramp": self.ramp,
+                "replicas_max": self.replicas_max, "simulations": self.simulations,
+                **self.extra, "intervals": self.intervals}
+
+
+@dataclass
+class DeploymentResult:
+    replica: Replica
+    rate_per_replica_req_s: float
+    mean_output_tokens: float
+    usd_per_gpu_hour: float | None
+    steady: SteadyAttainment
+    policies: list[PolicyResult]
+    evaluation: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.replica
+        return {"model": r.model, "gpu": r.gpu, "tensor_parallel": r.tp,
+                "gpus_per_replica": r.tp, "max_num_seqs": r.max_num_seqs,
+                "max_num_batched_tokens": r.max_num_batched_tokens,
+                "rate_per_replica_req_s": self.rate_per_replica_req_s,
+                "capacity_req_s": self.evaluation["capacity"]["capacity_req_s"],
+                "limit": self.evaluation["limit"],
+                "mean_output_tokens": self.mean_output_tokens,
+                "usd_per_gpu_hour": self.usd_per_gpu_hour,
+                "steady_attainment": {"rate_req_s": list(self.steady.rates_req_s),
+                                      "slo_attainment": list(self.steady.attainment)},
+                "policies": [p.to_dict() for p in self.policies]}
+
+
+@dataclass
+class CapacityResult:
+    curve: DemandCurve
+    slo: Slo
+    settings: Settings
+    deployments: list[DeploymentResult]
+    prices: PriceTable | None
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The capacity JSON contract (docs/contracts.md): `policies` is the first
+        deployment's; `deployments[]` carries each one's."""
+        c = self.curve
+        deps = [d.to_dict() for d in self.deployments]
+        return {"policies": deps[0]["policies"],
+                "demand": {"source": c.source, "interval_s": c.interval_s,
+                           "start_s": c.start_s, "intervals": len(c.rates_req_s),
+                           "duration_s": c.duration_s, "peak_req_s": c.peak_req_s,
+                           "mean_req_s": float(c.rates.mean()), "requests": c.requests()},
+                "slo": self.slo.to_dict(), "router": ROUTER,
+                "settings": self.settings.to_dict(),
+                "prices": None if self.prices is None else self.prices.to_dict(),
+                "deployments": deps, "timing": self.timing}
+
+
+def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic, slo: Slo,
+                  settings: Settings, prices: PriceTable | None = None,
+                  policies: tuple[str, ...] = POLICIES, trace: Workload | None = None,
+                  seed: int = 0, warmup_s: float = 30.0, rel_tol: float = 0.02,
+                  max_utilization: float = 0.95) -> CapacityResult:
+    """Each replica configuration scaled over `curve` under each policy. `traffic` is the
+    request mix (its demand is the curve's peak, as `bstar search` at the peak is asked);
+    `trace`, when the curve came from a trace, is its requests on the curve's clock and
+    the ramps replay them instead of drawing Poisson arrivals."""
+    if not replicas:
+        raise BstarError("no deployment to scale")
+    t_start = time.perf_counter()
+    out = [scale(r, evaluate_replica(r, traffic, slo, rel_tol, max_utilization), curve,
+                 traffic, slo, settings, prices, policies, trace, seed, warmup_s)
+           for r in replicas]
+    return CapacityResult(curve, slo, settings, out, prices,
+                          {"wall_s": time.perf_counter() - t_start})
+
+
+def evaluate_replica(r: Replica, traffic: Traffic, slo: Slo, rel_tol: float = 0.02,
+                     max_utilization: float = 0.95) -> dict[str, Any]:
+    """`bstar search`'s evaluation of one replica (the largest rate at the SLO, by
+    simulation); a replica that cannot meet the SLO at any rate is a one-line error."""
+    ev = evaluate(Task(r, traffic, slo, rel_tol, max_utilization))
+    ev.pop("_timing", None)
+    if ev["status"] != "ok":
+        raise BstarError(f"{r.key}: {ev['reason']}")
+    return ev
+
+
+def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, slo: Slo,
+          settings: Settings, prices: PriceTable | None = None,
+          policies: tuple[str, ...] = POLICIES, trace: Workload | None = None, seed: int = 0,
+          warmup_s: float = 30.0) -> DeploymentResult:
+    """One replica configuration, evaluated (`evaluate_replica`), over the curve under
+    each policy."""
+    rate = float(ev["rate_per_replica_req_s"])
+    mean_out = float(ev["mean_output_tokens"])
+    unit = traffic.unit_workload()
+    capacity_req_s = float(ev["capacity"]["capacity_req_s"])
+    steady = steady_attainment(r, unit, rate, slo,
+                               capacity_req_s if settings.replay == "overloaded" else None)
+    price = prices.get(r.gpu) if prices is not None else None
+    usd = None if price is None else price.per_gpu_hour
+    pols = [_policy(p, r, curve, rate, capacity_req_s, mean_out, usd, settings, steady, unit,
+                    trace, slo, seed, warmup_s) for p in policies]
+    return DeploymentResult(r, rate, mean_out, usd, steady, pols, ev)
+
+
+def episode_rng(seed: int, first_interval: int) -> np.random.Generator:
+    """The generator of the requests drawn for the episode starting at `first_interval`
+    (its own stream: an episode's requests do not depend on the episodes before it)."""
+    return np.random.default_rng([seed, first_interval])
+
+
+def episode_bounds(curve: DemandCurve, i: int, j: int, warmup_s: float
+                   ) -> tuple[float, float, float]:
+    """(warm-up start, first counted instant, end) of the episode over intervals i..j."""
+    a = float(curve.starts_s[i])
+    return max(curve.start_s, a - warmup_s), a, float(curve.starts_s[j] + curve.interval_s)
+
+
+def ramp_episodes(ramp: np.ndarray) -> list[tuple[int, int]]:
+    """[first, last] interval of each run of ramp intervals, extended by the interval after
+    (its backlog drains there)."""
+    out: list[tuple[int, int]] = []
+    n = ramp.size
+    i = 0
+    while i < n:
+        if not ramp[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and ramp[j + 1]:
+            j += 1
+        out.append((i, min(j + 1, n - 1)))
+        i = j + 1
+    return out
+
+
+def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, capacity_req_s: float,
+            mean_out: float,
+            usd: float | None, settings: Settings, steady: SteadyAttainment, unit: Workload,
+            trace: Workload | None, slo: Slo, seed: int, warmup_s: float) -> PolicyResult:
+    sched: Schedule = schedule(name, curve, rate, settings)
+    starts = curve.starts_s
+    need = required(curve, rate)
+    paid = sched.provisioned(starts)
+    ready = sched.min_ready(starts, curve.interval_s)
+    demand = curve.rates
+    ramp = ready < need
+    att = np.array([steady.at(x / max(n, 1)) if x > 0 else 1.0
+                    for x, n in zip(demand.tolist(), ready.tolist(), strict=True)])
+    source = np.array(["steady"] * demand.size, dtype=object)
+    replayed_req = np.zeros(demand.size)
+    sims = 0
+    cfg = sim_config(r)
+    replayed = ramp
+    if settings.replay == "overloaded":
+        # Only ramps past the replica's capacity (the queue grows), and the interval after
+        # each; the milder ones read the steady simulations up to the capacity.
+        over = demand / np.maximum(ready, 1) > capacity_req_s
+        replayed = ramp & (over | np.r_[False, over[:-1]])
+    for i, j in ramp_episodes(replayed):
+        lo, a, b = episode_bounds(curve, i, j, warmup_s)
+        reqs = (trace_requests(trace, lo, b) if trace is not None
+                else draw_requests(curve, lo, b, unit, episode_rng(seed, i)))
+        if reqs.arrival_s.size == 0:
+            continue
+        rep = replay(r.deployment, cfg, sched, reqs, a, curve, slo)
+        sims += rep.simulations
+        for k in range(i, j + 1):
+            if rep.requests[k] > 0:
+                att[k] = rep.met[k] / rep.requests[k]
+                source[k] = "replay"
+                replayed_req[k] = rep.requests[k]
+    weights = demand * curve.interval_s
+    total_req = float(weights.sum())
+    overall = float((att * weights).sum() / total_req)
+    ramp_req = float(weights[ramp].sum())
+    lost = float(((1 - att) * weights)[ramp].sum())
+    gpu_s = sched.replica_seconds() * r.tp
+    gpu_hours = gpu_s / 3600.0
+    cost_total = None if usd is None else gpu_hours * usd
+    days = curve.duration_s / 86_400.0
+    tokens_m = total_req * mean_out / 1e6
+    idle = 1.0 - total_req / (sched.replica_seconds() * rate)
+    intervals = [{"start_s": float(s), "demand_req_s": float(x), "replicas": int(p),
+                  "ready_replicas": int(q), "required_replicas": int(n),
+                  "capacity_req_s": float(q) * rate, "slo_attainment": float(v),
+                  "attainment_from": str(src)}
+                 for s, x, p, q, n, v, src in zip(starts, demand, paid, ready, need, att,
+                                                  source, strict=True)]
+    return PolicyResult(
+        name, intervals, gpu_hours, cost_total,
+        None if cost_total is None else cost_total / days,
+        None if cost_total is None or tokens_m <= 0 else cost_total / tokens_m,
+        max(0.0, idle), overall,
+        {"intervals": int(ramp.sum()), "requests": ramp_req,
+         "slo_attainment": None if ramp_req <= 0 else 1 - lost / ramp_req,
+         "attainment_lost": lost / total_req if total_req > 0 else 0.0,
+         "replayed_requests": float(replayed_req.sum())},
+        int(paid.max()), sims)
+
+
+def replica_for(d: Any, model_label: str, max_num_seqs: int, max_num_batched_tokens: int,
+                calibrated: str | None = None) -> Replica:
+    """A search replica for one assembled deployment (its tp = its GPUs)."""
+    return Replica(model_label, d.gpu.id, d.num_gpus, max_num_seqs, max_num_batched_tokens, d,
+                   calibrated)
+
+
+
+def search_winners(spec: Any, backend: Any, store: Any,
+                   prices: PriceTable | None = None) -> tuple[list[Replica], Any]:
+    """Each model's winner of `bstar search` (at the spec's demand: the curve's peak), as
+    the replica it runs; with the search result."""
+    from bstar.search import plan_candidates, run_search
+
+    result = run_search(spec, backend, store, prices)
+    by_key = {c.replica.key: c.replica for c in plan_candidates(spec)[0]}
+    reps = [by_key[w["replica_key"]] for w in result.winners.values()]
+    if not reps:
+        raise BstarError("the search found no deployment that meets the SLO at the peak")
+    return reps, result
