@@ -1,0 +1,137 @@
+"""The power model (bstar.energy, docs/energy.md): every catalog GPU has one with its
+sources; joules per output token fall with batch until the knee and flatten past it; a
+power curve is recovered from (utilization, watts) pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import bstar
+from bstar import energy
+from bstar.deployment import Deployment
+from bstar.errors import BstarError
+from bstar.knee import DEFAULT_DOUBLING
+from bstar.plan import make_plan
+from bstar.specs.gpu import gpu_catalog
+
+CATALOG = sorted(gpu_catalog())
+
+
+@pytest.mark.parametrize("gpu_id", CATALOG)
+def test_every_catalog_gpu_has_a_power_model_with_its_basis(gpu_id: str) -> None:
+    g = gpu_catalog()[gpu_id]
+    pm = energy.power_model(g)
+    assert pm is not None
+    assert pm.tdp_basis == ("datasheet" if g.tdp_w else "guessed")
+    assert pm.tdp_w == (g.tdp_w or g.power_limit_w)
+    assert 0 < pm.idle_w < pm.tdp_w
+    assert pm.source  # where the TDP (and any guess) comes from
+    d = pm.to_dict()
+    assert d["idle_basis"] in ("guessed", "catalog") and d["curve_basis"] in ("default",
+                                                                              "catalog")
+    # The curve's ends: idle at u = 0, the TDP at u = 1, monotone between.
+    w = pm.power_w(np.linspace(0, 1, 11))
+    assert w[0] == pytest.approx(pm.idle_w) and w[-1] == pytest.approx(pm.tdp_w)
+    assert np.all(np.diff(w) > 0)
+
+
+def test_a_gpu_without_power_figures_has_no_model() -> None:
+    g = bstar.get_gpu("h100-sxm")
+    from dataclasses import replace
+    bare = replace(g, tdp_w=0.0, power_limit_w=0.0)
+    assert energy.power_model(bare) is None
+    assert energy.power_w(bare, 0.5) is None
+    d = Deployment(bstar.get_model("llama-3-8b"), bare)
+    assert energy.joules_per_output_token(d, 8, 1024) is None
+
+
+def test_memory_bound_decode_draws_the_memory_share_and_compute_reaches_tdp() -> None:
+    """The utilization rule: a decode step at batch 1 is bandwidth-bound, its u is about
+    memory_fraction x its bandwidth use; a prefill-sized compute load caps at the TDP."""
+    g = bstar.get_gpu("h100-sxm")
+    pm = energy.power_model(g)
+    assert pm is not None
+    u_mem = energy.step_utilization(g, "bf16", 0.0, g.hbm_bandwidth_bytes_s, 1.0,
+                                    pm.memory_fraction)
+    assert u_mem[0] == pytest.approx(pm.memory_fraction)
+    u_cmp = energy.step_utilization(g, "bf16", g.bf16_flops, g.hbm_bandwidth_bytes_s, 1.0,
+                                    pm.memory_fraction)
+    assert u_cmp[0] == 1.0
+    d = Deployment(bstar.get_model("llama-3-8b"), g)
+    e = energy.decode_energy(d, [1], 1024)
+    assert e is not None
+    assert pm.idle_w < e.power_w[0] < pm.idle_w + pm.memory_fraction * (pm.tdp_w - pm.idle_w)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpu_id=st.sampled_from(CATALOG), context=st.integers(256, 16384),
+       model=st.sampled_from(["llama-3-8b", "qwen2.5-7b"]))
+def test_joules_per_token_fall_until_the_knee_and_flatten_past_it(
+        gpu_id: str, context: int, model: str) -> None:
+    d = Deployment(bstar.get_model(model), gpu_catalog()[gpu_id])
+    try:
+        plan = make_plan(d, (context,))
+    except BstarError:
+        return  # does not fit at this context: nothing to price
+    c = plan.contexts[0]
+    knee = c.knee
+    assert knee is not None and knee.batch is not None
+    top = 4 * max(c.b_mem, knee.batch)
+    batches = np.arange(1, top + 1)
+    e = energy.decode_energy(d, batches, context)
+    assert e is not None
+    j = e.joules_per_output_token
+    k = knee.batch
+    # Falls: every added sequence up to the knee lowers the energy of a token.
+    assert np.all(np.diff(j[:k]) < 0)
+    # Flattens: past the knee a doubling gains less than 15% throughput (the knee rule),
+    # and the power moves by a few percent either way (the step turns compute-bound), so a
+    # doubling saves less than 1 - 1/(1.15 x 1.1) of the energy per token...
+    past = batches[(batches >= k) & (2 * batches <= top)]
+    ratio = j[2 * past - 1] / j[past - 1]
+    assert np.all(ratio >= 1 / ((1 + DEFAULT_DOUBLING) * 1.1))
+    # ...and less than the doubling into the knee saved.
+    if k >= 2 and past.size:
+        assert np.all(ratio > j[k - 1] / j[k // 2 - 1])
+    # Past B_mem the running batch, and so the energy per token, no longer changes.
+    assert np.allclose(j[c.b_mem - 1:], j[c.b_mem - 1], rtol=1e-12)
+
+
+def test_energy_scales_with_the_gpus_of_the_deployment() -> None:
+    m = bstar.get_model("llama-3-8b")
+    one = Deployment(m, bstar.get_gpu("h100-sxm"))
+    from dataclasses import replace
+    two = replace(one, num_gpus=2)
+    j1 = energy.joules_per_output_token(one, 16, 1024)
+    j2 = energy.joules_per_output_token(two, 16, 1024)
+    assert j1 is not None and j2 is not None
+    # Two GPUs each read half the weights: the step is faster but two boards draw power.
+    e2 = energy.decode_energy(two, [16], 1024)
+    assert e2 is not None
+    from bstar import roofline as rl
+    step2 = float(rl.curve(two, [16], 1024).step_s[0])
+    assert j2 == pytest.approx(2 * e2.power_w[0] * step2 / 16)
+
+
+def test_energy_cost_per_million_tokens() -> None:
+    # 3.6 J per token = 1 kWh per million tokens.
+    assert energy.energy_usd_per_mtok(3.6, 0.10) == pytest.approx(0.10)
+    with pytest.raises(BstarError):
+        energy.check_electricity_price(-1.0)
+
+
+@pytest.mark.parametrize(("idle_w", "k"), [(70.0, 1.0), (95.0, 1.6), (40.0, 0.7)])
+def test_fit_power_curve_recovers_a_known_curve(idle_w: float, k: float) -> None:
+    u = np.array([0.3, 0.42, 0.5, 0.61, 0.7, 0.85])
+    watts = idle_w + (700.0 - idle_w) * u ** k
+    fit = energy.fit_power_curve(u, watts, 700.0)
+    assert fit.idle_w == pytest.approx(idle_w, rel=0.02)
+    assert fit.exponent == pytest.approx(k, rel=0.02)
+
+
+def test_fit_power_curve_needs_distinct_points() -> None:
+    with pytest.raises(BstarError, match="at least 3"):
+        energy.fit_power_curve([0.5, 0.5, 0.5], [300.0, 301.0, 299.0], 700.0)
