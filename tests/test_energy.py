@@ -4,6 +4,8 @@ power curve is recovered from (utilization, watts) pairs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -90,7 +92,9 @@ def test_joules_per_token_fall_until_the_knee_and_flatten_past_it(
     # Flattens: past the knee a doubling gains less than 15% throughput (the knee rule),
     # and the power moves by a few percent either way (the step turns compute-bound), so a
     # doubling saves less than 1 - 1/(1.15 x 1.1) of the energy per token...
-    past = batches[(batches >= k) & (2 * batches <= top)]
+    # "Past" starts one step of the plan's knee grid (four points per doubling) above the
+    # knee's batch: the rule interpolates the doubling between grid points and rounds.
+    past = batches[(batches >= k * 2 ** 0.25) & (2 * batches <= top)]
     ratio = j[2 * past - 1] / j[past - 1]
     assert np.all(ratio >= 1 / ((1 + DEFAULT_DOUBLING) * 1.1))
     # ...and less than the doubling into the knee saved.
@@ -135,3 +139,48 @@ def test_fit_power_curve_recovers_a_known_curve(idle_w: float, k: float) -> None
 def test_fit_power_curve_needs_distinct_points() -> None:
     with pytest.raises(BstarError, match="at least 3"):
         energy.fit_power_curve([0.5, 0.5, 0.5], [300.0, 301.0, 299.0], 700.0)
+
+
+def test_plan_json_carries_power_and_joules_with_its_basis(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bstar.cli import main
+
+    assert main(["plan", "--model", "llama-3-8b", "--gpu", "h200", "--num-gpus", "2",
+                 "--context", "2048", "--json", "--electricity-usd-per-kwh", "0.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    basis = out["power_basis"]
+    assert basis["tdp_w"] == 700.0 and basis["tdp_basis"] == "datasheet"
+    assert basis["idle_basis"] == "guessed" and basis["curve_basis"] == "default"
+    assert basis["electricity_usd_per_kwh"] == 0.2 and basis["num_gpus"] == 2
+    curve = out["contexts"][0]["curve"]
+    for p in curve:
+        assert basis["idle_w"] < p["power_w"] <= basis["tdp_w"]
+        # Two GPUs' power over the step, per token the running batch produces.
+        want = 2 * p["power_w"] * p["step_ms"] / 1e3 / p["running_batch"]
+        assert p["joules_per_output_token"] == pytest.approx(want, rel=1e-9)
+        assert p["energy_usd_per_mtok"] == pytest.approx(
+            p["joules_per_output_token"] * 1e6 / 3.6e6 * 0.2, rel=1e-9)
+    j = [p["joules_per_output_token"] for p in curve]
+    assert j[0] > 10 * j[-1]  # batch 1 against the curve's largest batch
+    at = out["contexts"][0]["recommendation"]["at_batch"]
+    assert at["joules_per_output_token"] < j[0]
+
+
+def test_plan_without_power_figures_says_so(tmp_path: Any,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bstar.cli import main
+
+    gpu = tmp_path / "bare.toml"
+    gpu.write_text('name = "bare"\nmemory_bytes = 85899345920\n'
+                   'hbm_bandwidth_bytes_s = 2e12\nbf16_flops = 3e14\n')
+    assert main(["plan", "--gpu", str(gpu), "--context", "1024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["power_basis"] is None
+    assert all(p["power_w"] is None and p["joules_per_output_token"] is None
+               for p in out["contexts"][0]["curve"])
+    assert main(["plan", "--gpu", str(gpu), "--context", "1024"]) == 0
+    assert "J per output token" not in capsys.readouterr().out
