@@ -184,3 +184,53 @@ def test_plan_without_power_figures_says_so(tmp_path: Any,
                for p in out["contexts"][0]["curve"])
     assert main(["plan", "--gpu", str(gpu), "--context", "1024"]) == 0
     assert "J per output token" not in capsys.readouterr().out
+
+
+def test_simulated_energy_matches_the_decode_price_where_decode_dominates() -> None:
+    """A closed loop of 32 users with short prompts and long outputs runs a batch of 32
+    almost all the time: its joules per output token are the plan's decode price at that
+    batch and the tokens each sequence holds (prefill adds a little)."""
+    from bstar.sim import ClosedLoop, parse_lengths, simulate_levels
+
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("h100-sxm"))
+    (row,) = simulate_levels(d, [32], ClosedLoop(32), parse_lengths("64"),
+                             parse_lengths("1024"), 128, 0)
+    assert row.joules_per_output_token is not None and row.power_w_mean is not None
+    ctx = 64 + 1024 // 2  # what a sequence holds on average while it decodes
+    want = energy.joules_per_output_token(d, 32, ctx)
+    assert want is not None
+    assert row.joules_per_output_token == pytest.approx(want, rel=0.10)
+    pm = energy.power_model(d.gpu)
+    assert pm is not None and pm.idle_w < row.power_w_mean < pm.tdp_w
+
+
+def test_a_mostly_idle_simulation_draws_about_idle_power() -> None:
+    from bstar.sim import Poisson, parse_lengths, simulate_levels
+
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("l40s"))
+    (row,) = simulate_levels(d, [8], Poisson(0.05), parse_lengths("16"), parse_lengths("4"),
+                             20, 0)
+    pm = energy.power_model(d.gpu)
+    assert pm is not None and row.power_w_mean is not None
+    assert pm.idle_w <= row.power_w_mean < pm.idle_w * 1.05
+    # The idle time is charged to the few tokens made: about idle power x duration each.
+    tokens = row.throughput_tok_s * row.duration_s
+    assert row.joules_per_output_token == pytest.approx(
+        pm.idle_w * row.duration_s / tokens, rel=0.05)
+    busy = energy.joules_per_output_token(d, 1, 20)
+    assert busy is not None and row.joules_per_output_token > 10 * busy
+
+
+def test_simulate_json_costs_each_level_at_the_stated_price(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from bstar.cli import main
+
+    assert main(["simulate", "--model", "llama-3-8b", "--gpu", "a100-80gb-sxm", "--rate",
+                 "4", "--num-requests", "60", "--max-num-seqs", "16", "--json",
+                 "--electricity-usd-per-kwh", "0.3"]) == 0
+    o = json.loads(capsys.readouterr().out)
+    assert o["electricity_usd_per_kwh"] == 0.3
+    assert o["energy_usd_per_mtok"] == pytest.approx(
+        o["joules_per_output_token"] / 3.6 * 0.3, rel=1e-9)

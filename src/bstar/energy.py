@@ -181,28 +181,25 @@ def check_electricity_price(usd_per_kwh: float) -> None:
                          f"{usd_per_kwh!r}")
 
 
-def timeline_energy_j(d: Any, time_s: npt.ArrayLike, num_running: npt.ArrayLike,
-                      end_s: float, context_tokens: int) -> float | None:
-    """Energy of a simulated run from its timeline (bstar.sim): from each point to the
-    next (the last to `end_s`) the GPUs draw the power of a decode step of that point's
-    running batch at `context_tokens`, idle power where nothing runs. Prefill steps are
-    priced as decode steps of the same batch (docs/energy.md says what that misses)."""
+def busy_energy_j(d: Any, busy_s_by_seqs: dict[int, float], duration_s: float,
+                  context_tokens: int) -> float | None:
+    """Energy of all of `d`'s GPUs over a simulated run (bstar.sim) of `duration_s`: each
+    step's time at the power of a decode step of its number of sequences at
+    `context_tokens` (`busy_s_by_seqs`: seconds spent in steps of each size), idle power for
+    the rest. A step that prefills is priced as a decode step of the same size: below its
+    real power (docs/energy.md, "What is not modelled")."""
     pm = power_model(d.gpu)
     if pm is None:
         return None
-    t = np.asarray(time_s, dtype=np.float64)
-    n = np.asarray(num_running, dtype=np.int64)
-    if t.size == 0:
-        return 0.0
-    dt = np.diff(np.append(t, max(end_s, float(t[-1]))))
-    watts = np.full(t.size, pm.idle_w)
-    busy = n > 0
-    if busy.any():
-        sizes, inverse = np.unique(n[busy], return_inverse=True)
+    sizes = np.array(sorted(k for k, v in busy_s_by_seqs.items() if k > 0 and v > 0),
+                     dtype=np.int64)
+    busy = np.array([busy_s_by_seqs[int(k)] for k in sizes], dtype=np.float64)
+    joules = pm.idle_w * max(0.0, duration_s - float(busy.sum()))
+    if sizes.size:
         e = decode_energy(d, sizes, context_tokens, pm)
         assert e is not None
-        watts[busy] = e.power_w[inverse]
-    return float(d.num_gpus * (watts * dt).sum())
+        joules += float((e.power_w * busy).sum())
+    return d.num_gpus * joules
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_electricity_argument,
     add_force_argument,
     add_speculative_arguments,
     build_deployment,
@@ -87,6 +88,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw throughput, latency percentiles and preemptions per level "
                         "(needs bstar[plot])")
+    add_electricity_argument(p)
     add_force_argument(p)
     add_speculative_arguments(p)
 
@@ -158,6 +160,7 @@ def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
 
 def study_options(args: argparse.Namespace) -> Any:
     """The simulate flags as `bstar.sim.study.StudyOptions`."""
+    from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH
     from bstar.sim.study import StudyOptions
 
     shape = prompt_shape(args)
@@ -176,7 +179,9 @@ def study_options(args: argparse.Namespace) -> Any:
         output_len=output_len, num_requests=args.num_requests, seed=args.seed,
         slo=args.slo, max_sim_time_s=args.max_sim_time_s,
         prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=shape,
-        prefix_caching=caching)
+        prefix_caching=caching,
+        electricity_usd_per_kwh=getattr(args, "electricity_usd_per_kwh",
+                                        DEFAULT_ELECTRICITY_USD_PER_KWH))
 
 
 def add_prompt_sharing_arguments(t: Any) -> None:
