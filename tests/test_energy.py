@@ -234,3 +234,44 @@ def test_simulate_json_costs_each_level_at_the_stated_price(
     assert o["electricity_usd_per_kwh"] == 0.3
     assert o["energy_usd_per_mtok"] == pytest.approx(
         o["joules_per_output_token"] / 3.6 * 0.3, rel=1e-9)
+
+
+def test_fleet_energy_charges_the_rounding_waste_at_idle_power() -> None:
+    from bstar.search.rank import fleet_energy
+
+    d = Deployment(bstar.get_model("llama-3-8b"), bstar.get_gpu("h100-sxm"))
+    pm = energy.power_model(d.gpu)
+    assert pm is not None
+    # Two replicas each simulated at 10 req/s drawing 400 W; a demand of 10 req/s loads
+    # each at half: idle + half the rise, over 2 replicas' tokens.
+    got = fleet_energy(d, 400.0, 10.0, 10.0, 2, 100.0)
+    assert got is not None
+    watts, joules = got
+    assert watts == pytest.approx(pm.idle_w + (400.0 - pm.idle_w) / 2)
+    assert joules == pytest.approx(2 * watts / (10.0 * 100.0))
+    # At full load it is the simulated power over the simulated tokens.
+    full = fleet_energy(d, 400.0, 10.0, 20.0, 2, 100.0)
+    assert full is not None and full[1] == pytest.approx(2 * 400.0 / (20.0 * 100.0))
+    assert fleet_energy(d, None, 10.0, 20.0, 2, 100.0) is None  # a row stored before
+
+
+def test_search_rows_carry_energy_at_the_stated_price(tmp_path: Any) -> None:
+    from bstar.search import InProcess, SearchSpec, SearchStore, Traffic, run_search
+    from bstar.sim import parse_lengths, parse_slo
+
+    spec = SearchSpec(models=("llama-3-8b",), gpus=("h100-sxm",),
+                      traffic=Traffic(6.0, parse_lengths("128"), parse_lengths("64"),
+                                      num_requests=60),
+                      slo=parse_slo("ttft:2000,tpot:60"), num_gpus=(1,), max_num_seqs=(32,))
+    with InProcess() as b:
+        res = run_search(spec, b, SearchStore(tmp_path / "s.db"), None,
+                         electricity_usd_per_kwh=0.25)
+    out = res.to_dict()
+    assert out["electricity_usd_per_kwh"] == 0.25
+    (row,) = [r for r in out["candidates"] if r["status"] == "ok"]
+    pm = energy.power_model(bstar.get_gpu("h100-sxm"))
+    assert pm is not None and pm.idle_w < row["power_w"] < pm.tdp_w
+    assert row["energy_usd_per_mtok"] == pytest.approx(
+        row["joules_per_output_token"] / 3.6 * 0.25, rel=1e-9)
+    assert out["winners"]["llama-3-8b"]["joules_per_output_token"] == \
+        row["joules_per_output_token"]

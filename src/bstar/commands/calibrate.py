@@ -61,13 +61,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     path = Path(args.source)
     warnings: list[str] = []
     workload = None
+    result = None
     if path.is_file():
         from bstar.fit.points import load_steps
 
         points, warnings = load_steps(path, args.context)
         source = str(path)
     else:
-        points, source, run = points_from_run(args.db, args.source, args.metric, args.context)
+        points, source, run, result = points_from_run(args.db, args.source, args.metric,
+                                                      args.context)
         workload = _workload(args.db, run["id"])
         if not args.engine_version and run.get("server_version"):
             args.engine_version = str(run["server_version"])
@@ -81,10 +83,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
         pool = cal.kv_pool_from_log(d, log)
         from dataclasses import replace
         c = replace(c, kv_pool_bytes=pool, reserve_bytes=cal.reserve_from_kv_pool(d, pool))
+    power = None
+    if result is not None:
+        from bstar.calibrate.power import power_from_run
+
+        # Each level's utilization under the calibrated step (its efficiencies).
+        power = power_from_run(c.apply(d), result, args.context)
+        if power is None:
+            warnings.append("no power curve: fewer than 3 completed levels of the run "
+                            "stored GPU power (the sweep had no power source); the power "
+                            "model keeps its defaults (docs/energy.md)")
     if args.output is not None:
         from bstar.loadgen.measured import workload_toml
 
-        text = cal.profile_toml(c) + ("" if workload is None else workload_toml(workload))
+        text = cal.profile_toml(c) + ("" if workload is None else workload_toml(workload)) \
+            + ("" if power is None else power.toml())
         _loads_back(args.output, text)
         try:
             args.output.write_text(text)
@@ -96,18 +109,29 @@ def run_calibrate(args: argparse.Namespace) -> int:
     checks = [_check(args, spec, c) for spec in args.check]
     spread = cal.repeat_spread(list(c.points))
     from bstar.commands.emit import emit
-    from bstar.report.text import print_calibration
 
     checked = [(run, model, pts, cal.median_abs_error(pts),
                 cal.median_abs_error(pts, uncalibrated=True)) for run, model, pts in checks]
     return emit(args, lambda: {**c.to_dict(), "profile": str(args.output or ""),
                                "repeat_spread": spread,
                                "workload": None if workload is None else workload.to_dict(),
+                               "power": None if power is None else power.to_dict(),
                                "checks": [{"run": run, "model": model,
                                            "median_abs_error": median,
                                            "points": [_point_dict(p) for p in pts]}
                                           for run, model, pts, median, _ in checked]},
-                lambda: print_calibration(c, args.output, spread, checked))
+                lambda: _print(c, args.output, spread, checked, power))
+
+
+def _print(c: Any, output: Path | None, spread: Any, checked: Any, power: Any) -> None:
+    from bstar.report.text import print_calibration
+
+    print_calibration(c, output, spread, checked)
+    if power is not None:
+        f = power.fit
+        print(f"power curve: idle {f.idle_w:.0f} W + ({f.tdp_w:.0f} W TDP - idle) x u^"
+              f"{f.exponent:.2f}, fitted to {f.points} levels' GPU power (rms "
+              f"{f.rms_error_w:.1f} W; docs/energy.md)")
 
 
 def _workload(db: str | None, run_id: str) -> Any:
@@ -145,7 +169,7 @@ def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[
     from bstar.commands.plan import deployment_from_args
 
     run_id, _, model = spec.partition("=")
-    points, _, run = points_from_run(args.db, run_id, args.metric, None)
+    points, _, run, _ = points_from_run(args.db, run_id, args.metric, None)
     model = model or (run.get("options") or {}).get("model") or args.model
     d = deployment_from_args(args, model)
     return run["id"], d.model.name, list(cal.check(d, c.eff, points, c.bandwidth_scale,
@@ -162,7 +186,7 @@ def _point_dict(p: Any) -> dict[str, Any]:
 
 
 def points_from_run(db: str | None, run_id: str, metric: str,
-                    context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
+                    context: int | None) -> tuple[list[Any], str, dict[str, Any], Any]:
     """Decode-step points from a stored sweep run (bstar sweep's store), read by
     bstar.fit.points.steps_from_sweep."""
     from bstar.db import DbError
@@ -178,4 +202,4 @@ def points_from_run(db: str | None, run_id: str, metric: str,
         except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = steps_from_sweep(result, metric, context)
-    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
+    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run, result
