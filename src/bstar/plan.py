@@ -329,8 +329,6 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
         knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
         rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
                                              knees)
-        at = rl.curve(d, [rec.max_num_seqs], ctx)
-        at_energy = decode_energy(d, [rec.max_num_seqs], ctx)
         warnings = []
         max_pos = d.model.config.get("max_position_embeddings")
         if isinstance(max_pos, int) and ctx > max_pos:
@@ -345,19 +343,7 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             recommendation=rec,
             flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
             prefill_s=rl.prefill_s(d, prompt_tokens or ctx), warnings=tuple(warnings),
-            at_recommendation={"batch": rec.max_num_seqs,
-                               "tpot_ms": float(at.tpot_s[0] * 1e3),
-                               "step_ms": float(at.step_s[0] * 1e3),
-                               "throughput_tok_s": float(at.throughput_tok_s[0]),
-                               "regime": at.regime[0],
-                               "power_w": None if at_energy is None
-                               else float(at_energy.power_w[0]),
-                               "joules_per_output_token": None if at_energy is None
-                               else float(at_energy.joules_per_output_token[0]),
-                               "energy_usd_per_mtok": None if at_energy is None
-                               else energy_usd_per_mtok(
-                                   float(at_energy.joules_per_output_token[0]),
-                                   electricity_usd_per_kwh)},
+            at_recommendation=at_batch(d, rec.max_num_seqs, ctx, electricity_usd_per_kwh),
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
             kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
@@ -373,6 +359,23 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
                 max_tpot_ms, tpot1, knees).max_num_seqs)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
                 rl.kv_pool_bytes(d), tuple(out), max_tpot_ms, electricity_usd_per_kwh)
+
+
+def at_batch(d: Deployment, batch: int, ctx: int,
+             electricity_usd_per_kwh: float) -> dict[str, Any]:
+    """The curve at one batch (the recommendation's): its TPOT, step, throughput and
+    regime, and its power, joules per output token and their cost (None without a power
+    model)."""
+    at = rl.curve(d, [batch], ctx)
+    e = decode_energy(d, [batch], ctx)
+    j = None if e is None else float(e.joules_per_output_token[0])
+    return {"batch": batch, "tpot_ms": float(at.tpot_s[0] * 1e3),
+            "step_ms": float(at.step_s[0] * 1e3),
+            "throughput_tok_s": float(at.throughput_tok_s[0]), "regime": at.regime[0],
+            "power_w": None if e is None else float(e.power_w[0]),
+            "joules_per_output_token": j,
+            "energy_usd_per_mtok": None if j is None
+            else energy_usd_per_mtok(j, electricity_usd_per_kwh)}
 
 
 def predicted_knees(d: Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:

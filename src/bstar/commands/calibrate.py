@@ -109,6 +109,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     checks = [_check(args, spec, c) for spec in args.check]
     spread = cal.repeat_spread(list(c.points))
     from bstar.commands.emit import emit
+    from bstar.report.text import print_calibration
 
     checked = [(run, model, pts, cal.median_abs_error(pts),
                 cal.median_abs_error(pts, uncalibrated=True)) for run, model, pts in checks]
@@ -120,18 +121,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                            "median_abs_error": median,
                                            "points": [_point_dict(p) for p in pts]}
                                           for run, model, pts, median, _ in checked]},
-                lambda: _print(c, args.output, spread, checked, power))
-
-
-def _print(c: Any, output: Path | None, spread: Any, checked: Any, power: Any) -> None:
-    from bstar.report.text import print_calibration
-
-    print_calibration(c, output, spread, checked)
-    if power is not None:
-        f = power.fit
-        print(f"power curve: idle {f.idle_w:.0f} W + ({f.tdp_w:.0f} W TDP - idle) x u^"
-              f"{f.exponent:.2f}, fitted to {f.points} levels' GPU power (rms "
-              f"{f.rms_error_w:.1f} W; docs/energy.md)")
+                lambda: print_calibration(c, args.output, spread, checked, power))
 
 
 def _workload(db: str | None, run_id: str) -> Any:

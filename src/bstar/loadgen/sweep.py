@@ -342,10 +342,7 @@ def _run_sweep(cfg: SweepConfig | None, db: str | Path | None, api_key: str | No
                          pool)
         runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels),
                     load=pool.describe() if pool is not None else "this process")
-        from bstar.loadgen.gpu_telemetry import power_source
-
-        source, line = power_source()  # said once: each level samples it (or not) quietly
-        runner.emit("power_source", source=source, detail=line)
+        runner.say_power_source()
         try:
             if pool is not None:
                 pool.start()

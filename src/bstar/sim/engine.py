@@ -273,8 +273,7 @@ class _Loop:
                   else self.spec.step_s(plan)) \
                 + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
             t0, self.now = self.now, self.now + dt
-            n_seqs = int(plan.ids.size)
-            self.busy_s_by_seqs[n_seqs] = self.busy_s_by_seqs.get(n_seqs, 0.0) + dt
+            self._busy(int(plan.ids.size), dt)
             self.step_start = t0
             self.num_steps += 1
             out = sched.update(plan, t0, self.now)
@@ -315,6 +314,10 @@ class _Loop:
         return None, None
 
     # ---- multi-step jump ----------------------------------------------------------------------
+    def _busy(self, num_seqs: int, dt: float) -> None:
+        """`dt` seconds of steps of `num_seqs` sequences (what run_energy prices)."""
+        self.busy_s_by_seqs[num_seqs] = self.busy_s_by_seqs.get(num_seqs, 0.0) + dt
+
     def _fast_forward(self) -> bool:
         """Run K pure-decode steps at once when nothing else can happen in them: every running
         request decodes (no prefill chunk, all within the token budget), nobody waiting can be
@@ -416,7 +419,7 @@ class _Loop:
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut
         self.step_start = float(ends[-2]) if cut > 1 else self.now
-        self.busy_s_by_seqs[b] = self.busy_s_by_seqs.get(b, 0.0) + float(ends[-1]) - self.now
+        self._busy(b, float(ends[-1]) - self.now)
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut
