@@ -24,7 +24,7 @@ the step time over the tokens the step produces (its running batch).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,26 @@ import numpy.typing as npt
 
 from bstar.errors import BstarError
 from bstar.specs.gpu import GpuSpec
+from bstar.units import DEFAULT_ELECTRICITY_USD_PER_KWH, J_PER_KWH
+
+__all__ = [
+    "DEFAULT_ELECTRICITY_USD_PER_KWH",
+    "J_PER_KWH",
+    "MIN_FIT_POINTS",
+    "UTILIZATION_RULE",
+    "DecodeEnergy",
+    "PowerFit",
+    "PowerModel",
+    "busy_energy_j",
+    "check_electricity_price",
+    "decode_energy",
+    "energy_usd_per_mtok",
+    "fit_power_curve",
+    "joules_per_output_token",
+    "power_model",
+    "power_w",
+    "step_utilization",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -39,10 +59,6 @@ FloatArray = npt.NDArray[np.float64]
 DEFAULT_IDLE_FRACTION = 0.10  # idle_w = 10% of the TDP: guessed
 DEFAULT_MEMORY_FRACTION = 0.6  # share of (TDP - idle) at full HBM bandwidth: guessed
 DEFAULT_EXPONENT = 1.0  # linear in utilization: the energy roofline's form
-# $/kWh when --electricity-usd-per-kwh is not given: a round figure of the order of US
-# commercial and industrial tariffs; datacenter contracts vary by 2x either way.
-DEFAULT_ELECTRICITY_USD_PER_KWH = 0.10
-J_PER_KWH = 3.6e6
 
 UTILIZATION_RULE = ("u = min(1, flops / (peak_flops x step_s) + memory_fraction x "
                     "bytes_read / (hbm_bandwidth x step_s)), per GPU, from the step's "
@@ -261,9 +277,3 @@ def fit_power_curve(utilization: npt.ArrayLike, watts: npt.ArrayLike,
     idle, sse = solve(k)
     return PowerFit(idle_w=idle, exponent=k, tdp_w=tdp_w, points=int(u.size),
                     rms_error_w=math.sqrt(sse / u.size))
-
-
-def with_fit(gpu: GpuSpec, fit: PowerFit, source: str) -> GpuSpec:
-    """`gpu` with a fitted idle power and exponent (`bstar calibrate`)."""
-    return replace(gpu, idle_w=fit.idle_w, power_exponent=fit.exponent,
-                   power_source=source)

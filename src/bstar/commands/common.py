@@ -102,7 +102,7 @@ step_us = at_most(10_000_000, "us (10 s a step)")
 def add_electricity_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--electricity-usd-per-kwh: the price the energy per output token is costed at
     (bstar.energy, docs/energy.md)."""
-    from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH
+    from bstar.units import DEFAULT_ELECTRICITY_USD_PER_KWH
 
     p.add_argument("--electricity-usd-per-kwh", type=non_negative_float,
                    default=DEFAULT_ELECTRICITY_USD_PER_KWH, metavar="USD",
