@@ -97,3 +97,32 @@ def test_length_flags_with_a_trace_are_refused_not_ignored(
     assert err.startswith("bstar: error:") and "\n" not in err and "--trace" in err
     for f in flags[::2]:
         assert f in err
+
+
+@pytest.mark.parametrize("flags", [["--think-time-s", "2"], ["--from-run", "1"],
+                                   ["--shared-prefix-tokens", "100"],
+                                   ["--distinct-prompts", "3"], ["--multi-turn", "2"]])
+def test_flags_a_trace_replay_would_not_use_are_refused(
+        flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: with --trace, --think-time-s (a closed loop's pause) was silently ignored,
+    --from-run's measured lengths were dropped while its sharing was applied to the trace,
+    and the prompt-sharing flags replaced the prefix and hash ids a Mooncake trace states.
+    Each is refused in one line naming the flag, before anything runs."""
+    trace = Path(__file__).parent.parent / "examples" / "traces" / "mooncake-sample.jsonl"
+    assert main(["simulate", "--trace", str(trace), "--num-requests", "20",
+                 "--max-num-seqs", "4", "--runs-db", str(tmp_path / "none.db"),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bstar: error:") and "\n" not in err and "--trace" in err
+    assert flags[0] in err or "prompt-sharing" in err
+
+
+def test_prefix_flags_still_shape_a_trace_without_its_own_sharing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The refusal above is for traces that say their own sharing: a plain CSV trace with
+    --shared-prefix-tokens still gets the system prompt on top of each trace prompt."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                     + "".join(f"{i / 10},{100 + i},5\n" for i in range(12)))
+    assert main(["simulate", "--trace", str(trace), "--max-num-seqs", "4", "--json",
+                 "--shared-prefix-tokens", "256"]) == 0

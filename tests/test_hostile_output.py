@@ -475,3 +475,39 @@ def test_a_real_ray_worker_killed_twice_is_a_task_failure() -> None:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert e.value.index == 0
     assert "WorkerCrashedError" in e.value.why and f"after {RAY_MAX_RETRIES} retry" in e.value.why
+
+
+def _sleep_then(x: int) -> int:
+    time.sleep(x)
+    return x
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a local Ray head, its raylet killed: about 30 s
+def test_a_dead_raylet_is_one_line_not_rays_log_dump(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 40: with the raylet killed, bstar's error was one line, but Ray's driver printed
+    the raylet's last 20 log lines (and the node's death notice) around it, about 40 lines
+    on stdout from its own thread. They are held; the error says what Ray said first."""
+    pytest.importorskip("ray")
+    from ray import cloudpickle
+
+    from bstar.search.backends import RayBackend, TaskFailed
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with RayBackend(None, 1) as b:
+            import ray
+
+            node = ray._private.worker._global_node
+            raylet_pid = node.all_processes["raylet"][0].process.pid
+            it = b.imap_unordered(_sleep_then, [4, 0, 0])
+            time.sleep(1)
+            os.kill(raylet_pid, signal.SIGKILL)
+            with pytest.raises(TaskFailed) as e:
+                list(it)
+            time.sleep(3)  # Ray's reporting thread runs on its own time
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert "LocalRayletDiedError" in e.value.why and "\n" not in e.value.why
+    out, err = capfd.readouterr()
+    assert "(raylet)" not in out + err and "state-dump" not in out + err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import io
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -243,8 +244,7 @@ def test_unknown_or_ambiguous_dtypes_are_refused_with_the_list() -> None:
 
 
 def test_memory_fraction_block_size_and_graphs_are_the_runs_own() -> None:
-    from bstar.deployment import Efficiency
-    from bstar.validate_stages.simulate import NO_GRAPHS
+    from bstar.deployment import NO_GRAPHS, Efficiency
 
     d = _run_deployment(memory_fraction="0.95", block_size="64", cuda_graph_max_tokens="2048")
     assert (d.gpu_util, d.block_size, d.eff.graph_max_tokens) == (0.95, 64, 2048.0)
@@ -277,3 +277,21 @@ def test_stream_interval_leaves_the_first_token_and_decode_steps_reach_the_sched
                                      decode_steps_per_schedule="4"))
     a, b = simulate_stage(one), simulate_stage(four)
     assert b.ttft_mean_ms > a.ttft_mean_ms
+
+
+@pytest.mark.parametrize("fraction", ["0.85", ""])
+def test_a_trt_llm_runs_memory_fraction_is_of_the_memory_left_free(fraction: str) -> None:
+    """TensorRT-LLM's free_gpu_memory_fraction (blank: its default 0.9) sizes the KV pool as a
+    share of the memory the weights and runtime leave, not of the whole GPU as vLLM's
+    --gpu-memory-utilization does: a run of gpt-oss-120b on one H200 with 0.85 was given a
+    pool of 0.85 x 141 GB - weights - reserve, about 15% less than the engine's."""
+    from bstar.roofline import kv_pool_bytes, weight_bytes_per_gpu
+
+    d = _run_deployment(engine="trt-llm", gpu="h200", memory_fraction=fraction)
+    f = float(fraction or 0.9)
+    free = d.gpu.memory_bytes - weight_bytes_per_gpu(d) - d.reserve_bytes
+    assert kv_pool_bytes(d) == pytest.approx(f * free, abs=2)
+    # vLLM's fraction of the same number is of the whole GPU.
+    v = _run_deployment(engine="vllm", gpu="h200", memory_fraction=fraction)
+    assert kv_pool_bytes(v) == math.floor(v.gpu.memory_bytes * f) \
+        - weight_bytes_per_gpu(v) - v.reserve_bytes

@@ -88,6 +88,12 @@ def check_fields(record: Any) -> None:
             raise BstarError(f"{what} must be {span}, got {v!r}")
 
 
+# Efficiency.graph_max_tokens when no step runs in a captured graph (vLLM --enforce-eager,
+# SGLang --disable-cuda-graph, a runs table's cuda_graph_mode none): every step of a token
+# or more is past it, and pays the eager floor (bstar.step).
+NO_GRAPHS = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class Efficiency:
     """How far a real engine falls short of the datasheet: the cost model's efficiencies and

@@ -119,3 +119,21 @@ def sglang_max_running_requests(kv_pool_tokens: int, context_len: int) -> int:
                    SGLANG_REQ_POOL_MAX)
     return max(1, min(kv_pool_tokens // 2, req_pool))
 
+
+
+# TensorRT-LLM sizes its KV pool as a fraction of the memory still free after the weights
+# and the runtime load (`KvCacheConfig.free_gpu_memory_fraction`, default 0.9;
+# trtllm-serve's --kv_cache_free_gpu_memory_fraction), where vLLM's --gpu-memory-utilization
+# and SGLang's --mem-fraction-static are fractions of the whole GPU that weights, runtime and
+# pool fill together.
+TRT_LLM_FREE_GPU_MEMORY_FRACTION = 0.9
+
+
+def gpu_util_for_free_fraction(free_fraction: float, memory_bytes: int,
+                               weight_bytes_per_gpu: int, reserve_bytes: int) -> float:
+    """TensorRT-LLM's free-memory fraction as bstar's gpu_util: the pool is `free_fraction`
+    of (memory - weights - reserve), so weights + reserve + pool fill this share of the
+    GPU. With no memory free the weights' own share, which leaves the pool empty."""
+    free = max(memory_bytes - weight_bytes_per_gpu - reserve_bytes, 0)
+    return min((weight_bytes_per_gpu + reserve_bytes + free_fraction * free) / memory_bytes,
+               1.0)

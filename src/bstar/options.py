@@ -20,6 +20,7 @@ from bstar.deployment import (
     DEFAULT_RESERVE_GIB,
     IDEAL,
     KERNEL_FIELDS,
+    NO_GRAPHS,
     Deployment,
     Efficiency,
     EngineBehaviour,
@@ -52,6 +53,9 @@ class DeploymentOptions:
       "" = vllm); a `profile` sets the fields it names over them.
     - `assume_unmodeled`: read a config bstar does not fully model on the stated assumption
       (`--assume-unmodeled`; False leaves it to BSTAR_ASSUME_UNMODELED).
+    - `enforce_eager`: no CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph);
+      `cuda_graph_max_tokens`: the largest step a captured graph runs (SGLang
+      --cuda-graph-max-bs, vLLM's max_cudagraph_capture_size; None: the engine profile's).
     """
 
     model: str | None = None
@@ -70,6 +74,8 @@ class DeploymentOptions:
     profile: str | None = None
     engine: str = ""
     assume_unmodeled: bool = False
+    enforce_eager: bool = False
+    cuda_graph_max_tokens: int | None = None
 
     def with_target(self, model: str | None = None, gpu: str | None = None
                     ) -> DeploymentOptions:
@@ -132,6 +138,13 @@ class DeploymentOptions:
             over["overhead_s"] = self.overhead_ms / 1e3
         if self.overhead_per_seq_us is not None:
             over["overhead_per_seq_s"] = self.overhead_per_seq_us / 1e6
+        if self.enforce_eager and self.cuda_graph_max_tokens:
+            raise BstarError("--enforce-eager captures no graph, so --cuda-graph-max-bs "
+                             "means nothing with it; give one")
+        if self.enforce_eager:
+            over["graph_max_tokens"] = NO_GRAPHS
+        elif self.cuda_graph_max_tokens is not None:
+            over["graph_max_tokens"] = float(self.cuda_graph_max_tokens)
         return replace(eff, **over) if over else eff
 
     def to_dict(self) -> dict[str, Any]:

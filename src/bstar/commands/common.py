@@ -222,6 +222,7 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                    help="engine whose priors the cost model starts from: vllm (default), "
                         "vllm-v0, sglang, trt-llm, lmdeploy, llama.cpp, torch-graph "
                         "(docs/cost-model.md)")
+    add_graph_arguments(e)
     e.add_argument("--ideal", action="store_true",
                    help="pure roofline: efficiencies 1, no overhead (the seeds' arithmetic)")
     e.add_argument("--profile", default=None, metavar="FILE",
@@ -250,7 +251,9 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
              "ideal": getattr(args, "ideal", None),
              "profile": getattr(args, "profile", None),
              "engine": getattr(args, "engine", None),
-             "assume_unmodeled": getattr(args, "assume_unmodeled", None)}
+             "assume_unmodeled": getattr(args, "assume_unmodeled", None),
+             "enforce_eager": getattr(args, "enforce_eager", None),
+             "cuda_graph_max_tokens": getattr(args, "cuda_graph_max_tokens", None)}
     return DeploymentOptions.from_dict(flags)
 
 
@@ -276,6 +279,20 @@ def build_deployment(args: argparse.Namespace, model: str | None = None,
                      gpu: str | None = None) -> Deployment:
     """`deployment_options(args, model, gpu).build()`, warnings to stderr."""
     return deployment_options(args, model, gpu).build(warn=warn)
+
+
+def add_graph_arguments(e: Any) -> None:
+    """The engines' CUDA graph settings (DeploymentOptions.enforce_eager and
+    .cuda_graph_max_tokens), in their own spellings."""
+    e.add_argument("--enforce-eager", "--disable-cuda-graph", dest="enforce_eager",
+                   action="store_true",
+                   help="no CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): "
+                        "every step pays the eager launch floor (docs/cost-model.md)")
+    e.add_argument("--cuda-graph-max-bs", "--max-cudagraph-capture-size",
+                   dest="cuda_graph_max_tokens", type=positive_int, default=None,
+                   metavar="N", help="the largest step a captured CUDA graph runs, tokens "
+                                     "(SGLang --cuda-graph-max-bs, vLLM's max_cudagraph_"
+                                     "capture_size; default: the engine profile's)")
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_electricity_argument(p)
     add_force_argument(p)
     add_speculative_arguments(p)
+    from bstar.commands.disagg import add_disagg_arguments
+
+    add_disagg_arguments(p)
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +72,10 @@ def run_plan(args: argparse.Namespace) -> int:
     from bstar.report import save_plan_plot
     from bstar.report.text import print_plan
 
+    if args.disaggregate or args.deployment:
+        from bstar.commands.disagg import run_disagg_plan
+
+        return run_disagg_plan(args)
     d = deployment_from_args(args)
     spec, drafter = speculative_from_args(args, d)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms,

@@ -78,6 +78,9 @@ def _cost_arguments(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--overhead-ms", type=step_ms, default=None,
                    help="per-step overhead for uncalibrated GPUs, ms (default: the engine "
                         "profile's)")
+    from bstar.commands.common import add_graph_arguments
+
+    add_graph_arguments(e)
 
 
 def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
@@ -207,7 +210,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     from bstar.options import DeploymentOptions
 
     opts = DeploymentOptions(bw_eff=args.bw_eff, flops_eff=args.flops_eff,
-                             overhead_ms=args.overhead_ms, engine=args.engine)
+                             overhead_ms=args.overhead_ms, engine=args.engine,
+                             enforce_eager=args.enforce_eager,
+                             cuda_graph_max_tokens=args.cuda_graph_max_tokens)
     eff = opts.efficiency()
     profiles = []
     for item in args.profile or []:

@@ -83,6 +83,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "ttft:500,tpot:50,e2e:20000")
     o.add_argument("--max-sim-time-s", type=positive_float, default=24 * 3600.0,
                    help="stop a level after this much simulated time (default 86400)")
+    from bstar.commands.disagg import add_disagg_arguments
+
+    add_disagg_arguments(p, load=False)
     p.add_argument("--json", action="store_true",
                    help="print the simulate object (a list of them for several levels)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
@@ -97,6 +100,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     from bstar.report import save_simulate_plot
     from bstar.report.text import print_simulation
 
+    if args.disaggregate or args.deployment:
+        from bstar.commands.disagg import run_disagg_simulate
+
+        return run_disagg_simulate(args)
     study = simulate_from_args(args)
     measured = _measured(args)
 
@@ -122,6 +129,11 @@ def _measured(args: argparse.Namespace) -> Any:
     --profile recorded when no workload is given (`profile_traffic`), or None."""
     if not getattr(args, "from_run", None):
         return profile_traffic(args, getattr(args, "profile", None))
+    if getattr(args, "trace", None):
+        from bstar.errors import BstarError
+
+        raise BstarError("--from-run with --trace: both say what the requests are (the "
+                         "run's measured lengths and sharing, or the trace's); drop one")
     from bstar.loadgen.measured import measured_traffic
 
     return measured_traffic(getattr(args, "runs_db", None), args.from_run)

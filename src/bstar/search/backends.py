@@ -215,6 +215,8 @@ class RayBackend(Backend):
         self.start_s = 0.0
         self._ray: Any = None
         self._remote: dict[Fn, Any] = {}
+        self.raylet_report = ""  # the cluster's last report about itself (_hold_raylet_reports)
+        self._unhold: Callable[[], None] | None = None
 
     def start(self) -> None:
         try:
@@ -233,6 +235,7 @@ class RayBackend(Backend):
             ray_reachable(self.address)
             ray.init(address=self.address, log_to_driver=False, configure_logging=False,
                      runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
+        self._hold_raylet_reports()
         self.workers = int(ray.cluster_resources().get("CPU", 1))
         warm = ray.remote(num_cpus=1)(_warm)
         ray.get([warm.remote(i) for i in range(self.workers)])
@@ -264,19 +267,52 @@ class RayBackend(Backend):
             # BstarError too when the task's was) is the task's, raised as it is.
             if isinstance(e, ray.exceptions.RayTaskError):
                 raise
+            said = f"; Ray said: {self.raylet_report}" if self.raylet_report else ""
             raise TaskFailed(-1 if current is None else current,
                              f"{type(e).__name__} on Ray ({_first_line(e)}), after "
-                             f"{RAY_MAX_RETRIES} retry") from None
+                             f"{RAY_MAX_RETRIES} retry{said}") from None
         finally:
             for ref in pending:
                 # A dead raylet cannot cancel: what it ran died with it.
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
 
+    def _hold_raylet_reports(self) -> None:
+        """Ray's driver prints what the cluster reports about itself, a dead raylet's last
+        20 log lines first, from a background thread (Ray 2.60: `ray._private.worker.
+        listen_error_messages` calls the module's `print_to_stdstream` with pid "raylet"),
+        whatever `log_to_driver` says: about 40 lines around bstar's own one-line error
+        (issue 40). They are kept, not printed: the first line of the last one joins the
+        TaskFailed error, and Ray's own logs hold the rest. Ray's private name is looked up,
+        not required: a Ray without it prints as before."""
+        import importlib
+
+        try:
+            rw = importlib.import_module("ray._private.worker")
+        except ImportError:
+            return
+        original = getattr(rw, "print_to_stdstream", None)
+        if original is None or getattr(original, "_bstar_held", False):
+            return
+
+        def held(data: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(data, dict) and data.get("pid") == "raylet":
+                lines = data.get("lines") or [""]
+                self.raylet_report = (str(lines[0]).strip().splitlines() or [""])[0]
+                return None
+            return original(data, *args, **kwargs)
+
+        held._bstar_held = True  # type: ignore[attr-defined]
+        rw.print_to_stdstream = held
+        self._unhold = lambda: setattr(rw, "print_to_stdstream", original)
+
     def close(self) -> None:
         if self._ray is not None:
             self._ray.shutdown()
             self._ray = None
+        unhold, self._unhold = self._unhold, None
+        if unhold is not None:
+            unhold()
 
     def describe(self) -> str:
         where = "local cluster on this machine" if self.address is None else self.address

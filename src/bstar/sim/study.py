@@ -105,6 +105,27 @@ def _arrivals(o: StudyOptions) -> Any:
     return ClosedLoop(o.concurrency, o.think_time_s, random_think=True)
 
 
+def check_trace_options(o: StudyOptions, arrivals: Any) -> None:
+    """Refuse a flag that a --trace replay would not use, rather than run without it
+    (issue 40): think time paces a closed loop's users, and a trace gives every arrival; a
+    trace that says which prompts share tokens (prefix ids or hash ids) keeps its own
+    sharing, which the prompt-sharing flags would replace. Lengths are refused by the
+    command (`given_lengths`), which knows which flags were typed."""
+    from bstar.sim.traffic import Trace
+
+    if not isinstance(arrivals, Trace):
+        return
+    if o.think_time_s:
+        raise BstarError("--think-time-s with --trace: think time paces a closed loop, and "
+                         "the trace gives every arrival; drop --think-time-s")
+    if o.prompt_shape is not None and o.prompt_shape.active \
+            and arrivals.prompt_ids is not None:
+        raise BstarError(f"prompt-sharing flags with --trace: this {arrivals.format} trace "
+                         "says which prompts share tokens itself; drop --shared-prefix-"
+                         "tokens, --distinct-prompts and --multi-turn, or use a trace "
+                         "without prefix or hash ids")
+
+
 def run_study(d: Deployment, o: StudyOptions) -> Study:
     """Simulate every level of `o` on `d`; advise on the knee when there are several."""
     from bstar.engine_defaults import vllm_defaults
@@ -114,6 +135,7 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
     from bstar.sim.traffic import parse_lengths
 
     arrivals = _arrivals(o)
+    check_trace_options(o, arrivals)
     defaults = vllm_defaults(d.gpu)
     levels = sorted(set(o.max_num_seqs or [defaults.max_num_seqs]))
     tokens = o.max_num_batched_tokens or defaults.max_num_batched_tokens

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bstar.deployment import Deployment, Efficiency, EngineBehaviour
+from bstar.deployment import NO_GRAPHS, Deployment, Efficiency, EngineBehaviour
 from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.specs.precision import kv_dtype_for, weight_dtype_for
@@ -146,6 +146,8 @@ def stage_deployment(stage: Stage, engine: str | None = None,
                              gpu_util=stage.memory_fraction or GPU_MEMORY_UTILIZATION,
                              block_size=stage.block_size or BLOCK_SIZE,
                              engine=stage.engine if engine is None else engine)
+    if stage.engine == "trt-llm":  # the run's own server: its fraction is of free memory
+        opts = replace(opts, gpu_util=_trt_gpu_util(opts, stage.memory_fraction))
     key = tuple(opts.to_dict().values())
     d = _DEPLOYMENTS.get(key)
     if d is None:
@@ -155,9 +157,19 @@ def stage_deployment(stage: Stage, engine: str | None = None,
     return d if behaviour is None else d.with_behaviour(behaviour)
 
 
-# graph_max_tokens when no step runs in a captured graph: every step of a token or more is
-# past it, and pays the eager floor (bstar.step).
-NO_GRAPHS = 0.5
+def _trt_gpu_util(opts: Any, free_fraction: float | None) -> float:
+    """A TensorRT-LLM run's free_gpu_memory_fraction (blank: its default) as gpu_util
+    (bstar.engine_defaults.gpu_util_for_free_fraction), on the run's weights and reserve."""
+    from bstar.engine_defaults import (
+        TRT_LLM_FREE_GPU_MEMORY_FRACTION,
+        gpu_util_for_free_fraction,
+    )
+    from bstar.roofline import weight_bytes_per_gpu
+
+    d = replace(opts, gpu_util=1.0).build()
+    return gpu_util_for_free_fraction(free_fraction or TRT_LLM_FREE_GPU_MEMORY_FRACTION,
+                                      d.gpu.memory_bytes, weight_bytes_per_gpu(d),
+                                      d.reserve_bytes)
 
 
 def graph_settings(stage: Stage, eff: Efficiency) -> Efficiency:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 # name -> the module under bstar.report.text that defines it
 _RENDERERS = {
     "print_plan": "plan",
+    "print_disagg_plan": "disaggregate", "format_disagg_plan": "disaggregate",
+    "print_disagg_simulation": "disaggregate",
     "print_compare": "compare",
     "print_models": "catalog", "print_gpus": "catalog",
     "print_fit": "fit",
@@ -35,6 +37,7 @@ _RENDERERS = {
 __all__ = [
     "Progress",
     "console",
+    "format_disagg_plan",
     "format_kv_check",
     "format_runs_validation",
     "format_stages_validation",
@@ -43,6 +46,8 @@ __all__ = [
     "print_compare",
     "print_curves_validation",
     "print_demo",
+    "print_disagg_plan",
+    "print_disagg_simulation",
     "print_fit",
     "print_gpus",
     "print_kv_check",
@@ -66,6 +71,11 @@ if TYPE_CHECKING:
     from bstar.report.text.catalog import print_gpus, print_models
     from bstar.report.text.compare import print_compare
     from bstar.report.text.demo import print_demo
+    from bstar.report.text.disaggregate import (
+        format_disagg_plan,
+        print_disagg_plan,
+        print_disagg_simulation,
+    )
     from bstar.report.text.fit import print_fit
     from bstar.report.text.kv import format_kv_check, print_kv_check
     from bstar.report.text.plan import print_plan

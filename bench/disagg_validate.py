@@ -1,0 +1,71 @@
+"""Score bstar's disaggregated plan against measured disaggregated runs.
+
+    python bench/disagg_validate.py [data/inferencex-h200/disagg_runs.csv] [--simulate] [--json]
+
+Per run: the plan at the run's concurrency and mean lengths (bstar.disagg_runs): predicted
+TPOT (decode side) and TTFT against the measured means, and the median |error| over the
+scored runs, all of them and apart for the runs without EP or attention DP (priced as tensor
+parallel until bstar.step carries those terms). MTP runs are listed as skipped. With
+--simulate, also the two-pool simulation of each run's own closed loop (bstar.sim.disagg;
+about a minute on a laptop core).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from bstar.disagg_runs import load_disagg_runs, score_disagg_runs, summary  # noqa: E402
+
+DEFAULT = ROOT / "data" / "inferencex-h200" / "disagg_runs.csv"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
+
+
+def main(argv: list[str]) -> int:
+    as_json = "--json" in argv
+    sim = "--simulate" in argv
+    paths = [a for a in argv if a not in ("--json", "--simulate")]
+    scores = score_disagg_runs(load_disagg_runs(paths[0] if paths else DEFAULT), simulate=sim)
+    s = summary(scores)
+    if as_json:
+        print(json.dumps({"runs": [x.to_dict() for x in scores], "summary": s}, indent=2))
+        return 0
+    print(f"{'run':48s} {'P/D dp':>7s} {'TPOT ms':>15s} {'err':>5s} {'TTFT ms':>17s} "
+          f"{'err':>6s}  bound")
+    for x in scores:
+        r = x.run
+        dp = f"{r.sides['prefill']['dp']}/{r.sides['decode']['dp']}"
+        if x.skipped:
+            print(f"{r.run:48s} {dp:>7s}  skipped: {x.skipped}")
+            continue
+        print(f"{r.run:48s} {dp:>7s} {x.predicted_tpot_ms:6.2f} / {r.tpot_mean_ms:6.2f} "
+              f"{_pct(x.tpot_error):>5s} {x.predicted_ttft_ms:7.0f} / {r.ttft_mean_ms:7.0f} "
+              f"{_pct(x.ttft_error):>6s}  {x.bound}"
+              + (f"  simulated TPOT {x.simulated_tpot_ms:6.2f} {_pct(x.simulated_tpot_error)}"
+                 f" TTFT {x.simulated_ttft_ms:6.0f} {_pct(x.simulated_ttft_error)}"
+                 if x.simulated_tpot_ms is not None else ""))
+    print(f"{s['scored']} of {s['runs']} runs scored ({s['skipped']} skipped); median "
+          "|predicted / measured - 1| (targets: TPOT 15%, TTFT 30%):")
+    for k in ("all", "tp_only", "with_ep_or_dp"):
+        g = s[k]
+        tp, tt = g["tpot_median_abs_error"], g["ttft_median_abs_error"]
+        tm = g["ttft_vs_measured_median_abs_error"]
+        print(f"  {k:14s} {g['runs']:3d} runs  plan: TPOT {'-' if tp is None else f'{tp:.1%}'}"
+              f"  TTFT {'-' if tt is None else f'{tt:.1%}'} (vs the measured median "
+              f"{'-' if tm is None else f'{tm:.1%}'})", end="")
+        st, stt = g["simulated_tpot_median_abs_error"], g["simulated_ttft_median_abs_error"]
+        sm = g["simulated_ttft_median_vs_measured_median_abs_error"]
+        print(f"   simulated: TPOT {st:.1%}  TTFT {stt:.1%} (median vs median {sm:.1%})"
+              if st is not None else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""`bstar plan --disaggregate`: the flags of a disaggregated deployment (each side's
+workers, layout and limits, the KV link) or a deployment file, onto
+`bstar.disaggregate.plan_disaggregated`. No rules here."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bstar.commands.common import deployment_options, positive_float, positive_int
+from bstar.commands.emit import emit
+
+SIDE_FLAGS = (("workers", "workers of this side"),
+              ("tp", "tensor-parallel size of each worker (its GPUs)"),
+              ("ep", "expert-parallel size of each worker"),
+              ("dp", "attention data-parallel size of each worker"),
+              ("max-num-seqs", "the engine's sequence cap per worker"),
+              ("max-num-batched-tokens", "the engine's step token budget per worker"))
+
+
+def add_disagg_arguments(p: argparse.ArgumentParser, load: bool = True) -> None:
+    """The flags of a disaggregated deployment; `load` adds --concurrency and --rate (bstar
+    simulate has its own) and bstar simulate's --range-ratio otherwise."""
+    from bstar.kv_link import LINK_KINDS
+
+    g = p.add_argument_group("disaggregated prefill/decode (--disaggregate; "
+                             "docs/disaggregation.md)")
+    g.add_argument("--disaggregate", action="store_true",
+                   help="plan P prefill and D decode workers (xPyD) instead of one server")
+    g.add_argument("--deployment", default=None, metavar="FILE.toml",
+                   help="a disaggregated deployment file ([prefill], [decode], link); "
+                        "implies --disaggregate, flags of a side override it")
+    for side in ("prefill", "decode"):
+        for name, what in SIDE_FLAGS:
+            g.add_argument(f"--{side}-{name}", dest=f"{side}_{name.replace('-', '_')}",
+                           type=positive_int, default=None, help=f"{side}: {what}")
+        g.add_argument(f"--{side}-gpu", dest=f"{side}_gpu", default=None,
+                       help=f"{side}: GPU preset (default --gpu)")
+    g.add_argument("--kv-link", choices=LINK_KINDS, default=None,
+                   help="the link the KV crosses (default: nvlink inside one node, nvl72 "
+                        "inside an NVL72 domain, else ib-ndr)")
+    g.add_argument("--prompt-tokens", type=positive_int, default=None,
+                   help="prompt length of the mix (default 1024)")
+    g.add_argument("--output-tokens", type=positive_int, default=None,
+                   help="output length of the mix (default 1024)")
+    if not load:
+        g.add_argument("--range-ratio", type=positive_float, default=1.0,
+                       help="lengths uniform in [ratio x L, L] (bench_serving's "
+                            "--random-range-ratio; default 1: fixed lengths)")
+        return
+    loads = g.add_mutually_exclusive_group()
+    loads.add_argument("--concurrency", type=positive_int, default=None,
+                       help="closed-loop users the deployment serves")
+    loads.add_argument("--rate", type=positive_float, default=None,
+                       help="open-loop requests/s the deployment serves")
+
+
+def disagg_from_args(args: argparse.Namespace) -> Any:
+    """The DisaggregatedDeployment the flags (over a --deployment file) name."""
+    from bstar.disaggregate import DisaggregatedDeployment
+
+    options = deployment_options(args)
+    data: dict[str, Any] = {"prefill": {}, "decode": {}}
+    where = "flags"
+    if args.deployment:
+        from bstar.safeio import load_toml
+
+        data = load_toml(args.deployment, what="disaggregated deployment file")
+        where = args.deployment
+    for side in ("prefill", "decode"):
+        if not isinstance(data.get(side), dict):
+            continue  # DisaggregatedDeployment.from_mapping says which table is missing
+        table = dict(data[side])
+        for name, _ in SIDE_FLAGS:
+            key = name.replace("-", "_")
+            v = getattr(args, f"{side}_{key}")
+            if v is not None:
+                table[key] = v
+        if getattr(args, f"{side}_gpu"):
+            table["gpu"] = getattr(args, f"{side}_gpu")
+        table.setdefault("tp", options.num_gpus)
+        data[side] = table
+    if args.kv_link:
+        data["link"] = args.kv_link
+    return DisaggregatedDeployment.from_mapping(data, options, where)
+
+
+def run_disagg_plan(args: argparse.Namespace) -> int:
+    from bstar.disaggregate import plan_disaggregated
+    from bstar.report.text import print_disagg_plan
+
+    dd = disagg_from_args(args)
+    plan = plan_disaggregated(dd, args.prompt_tokens or 1024, args.output_tokens or 1024,
+                              concurrency=args.concurrency, rate_req_s=args.rate)
+    data = plan.to_dict()
+    return emit(args, lambda: data, lambda: print_disagg_plan(data))
+
+
+def run_disagg_simulate(args: argparse.Namespace) -> int:
+    """`bstar simulate --disaggregate`: the plan's two sides run by bstar.sim.disagg at
+    --concurrency (closed loop) or --rate (Poisson), --num-requests of them (default 10 a
+    user, or 1000), lengths uniform in [--range-ratio x L, L]."""
+    from bstar.disaggregate import plan_disaggregated
+    from bstar.errors import BstarError
+    from bstar.report.text import print_disagg_simulation
+    from bstar.sim.disagg import simulate_plan
+
+    if args.concurrency is None and args.rate is None:
+        raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
+    if not 0 < args.range_ratio <= 1:
+        raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
+    dd = disagg_from_args(args)
+    prompt, output = args.prompt_tokens or 1024, args.output_tokens or 1024
+    plan = plan_disaggregated(dd, prompt, output, concurrency=args.concurrency,
+                              rate_req_s=None if args.concurrency else args.rate)
+    n = args.num_requests or (10 * args.concurrency if args.concurrency else 1000)
+
+    def rng(length: int) -> tuple[int, int]:
+        return max(1, int(length * args.range_ratio)), length
+
+    res = simulate_plan(plan, num_requests=n, prompt_len=rng(prompt),
+                        output_len=rng(output), concurrency=args.concurrency,
+                        rate_req_s=None if args.concurrency else args.rate, seed=args.seed)
+    data = plan.to_dict() | {"simulation": res.to_dict()}
+    return emit(args, lambda: data, lambda: print_disagg_simulation(data))

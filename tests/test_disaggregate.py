@@ -1,0 +1,248 @@
+"""The disaggregated deployment: the KV transfer's price, the P:D balance, TTFT's parts,
+the plan command and the disaggregated runs table and its converter."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bstar.disagg_load import md1_wait_s, operating_point
+from bstar.disagg_runs import COLUMNS, disagg_runs_from_csv, score_disagg_runs, summary
+from bstar.disaggregate import DisaggregatedDeployment, WorkerSpec, plan_disaggregated
+from bstar.errors import BstarError
+from bstar.kv_link import default_link_kind, kv_link, kv_transfer
+from bstar.options import DeploymentOptions
+from bstar.specs.gpu import get_gpu
+from bstar.specs.precision import get_precision
+from bstar.specs.presets import get_model
+
+ROOT = Path(__file__).resolve().parents[1]
+DSR1 = DeploymentOptions(model="deepseek-r1", gpu="h200", engine="sglang", kv_dtype="fp8")
+
+
+# ---- the transfer -----------------------------------------------------------------------------
+def test_transfer_is_latency_plus_one_gpus_bytes_over_its_link() -> None:
+    m, fp8 = get_model("deepseek-r1"), get_precision("fp8")
+    link = kv_link("ib-ndr", get_gpu("h200"))
+    t = kv_transfer(m, fp8, 8192, 8, link)
+    # MLA: 61 layers x (512 latent + 64 rope) values x 1 byte a token, not split by TP.
+    assert t.kv_bytes == 8192 * 61 * 576
+    assert t.bytes_per_gpu == t.kv_bytes
+    assert link.bytes_s == 400e9 / 8
+    assert t.transfer_s == pytest.approx(link.latency_s + t.kv_bytes / 50e9)
+
+
+def test_a_gqa_models_kv_splits_over_the_decode_attention_shard() -> None:
+    m, bf16 = get_model("llama-3-70b"), get_precision("bf16")
+    link = kv_link("nvlink", get_gpu("h200"))
+    one = kv_transfer(m, bf16, 4096, 1, link)
+    eight = kv_transfer(m, bf16, 4096, 8, link)
+    assert one.kv_bytes == 4096 * 80 * 2 * 8 * 128 * 2  # layers x K,V x 8 heads x 128 x 2 B
+    assert eight.bytes_per_gpu == one.kv_bytes // 8
+    # NVLink from the GPU catalog: 900 GB/s both ways, 450 one way
+    assert link.bytes_s == pytest.approx(450e9)
+    assert eight.transfer_s < one.transfer_s
+
+
+def test_links_by_topology_and_refusals() -> None:
+    h200, gb200 = get_gpu("h200"), get_gpu("gb200")
+    assert default_link_kind(h200, 8) == "nvlink"
+    assert default_link_kind(h200, 16) == "ib-ndr"
+    assert default_link_kind(gb200, 64) == "nvl72"
+    with pytest.raises(BstarError, match="NVL72"):
+        kv_link("nvl72", h200)
+    with pytest.raises(BstarError, match="unknown KV link"):
+        kv_link("carrier-pigeon", h200)
+
+
+# ---- the sides and their balance --------------------------------------------------------------
+def _plan(p: int, d: int, **kw: object) -> object:
+    dd = DisaggregatedDeployment(DSR1, WorkerSpec(p, 8), WorkerSpec(d, 8, max_num_seqs=64))
+    return plan_disaggregated(dd, 8192, 1024, **kw)  # type: ignore[arg-type]
+
+
+def test_the_ratio_balances_prefill_and_decode_rates() -> None:
+    plan = _plan(1, 2)
+    pre, dec = plan.prefill, plan.decode  # type: ignore[attr-defined]
+    # mu_p: prompts a step / step time; mu_d: batch / (output x TPOT at that batch)
+    assert pre.req_s == pytest.approx(pre.prompts_per_step / pre.step_s)
+    assert dec.req_s == pytest.approx(dec.batch / (1024 * dec.tpot_s))
+    r = plan.ratio  # type: ignore[attr-defined]
+    assert r == pytest.approx(dec.req_s / pre.req_s)
+    # At the balanced worker counts the two sides pass the same requests/s.
+    assert 1 * pre.req_s == pytest.approx(1 / r * dec.req_s)
+    d = plan.to_dict()  # type: ignore[attr-defined]
+    assert d["ratio"]["balanced_prefill_workers"] == math.ceil(2 * r)
+    # Twice the decode workers want twice the prefill workers (the ratio does not move).
+    assert _plan(1, 4).ratio == pytest.approx(r)  # type: ignore[attr-defined]
+
+
+def test_a_longer_prompt_wants_more_prefill_per_decode_worker() -> None:
+    dd = DisaggregatedDeployment(DSR1, WorkerSpec(1, 8), WorkerSpec(1, 8, max_num_seqs=64))
+    short = plan_disaggregated(dd, 1024, 1024)
+    long = plan_disaggregated(dd, 8192, 1024)
+    assert long.ratio > short.ratio
+
+
+def test_prefill_budget_packs_whole_prompts_and_chunks_long_ones() -> None:
+    dd = DisaggregatedDeployment(DSR1, WorkerSpec(1, 8, max_num_batched_tokens=8192),
+                                 WorkerSpec(1, 8, max_num_seqs=8))
+    assert plan_disaggregated(dd, 1024, 64).prefill.prompts_per_step == 8
+    p = plan_disaggregated(dd, 20000, 64).prefill
+    assert (p.prompts_per_step, p.chunks_per_prompt) == (1, 3)
+
+
+# ---- TTFT -------------------------------------------------------------------------------------
+def test_ttft_is_the_sum_of_its_parts() -> None:
+    plan = _plan(1, 2, concurrency=16)
+    a = plan.at_load  # type: ignore[attr-defined]
+    parts = plan.to_dict()["at_load"]["ttft_parts_ms"]  # type: ignore[attr-defined]
+    assert a.ttft_s * 1e3 == pytest.approx(sum(parts.values()))
+    assert a.transfer_s == plan.transfer.transfer_s  # type: ignore[attr-defined]
+    assert a.prefill_s == plan.prefill.alone_s  # type: ignore[attr-defined]
+    assert a.first_decode_step_s == a.tpot_s  # the first token comes from a decode step
+    assert a.request_overhead_s == pytest.approx(0.1568)  # the sglang profile's
+    # Little's law over the loop: N = X x (TTFT + (output - 1) x TPOT)
+    assert pytest.approx(a.throughput_req_s * (a.ttft_s + 1023 * a.tpot_s), rel=1e-6) == 16
+
+
+def test_past_capacity_the_extra_users_wait_in_front_of_the_binding_side() -> None:
+    plan = _plan(1, 4, concurrency=2000)
+    a = plan.at_load  # type: ignore[attr-defined]
+    assert plan.bound == "prefill"  # type: ignore[attr-defined]
+    assert a.bound == "prefill" and a.prefill_queue_s > 10 * a.prefill_s
+    assert a.throughput_req_s == pytest.approx(plan.capacity_req_s, rel=1e-3)  # type: ignore
+    assert pytest.approx(a.throughput_req_s * (a.ttft_s + 1023 * a.tpot_s), rel=1e-6) == 2000
+
+
+def test_md1_wait() -> None:
+    assert md1_wait_s(0.0, 1.0) == 0.0
+    assert md1_wait_s(0.5, 2.0) == pytest.approx(1.0)
+    assert math.isinf(md1_wait_s(1.0, 1.0))
+
+
+def test_a_rate_past_capacity_is_refused() -> None:
+    with pytest.raises(BstarError, match="capacity"):
+        _plan(1, 1, rate_req_s=1000.0)
+
+
+def test_unloaded_has_no_queue() -> None:
+    plan = _plan(1, 1)
+    a = plan.at_load  # type: ignore[attr-defined]
+    assert a.prefill_queue_s == 0 and a.decode_wait_s == 0
+    assert operating_point is not None
+
+
+def test_worker_spec_checks() -> None:
+    with pytest.raises(BstarError, match="divide"):
+        WorkerSpec(1, 8, dp=3)
+    with pytest.raises(BstarError, match="positive"):
+        WorkerSpec(0, 8)
+    with pytest.raises(BstarError, match="at most"):
+        WorkerSpec(1, 10**30)
+    with pytest.raises(BstarError, match="max_num_seqs"):
+        WorkerSpec(1, 8, max_num_seqs=True)  # type: ignore[arg-type]
+    assert WorkerSpec(2, 8, dp=8).attention_tp == 1
+
+
+# ---- the command ------------------------------------------------------------------------------
+def _bstar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bstar", *args], capture_output=True,
+                          text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"),
+                                                    "PATH": "/usr/bin:/bin"})
+
+
+def test_plan_disaggregate_json_and_the_deployment_file(tmp_path: Path) -> None:
+    f = tmp_path / "d.toml"
+    f.write_text('model = "deepseek-r1"\ngpu = "h200"\nengine = "sglang"\nkv_dtype = "fp8"\n'
+                 '[prefill]\nworkers = 1\ntp = 8\n[decode]\nworkers = 2\ntp = 8\n'
+                 'max_num_seqs = 32\n')
+    out = _bstar("plan", "--deployment", str(f), "--prompt-tokens", "2048", "--json",
+                 "--concurrency", "16", "--decode-workers", "3")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["layout"] == "disaggregated"
+    assert (d["prefill"]["workers"], d["decode"]["workers"]) == (1, 3)  # the flag wins
+    assert d["decode"]["max_num_seqs"] == 32 and d["transfer"]["link"]["kind"] == "ib-ndr"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[prefill]\nworkers = 1\n[decode]\nwrokers = 2\n")
+    out = _bstar("plan", "--deployment", str(bad))
+    assert out.returncode != 0 and "wrokers" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_plan_json_without_disaggregate_keeps_its_shape() -> None:
+    out = _bstar("plan", "--model", "llama-3-8b", "--context", "2048", "--json")
+    d = json.loads(out.stdout)
+    assert "layout" not in d and "contexts" in d
+
+
+# ---- the runs table and its converter ---------------------------------------------------------
+SHARED_ROW = {
+    "hardware": "h200", "framework": "dynamo-trt", "model": "dsr1", "precision": "fp8",
+    "spec_method": "none", "disagg": "True", "is_multinode": "True", "prefill_tp": "8",
+    "prefill_ep": "8", "prefill_dp_attention": "True", "prefill_num_workers": "1",
+    "decode_tp": "8", "decode_ep": "8", "decode_dp_attention": "False",
+    "decode_num_workers": "9", "num_prefill_gpu": "8", "num_decode_gpu": "72", "isl": "1024",
+    "osl": "1024", "conc": "72", "image": "img", "date": "2026-03-23", "run_url": "u",
+    "m_mean_ttft": "0.8812", "m_median_ttft": "0.2208", "m_mean_tpot": "0.01626",
+    "m_median_tpot": "0.0162", "m_mean_e2el": "17.5", "m_output_tput_per_gpu": "56.1",
+}
+
+
+def test_converter_maps_each_side_and_the_units() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import to_inferencex_disagg as conv
+
+    agg = dict(SHARED_ROW, disagg="False")
+    rows = conv.convert([SHARED_ROW, agg])
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["prefill_workers"], r["prefill_tp"], r["prefill_ep"], r["prefill_dp"]) \
+        == (1, 8, 8, 8)
+    assert (r["decode_workers"], r["decode_dp"], r["decode_max_num_seqs"]) == (9, 1, 8)
+    assert r["prefill_max_num_batched_tokens"] == 8 * (1024 + 128)
+    assert (r["prompt_len_min"], r["prompt_len_max"], r["num_prompts"]) == (819, 1024, 720)
+    assert r["ttft_mean_ms"] == pytest.approx(881.2) and r["tpot_mean_ms"] == 16.26
+    assert r["engine"] == "trt-llm" and r["kv_link"] == "ib-ndr"
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    w.writerows(rows)
+    (run,) = disagg_runs_from_csv(buf.getvalue())
+    assert run.sides["decode"]["workers"] == 9 and run.prompt_tokens == 922
+    assert run.has_dp_or_ep
+
+
+def test_the_stored_table_reads_and_scores() -> None:
+    text = (ROOT / "data" / "inferencex-h200" / "disagg_runs.csv").read_text()
+    runs = disagg_runs_from_csv(text)
+    assert len(runs) == 20 and len({r.run for r in runs}) == 20
+    scores = score_disagg_runs([r for r in runs if r.concurrency <= 32])
+    s = summary(scores)
+    assert s["scored"] + s["skipped"] == s["runs"]
+    for x in scores:
+        if x.skipped:
+            assert x.run.spec_method == "mtp"
+        else:
+            assert x.predicted_tpot_ms and x.predicted_ttft_ms
+
+
+def test_table_refusals() -> None:
+    head = ",".join(COLUMNS)
+    with pytest.raises(BstarError, match="missing column"):
+        disagg_runs_from_csv("run,model\nx,y\n")
+    row = dict.fromkeys(COLUMNS, "")
+    row.update(run="r", model="deepseek-r1", gpu="h200", engine="sglang", prefill_workers="1",
+               prefill_tp="8", decode_workers="1", decode_tp="8", concurrency="1",
+               num_prompts="10", prompt_len_min="900", prompt_len_max="800",
+               output_len_min="1", output_len_max="2", ttft_mean_ms="1", tpot_mean_ms="1",
+               source="s")
+    with pytest.raises(BstarError, match="above"):
+        disagg_runs_from_csv(head + "\n" + ",".join(row[c] for c in COLUMNS) + "\n")
