@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bstar.commands.common import add_deployment_arguments
-from bstar.commands.plan import deployment_from_args
+from bstar.commands.common import add_deployment_arguments, build_deployment
 from bstar.fit.points import load_steps
 from bstar.loadgen.mixed import decode_vs_joint
 
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("points", help="points CSV (bench/mixed_steps.py)")
     add_deployment_arguments(p)
     args = p.parse_args(argv)
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     e = decode_vs_joint(d, load_steps(args.points, None)[0])
     print(f"{'batch':>6}{'context':>9}{'chunk':>7}{'measured ms':>13}{'decode-only':>13}"
           f"{'error':>8}{'joint':>10}{'error':>8}")

@@ -16,8 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from bstar.commands.common import add_deployment_arguments
-from bstar.commands.plan import deployment_from_args
+from bstar.commands.common import add_deployment_arguments, build_deployment
 from bstar.engine_defaults import vllm_defaults
 from bstar.sim import (
     ClosedLoop,
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sweep = json.loads(Path(args.sweep).read_text())
     opt = sweep["options"]
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     tokens = args.max_num_batched_tokens or vllm_defaults(d.gpu).max_num_batched_tokens
     cfg = SimConfig(SchedulerConfig(args.max_num_seqs, tokens))
     inp, out = Lengths.fixed(opt["input_len"]), Lengths.fixed(opt["output_len"])

@@ -26,8 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bstar.commands.common import add_deployment_arguments
-from bstar.commands.plan import deployment_from_args
+from bstar.commands.common import add_deployment_arguments, build_deployment
 from bstar.sim import Lengths, Poisson, SchedulerConfig, SimConfig, simulate_levels
 
 METRICS = (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p99"))
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     add_deployment_arguments(p)
     args = p.parse_args(argv)
     sweep = json.loads(Path(args.sweep).read_text())
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     rows = compare(sweep, d, args.max_num_seqs, args.max_num_batched_tokens,
                    args.sim_requests, args.ttft_offset_ms, args.seed)
     if args.json:

@@ -44,8 +44,9 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
+@functools.cache
 def imported(module: str, path: Path, top_level_only: bool,
-             type_checking: bool = False) -> set[str]:
+             type_checking: bool = False) -> frozenset[str]:
     """Modules `module` imports: every import statement that can run (inside functions
     too), or only those run when it is imported (module level). `if TYPE_CHECKING:` blocks
     are left out unless `type_checking` (they never run, but a signature naming
@@ -89,7 +90,7 @@ def imported(module: str, path: Path, top_level_only: bool,
             # is imported first in any case); `from bstar.plan import make_plan`, bstar.plan.
             subs = {f"{base}.{a.name}" for a in n.names} & MODULES.keys()
             out.update(subs if subs else {base})
-    return out
+    return frozenset(out)
 
 
 def test_the_library_never_imports_the_command_line() -> None:
@@ -160,11 +161,10 @@ LAYERS = (
      "bstar.engines",
      "bstar.validate", "bstar.validate_curves", "bstar.curves_table", "bstar.stages_table",
      "bstar.runs_table",
-     "bstar.probe", "bstar.tinymodel"),
+     "bstar.probe", "bstar.tinymodel", "bstar.kvcheck"),
     ("bstar.options", "bstar.plan", "bstar.disaggregate", "bstar.disagg_load"),
     ("bstar.sim", "bstar.loadgen", "bstar.servers", "bstar.search",
-     "bstar.kvcheck", "bstar.validate_stages", "bstar.validate_runs", "bstar.db",
-     "bstar.disagg_runs"),
+     "bstar.validate_stages", "bstar.validate_runs", "bstar.db", "bstar.disagg_runs"),
     ("bstar.report",),
     ("bstar.commands",),
     ("bstar.cli", "bstar.__main__"),
@@ -183,8 +183,12 @@ def layer_of(module: str) -> int:
 
 
 def test_imports_point_down_the_layers() -> None:
-    upward = [f"{name} -> {dep}" for name, path in MODULES.items()
-              for dep in imported(name, path, top_level_only=False)
+    # Type-only imports count too: fit/spec.py once called `options.build()` on a
+    # DeploymentOptions it named under `if TYPE_CHECKING:` (issue 41). The package itself
+    # (bstar/__init__.py) is the public facade: it names the API's modules for the type
+    # checker and loads them lazily, so its arrows are not a layer's.
+    upward = [f"{name} -> {dep}" for name, path in MODULES.items() if name != "bstar"
+              for dep in imported(name, path, top_level_only=False, type_checking=True)
               if dep in MODULES and dep not in (name, "bstar")
               and layer_of(dep) > layer_of(name)]
     assert upward == []
@@ -320,3 +324,119 @@ def test_commands_print_through_emit() -> None:
              and _stdout_prints_outside_emit(p)}
     assert found == {}
     assert _stdout_prints_outside_emit(cmds["bstar.commands.emit"])  # the check sees prints
+
+
+# ---- rooms: no cycle between folders, no command importing another --------------------------
+# What is counted: every import statement under src/bstar that can run, at module level or
+# inside a function (a lazy import is still an arrow); `if TYPE_CHECKING:` blocks are left
+# out here (annotations only; the module-level test above counts them separately). A folder
+# is a package directory (bstar.sim, bstar.loadgen, ...); a top-level module is its own room.
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if module in MODULES and MODULES[module].name == "__init__.py":
+        return module if len(parts) <= 2 else ".".join(parts[:2])
+    return ".".join(parts[:2]) if len(parts) >= 2 else module
+
+
+def _room_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        if name == "bstar":
+            continue
+        src = room_of(name)
+        for dep in imported(name, path, top_level_only=False):
+            if dep in MODULES and dep != "bstar" and room_of(dep) != src:
+                graph.setdefault(src, set()).add(room_of(dep))
+    return graph
+
+
+def test_no_import_cycle_among_folders() -> None:
+    graph = _room_graph()
+    assert _cycles(graph) == []
+    # The rooms are the folders and the top-level modules; the walk sees their arrows.
+    assert room_of("bstar.sim.engine") == "bstar.sim" and room_of("bstar.plan") == "bstar.plan"
+    assert "bstar.kvcheck" in graph["bstar.loadgen"]
+
+
+# The command layer's shared helpers are not commands: commands/common.py (flag parsers and
+# the deployment/traffic flags every command maps) and commands/emit.py (the one output
+# path). Every other module under commands/ is a command (or, host.py, an entry point) and
+# imports no other: `bstar report SOURCE` gets each command's flags and page from
+# bstar.cli.REPORT_SOURCES.
+COMMAND_HELPERS = ("bstar.commands.common", "bstar.commands.emit",
+                   "bstar.commands.disagg_flags")  # plan and simulate --disaggregate
+
+
+def test_no_command_imports_another() -> None:
+    commands = [n for n in MODULES if n.startswith("bstar.commands.")
+                and n not in COMMAND_HELPERS]
+    found = {n: sorted(d for d in imported(n, MODULES[n], top_level_only=False,
+                                           type_checking=True)
+                       if d.startswith("bstar.commands.") and d != n
+                       and d not in COMMAND_HELPERS)
+             for n in commands}
+    assert {n: d for n, d in found.items() if d} == {}
+    assert len(commands) > 10  # the walk sees the commands
+    # The helpers themselves import no command either.
+    assert {h: sorted(d for d in imported(h, MODULES[h], top_level_only=False)
+                      if d.startswith("bstar.commands.") and d not in COMMAND_HELPERS)
+            for h in COMMAND_HELPERS} == {h: [] for h in COMMAND_HELPERS}
+
+
+# ---- docs/architecture.md names every module, and every module it names exists -------------
+ARCHITECTURE = SRC.parent / "docs" / "architecture.md"
+# A path under src/bstar as the page writes it: `sim/engine.py`, `kvcheck.py`, `sim/`.
+_PATH = re.compile(r"(?<![\w./-])((?:[a-z_]+/)*[a-z_]+\.py)\b")
+_FOLDER = re.compile(r"(?<![\w./-])([a-z_]+/)(?![\w.])")
+ELSEWHERE = ("tests/", "bench/", "docs/", "scripts/")  # paths outside the package
+
+
+def _module_paths() -> set[str]:
+    return {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "__init__.py"}
+
+
+def test_architecture_md_names_only_modules_that_exist() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    exists = _module_paths()
+    basenames = {p.rsplit("/", 1)[-1] for p in exists}
+    named = set(_PATH.findall(text))
+    # A path with its folder must exist as written; a bare file name (`engine.py` on the
+    # sim/ line of the diagram) must be some module's file.
+    missing = sorted(p for p in named if not p.startswith(ELSEWHERE) and (
+        p not in exists if "/" in p else p not in basenames))
+    assert missing == []
+    folders = {str(p.relative_to(PKG)) + "/" for p in PKG.rglob("*") if p.is_dir()
+               and p.name != "__pycache__"}
+    # A folder likewise: `sim/`, or `charts/` on the report/ line (some folder's last name).
+    folder_names = folders | {f.rstrip("/").rsplit("/", 1)[-1] + "/" for f in folders}
+    assert sorted(set(_FOLDER.findall(text)) - folder_names - set(ELSEWHERE)) == []
+    # The check can fail: a module that is not there is seen as missing.
+    assert "sim/no_such_module.py" not in exists and "kvcheck.py" in named
+
+
+def test_every_module_is_named_in_architecture_md() -> None:
+    named = set(_PATH.findall(ARCHITECTURE.read_text(encoding="utf-8")))
+    # Each module by its path from src/bstar (`loadgen/kvserver.py`, top level `plan.py`).
+    assert sorted(_module_paths() - named) == []
+
+
+# ---- one Poisson generator ----------------------------------------------------------------------
+def _poisson_draws(path: Path) -> list[int]:
+    """Lines drawing exponential gaps at a rate: `expovariate(...)` or `exponential(1 / r)`."""
+    out = []
+    for n in ast.walk(_tree(path)):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+            continue
+        if n.func.attr == "expovariate" or (
+                n.func.attr == "exponential" and n.args and isinstance(n.args[0], ast.BinOp)
+                and isinstance(n.args[0].op, ast.Div)):
+            out.append(n.lineno)
+    return out
+
+
+def test_one_poisson_generator() -> None:
+    # The simulator's open loop, capacity's, the validation stages' and the live sweep's
+    # arrivals all come from stats.poisson_gaps_s (issue 41: worker.py and sim/traffic.py
+    # each wrote one).
+    found = {n: _poisson_draws(p) for n, p in MODULES.items() if _poisson_draws(p)}
+    assert list(found) == ["bstar.stats"]

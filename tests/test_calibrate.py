@@ -395,3 +395,28 @@ def test_fit_steps_recovers_the_allreduce_latency_across_tp_sizes() -> None:
     f = cal.fit_steps(groups, ("bandwidth", "allreduce_latency_s"), Efficiency())
     assert f.eff.allreduce_latency_s == pytest.approx(30e-6, rel=1e-3)
     assert f.eff.bandwidth == pytest.approx(truth.bandwidth, rel=1e-3)
+
+
+def test_calibrate_own_levels_fits_what_few_levels_carry() -> None:
+    # `bstar demo`'s calibration (moved out of the command, issue 41): three levels carry
+    # two parameters, and of the roof's shapes the one the levels were made with is kept.
+    from dataclasses import replace as _replace
+
+    from bstar.calibrate import calibrate_own_levels, predict_step_s
+    from bstar.deployment import Deployment
+    from bstar.fit.steps import Point
+    from bstar.specs.gpu import get_gpu
+    from bstar.specs.presets import get_model
+
+    d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
+    assert d.eff.roof_sharpness != 1.0
+    truth = d.with_eff(_replace(d.eff, roof_sharpness=1.0))
+    shapes = [Point(b, 1024, 1.0) for b in (1, 64, 512)]
+    points = [Point(p.batch, p.context_tokens, float(s))
+              for p, s in zip(shapes, predict_step_s(truth, shapes), strict=True)]
+    c, uncalibrated = calibrate_own_levels(d, points, source="test")
+    fitted = {k for k, p in c.params.items() if p.status != "fixed"}
+    assert {"bandwidth", "overhead_s"} <= fitted  # (kv_bandwidth follows bandwidth)
+    assert not fitted & {"compute", "overhead_per_seq_s"}
+    assert c.eff.roof_sharpness == 1.0
+    assert c.median_abs_error <= uncalibrated

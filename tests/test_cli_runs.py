@@ -97,3 +97,24 @@ def test_runs_show_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["runs", "--db", str(missing), "show", "nope"]) == 2
     assert "no results DB at" in capsys.readouterr().err
     assert not missing.parent.exists()
+
+
+def test_export_output_check_reads_through_safeio(tmp_path: Path) -> None:
+    # The -o check of `runs export` lives in the library (loadgen/export.py) and reads an
+    # existing -o through safeio: a FIFO is refused at once (the command's open() waited
+    # for a writer), an earlier export may be replaced.
+    import os
+
+    from bstar.errors import BstarError
+    from bstar.loadgen.export import check_export_output, export_text
+
+    db = tmp_path / "runs.db"
+    fifo = tmp_path / "out.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(BstarError, match="not an earlier bstar export"):
+        check_export_output(fifo, db, force=False)
+    earlier = tmp_path / "levels.csv"
+    earlier.write_text(export_text([{"concurrency": 1, "status": "completed", "requests": 8,
+                                     "errors": 0}], "csv"))
+    check_export_output(earlier, db, force=False)  # an earlier export: replaced
+    assert export_text([{"model": "=cmd()"}], "csv").splitlines()[1] == "'=cmd()"

@@ -63,7 +63,7 @@ def test_2026_parts_load_with_every_field(gpu_id: str) -> None:
               "interconnect_bytes_s", "tdp_w", "allreduce_latency_us"):
         v = getattr(g, k)
         assert math.isfinite(v) and v > 0, k
-    assert g.num_sms > 0 and g.sm_count == g.num_sms
+    assert g.num_sms > 0
     # A clock NVIDIA does not publish is 0, and the source says so.
     assert g.boost_clock_mhz > 0 or "not published" in g.chip_source
     assert g.arch in ARCHS and g.allreduce_link in ALLREDUCE_LINKS

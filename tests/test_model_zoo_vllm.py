@@ -29,6 +29,7 @@ import pytest
 from bstar import kvcheck
 from bstar.deployment import Deployment
 from bstar.kv_pool import kv_layout
+from bstar.loadgen.kvserver import server_pool
 from bstar.loadgen.scrape import parse_prometheus, snapshot
 from bstar.report.text import format_kv_check
 from bstar.servers import vllm_cpu_command, vllm_cpu_env
@@ -144,7 +145,7 @@ def _check(tmp_path: Path, python: str, model_dir: Path, pool_blocks: int) -> di
     pool = pool_blocks * layout.bytes_per_block
     metrics, log = _serve(python, model_dir, pool)
     snap = snapshot(parse_prometheus(metrics))
-    check = kvcheck.check_kv(d, snap, MAX_LEN, max_num_batched_tokens=BATCHED)
+    check = kvcheck.check_kv(d, server_pool(snap), MAX_LEN, max_num_batched_tokens=BATCHED)
     info = next(s.labels for s in parse_prometheus(metrics)
                 if s.name == "vllm:cache_config_info")
     server_concurrency = float(info["kv_cache_max_concurrency"])

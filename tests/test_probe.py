@@ -165,3 +165,15 @@ def test_probe_at_an_engines_thread_count_runs_blas_at_it(tmp_path: Path) -> Non
     assert g.bf16_flops == pytest.approx(runs("fp32 GEMM"), abs=0.0501e9)
     mem_kib = int(re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1])
     assert g.memory_bytes == mem_kib * 1024
+
+
+def test_check_sizes_refuses_arrays_over_half_the_memory() -> None:
+    # `--gemm-n 1000000` asks for 12 TB: refused before anything is allocated.
+    from bstar.errors import BstarError
+    from bstar.probe import check_sizes
+
+    check_sizes({"copy_bytes": 2 << 20, "gemm_n": 64}, 1 << 30)
+    with pytest.raises(BstarError, match="over half of this machine's memory"):
+        check_sizes({"gemm_n": 1_000_000}, 64 << 30)
+    with pytest.raises(BstarError, match="copy-mib"):
+        check_sizes({"copy_bytes": 1 << 30}, 1 << 30)

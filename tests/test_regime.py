@@ -18,6 +18,7 @@ from bstar import roofline as rl
 from bstar.cli import main
 from bstar.deployment import Deployment
 from bstar.loadgen import regime
+from bstar.loadgen.kvserver import server_pool_text
 from bstar.loadgen.scrape import parse_prometheus, snapshot
 from bstar.specs.gpu import get_gpu
 from bstar.specs.presets import get_model
@@ -140,7 +141,7 @@ def test_check_kv_gpu_explains_reserve() -> None:
     blocks = (rl.kv_pool_bytes(d) - 2**30) // (per_token * 16)
     text = (f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{blocks}"}} 1.0\n'
             "vllm:num_requests_running 0\n")
-    c = kvcheck.check_kv_text(d, text, 2048 + 512)
+    c = kvcheck.check_kv(d, server_pool_text(text), 2048 + 512)
     assert c.computed_pool_source == "gpu"
     assert c.measured_b_mem == blocks // 160
     assert c.implied_reserve_bytes is not None
@@ -152,15 +153,16 @@ def test_check_kv_gpu_explains_reserve() -> None:
 def test_check_kv_flags_over_ten_percent() -> None:
     d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="10000"} 1.0\n'
-    c = kvcheck.check_kv_text(d, text, 2048)
+    c = kvcheck.check_kv(d, server_pool_text(text), 2048)
     assert c.flagged and any(n.startswith("DISAGREE") for n in c.explanation)
 
 
 def test_check_kv_log_tokens_without_blocks() -> None:
     d = Deployment(get_model("llama-3-8b"), get_gpu("h100-sxm"))
     with pytest.raises(Exception, match="no KV pool size"):
-        kvcheck.check_kv_text(d, "vllm:num_requests_running 0\n", 1000)
-    c = kvcheck.check_kv_text(d, "vllm:num_requests_running 0\n", 1000, log_tokens=160_000)
+        kvcheck.check_kv(d, server_pool_text("vllm:num_requests_running 0\n"), 1000)
+    c = kvcheck.check_kv(d, server_pool_text("vllm:num_requests_running 0\n"), 1000,
+                         log_tokens=160_000)
     assert c.measured_tokens == 160_000 and c.measured_b_mem == 160_000 // 16 // 63
 
 

@@ -122,14 +122,21 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_allreduce() -> None:
 def test_allreduce_latency_grows_with_log2_of_the_tp_size() -> None:
     """A decode all-reduce is latency: log2(N) rounds, so the per-call latency doubles
     from TP=2 to TP=4 and triples at TP=8; the bandwidth part is the ring's 2(N-1)/N."""
-    zero = np.array([0.0])
-    calls = {n: rl.allreduce_s(dep("llama-3-70b", num_gpus=n), zero)[0]
+    # The step's communication term, decode_step's comm_s: per_token x B + calls x latency
+    # (a batch of 0 runs no step, so the latency is what is left at B = 1).
+    def comm_s(d: Deployment, batch: float) -> float:
+        return float(rl.decode_step(d, np.array([batch]), 512).comm_s[0])
+
+    def latency_s(d: Deployment) -> float:
+        return comm_s(d, 1.0) - (comm_s(d, 17.0) - comm_s(d, 1.0)) / 16
+
+    calls = {n: latency_s(dep("llama-3-70b", num_gpus=n))
              / (2 * 80 * Efficiency().allreduce_latency_s) for n in (2, 4, 8)}
     assert calls == pytest.approx({2: 1.0, 4: 2.0, 8: 3.0})
     assert allreduce_rounds(1) == 0.0
     d = dep("llama-3-70b", num_gpus=4)
     msg = 16 * 8192 * 2
-    extra = rl.allreduce_s(d, np.array([16.0]))[0] - rl.allreduce_s(d, zero)[0]
+    extra = comm_s(d, 17.0) - comm_s(d, 1.0)
     assert extra == pytest.approx(2 * 80 * 1.5 * msg / (d.gpu.interconnect_bytes_s / 2))
 
 

@@ -306,3 +306,35 @@ def test_trace_gives_lengths_pattern_and_default_demand(tmp_path: Path,
     assert out["traffic"]["num_requests"] == 200
     assert out["mean_output_tokens"] == pytest.approx(np.mean([16 + i % 50 for i in range(200)]))
     assert out["counts"]["feasible"] == 1
+
+
+# ---- the search's demand and profiles, in the library (issue 41: the command held them) ----
+def test_demand_from_a_trace_is_its_mean_arrival_rate(tmp_path: Path) -> None:
+    from bstar.search.spec import DEFAULT_NUM_REQUESTS, demand_and_requests
+    from bstar.sim.traffic import read_trace_file
+
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,5\n2,10,5\n4,10,5\n")
+    trace = read_trace_file(str(f))
+    # 4 arrivals over 4 s: 3 gaps, 0.75 requests/s; every request of the trace by default.
+    assert demand_and_requests(None, trace, None) == (0.75, 4)
+    assert demand_and_requests(2.0, trace, 3) == (2.0, 3)  # given: as given
+    assert demand_and_requests(2.0, None, None) == (2.0, DEFAULT_NUM_REQUESTS)
+    with pytest.raises(BstarError, match="give the demand"):
+        demand_and_requests(None, None, None)
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n1,10,5\n1,10,5\n")
+    with pytest.raises(BstarError, match="spans no time"):
+        demand_and_requests(None, read_trace_file(str(f)), None)
+    with pytest.raises(BstarError, match="is a folder"):
+        read_trace_file(str(tmp_path))  # a folder: one line naming it (through safeio)
+    f.write_text("not,a,trace\n")
+    with pytest.raises(BstarError, match=f"--trace {f}: "):
+        read_trace_file(str(f))  # a parse error names the file too
+
+
+def test_profiles_parse_gpu_equals_file() -> None:
+    from bstar.search.spec import parse_profiles
+
+    assert parse_profiles(["H100-SXM = a.toml", "b.toml"]) == (("h100-sxm", "a.toml"),
+                                                               ("", "b.toml"))
+    assert parse_profiles([]) == ()

@@ -49,9 +49,10 @@ def test_chunked_prefill_costs_the_same_attention_as_whole() -> None:
     """Causal attention split into chunks sums to the whole triangle (full attention)."""
     d = replace(dep("llama-3-8b"), eff=IDEAL)
     k = coefficients(d)
-    whole = k.step_work([0], [4096]).chunk_attention_at_gemm_rate_s[0]
+    whole = k.shape.scheduled([0], [4096]).chunk_attention_at_gemm_rate_s[0]
     starts = np.arange(0, 4096, 512)
-    parts = sum(k.step_work([s], [512]).chunk_attention_at_gemm_rate_s[0] for s in starts)
+    parts = sum(k.shape.scheduled([s], [512]).chunk_attention_at_gemm_rate_s[0]
+                for s in starts)
     assert whole > 0
     assert parts == pytest.approx(whole, rel=1e-12)
 

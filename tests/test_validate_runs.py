@@ -184,9 +184,11 @@ def test_one_run_simulates_fast_and_deterministically() -> None:
 # ---- every run read like for like (issue 37): dtypes, KV cache, memory, graphs ----------------
 
 def _one_run(**cells: str) -> str:
-    """A one-row runs table: the shipped table's first H200 gpt-oss run with `cells` set."""
+    """A one-row runs table: the shipped table's first H200 gpt-oss run on vLLM with `cells`
+    set (vLLM's reading of memory_fraction: TensorRT-LLM's is of the free memory)."""
     rows = list(csv.DictReader(io.StringIO(TABLE.read_text())))
-    row = next(r for r in rows if r["gpu"] == "h200" and r["model"] == "gpt-oss-120b")
+    row = next(r for r in rows if r["gpu"] == "h200" and r["model"] == "gpt-oss-120b"
+               and r["engine"] == "vllm")
     row.update(cells)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(row))
@@ -295,3 +297,14 @@ def test_a_trt_llm_runs_memory_fraction_is_of_the_memory_left_free(fraction: str
     v = _run_deployment(engine="vllm", gpu="h200", memory_fraction=fraction)
     assert kv_pool_bytes(v) == math.floor(v.gpu.memory_bytes * f) \
         - weight_bytes_per_gpu(v) - v.reserve_bytes
+
+
+def test_a_runs_table_is_read_through_safeio(tmp_path: Path) -> None:
+    # docs/architecture.md: every reader of a user's file goes through bstar.safeio. A FIFO
+    # blocked the old reader's open() until a writer came; safeio refuses it at once.
+    import os
+
+    fifo = tmp_path / "runs.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(BstarError, match=r"not a regular file|FIFO|fifo"):
+        load_runs(fifo)

@@ -43,6 +43,21 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# `bstar report SOURCE` for a source that reruns a command: (source, module under
+# bstar.commands, one-line help). The source takes that module's add_SOURCE_arguments and its
+# report_SOURCE writes the page; `report` itself imports no other command.
+REPORT_SOURCES: tuple[tuple[str, str, str], ...] = (
+    ("plan", "plan", "the cost model's plan (takes `bstar plan`'s flags)"),
+    ("compare", "plan", "B* and B_mem across models/GPUs/contexts (takes `bstar compare`'s "
+                        "flags)"),
+    ("fit", "fit", "a fit of measured points (takes `bstar fit`'s POINTS and flags)"),
+    ("simulate", "simulate", "a simulated sweep over max_num_seqs (takes `bstar simulate`'s "
+                             "flags)"),
+    ("search", "search", "the cheapest deployment that meets the SLO (takes `bstar search`'s "
+                         "flags)"),
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with bstar's one-line errors: a bad flag is one line on stderr naming the
     flag and pointing at --help, exit 2 (argparse's default prints the whole usage)."""
@@ -66,7 +81,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         if only is None or name == only:
             mod = importlib.import_module(f"bstar.commands.{module}")
-            getattr(mod, f"add_{name}_arguments")(p)
+            add = getattr(mod, f"add_{name}_arguments")
+            if name == "report":
+                add(p, [(src, h, getattr(importlib.import_module(f"bstar.commands.{m}"),
+                                         f"add_{src}_arguments"), f"{m}:report_{src}")
+                        for src, m, h in REPORT_SOURCES])
+            else:
+                add(p)
         p.set_defaults(_run=f"{module}:run_{name}")
     return parser
 

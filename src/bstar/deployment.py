@@ -260,7 +260,7 @@ class Deployment:
         get_precision(self.weight_dtype or self.model.default_dtype,
                       allowed=(*WEIGHT_DTYPES, "fp8-block", "fp32"))
         get_precision(self.kv_dtype, allowed=KV_DTYPES)
-        if self.kernel_terms_path and self.kernel_terms_path != self.kernel_path:
+        if not self.kernel_terms_priced:
             generic = Efficiency()
             reset = {k: getattr(generic, k) for k in KERNEL_FIELDS
                      if getattr(self.eff, k) != getattr(generic, k)}

@@ -19,40 +19,37 @@ and splits the difference into its causes:
   a group, and a sequence takes the blocks of every group.
 - KV precision: the bytes per token follow the cache dtype.
 
-Pure: no HTTP here except `fetch_metrics` (standard library, used by `bstar kv --url`).
+Pure: no HTTP and no parsing here. `loadgen/kvserver.py` reads a server's /metrics (over
+HTTP or from a saved file) into the `ServerPool` this module compares; `loadgen/regime.py`
+feeds it a stored sweep's figures.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bstar import roofline as rl
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.kv_pool import KvLayout, kv_layout
-from bstar.loadgen.scrape import METRICS_MAX_BYTES, Snapshot, parse_prometheus, snapshot
 from bstar.units import GiB, fmt_bytes_binary
 
 DISAGREE = 0.10  # a relative B_mem difference above this is flagged
 
 
-def fetch_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> str:
-    """The server's Prometheus text (`GET {url}/metrics`): at most `METRICS_MAX_BYTES`,
-    within `timeout_s` whatever the server does, the key sent to its origin only
-    (bstar.safehttp)."""
-    from bstar.safehttp import FetchError, fetch
+@dataclass(frozen=True)
+class ServerPool:
+    """What a server says of its KV pool (None: not exported): vLLM's cache_config_info
+    labels (num_gpu_blocks, block_size, the configured kv_cache_memory_bytes of a CPU pool,
+    kv_cache_size_tokens in newer versions) and the engine's name."""
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    try:
-        got = fetch(url.rstrip("/") + "/metrics", headers=headers,
-                    max_bytes=METRICS_MAX_BYTES, timeout_s=timeout_s)
-    except FetchError as e:
-        raise BstarError(f"could not read {url.rstrip('/')}/metrics: {e}") from None
-    if got.status != 200:
-        raise BstarError(f"could not read {url.rstrip('/')}/metrics: HTTP {got.status}")
-    return got.body.decode("utf-8", "replace")
+    engine: str | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_size_tokens: int | None = None
 
 
 def b_mem_blocks(num_blocks: int, block_size: int, tokens_per_seq: int) -> int:
@@ -88,10 +85,10 @@ class KvCheck:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
+def check_kv(d: Deployment, server: ServerPool, tokens_per_seq: int, *,
              pool_bytes: int | None = None, log_tokens: int | None = None,
              max_num_batched_tokens: int | None = None) -> KvCheck:
-    """Compare the server's KV pool (`snap`, one scrape of /metrics; `log_tokens`, the
+    """Compare the server's KV pool (`server`, from one scrape of /metrics; `log_tokens`, the
     start-up log's "KV cache size: N tokens") with bstar's for deployment `d`.
 
     `pool_bytes`: an explicit pool (vLLM on CPU); default the server's configured
@@ -100,7 +97,7 @@ def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
     for the GPU)."""
     if tokens_per_seq < 1:
         raise BstarError("--tokens-per-seq (input + output tokens) must be at least 1")
-    block = snap.block_size or d.block_size
+    block = server.block_size or d.block_size
     d = replace(d, block_size=block)
     layout = kv_layout(d, tokens_per_seq, max_num_batched_tokens)
     block = layout.block_size  # a hybrid model's attention block holds a state page
@@ -109,9 +106,9 @@ def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
     bb = layout.bytes_per_block
     seq_blocks = layout.blocks_per_seq
     notes: list[str] = []
-    m_blocks = snap.num_gpu_blocks
+    m_blocks = server.num_gpu_blocks
     m_tokens = m_blocks * block if m_blocks is not None else (
-        snap.kv_cache_size_tokens or log_tokens)
+        server.kv_cache_size_tokens or log_tokens)
     if m_blocks is None and m_tokens is not None:
         m_blocks = m_tokens // block
     if m_blocks is None:
@@ -119,7 +116,7 @@ def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
                          "num_gpu_blocks, kv_cache_size_tokens) and no start-up log was given")
     m_pool = m_blocks * bb
     m_b_mem = m_blocks // seq_blocks
-    explicit = pool_bytes if pool_bytes is not None else snap.kv_cache_memory_bytes
+    explicit = pool_bytes if pool_bytes is not None else server.kv_cache_memory_bytes
     if explicit is not None:
         c_pool, source = int(explicit), "explicit"
         implied = None
@@ -156,16 +153,7 @@ def check_kv(d: Deployment, snap: Snapshot, tokens_per_seq: int, *,
                      f"differs by more than {DISAGREE:.0%}")
     return KvCheck(tokens_per_seq, block, per_token, m_blocks, m_tokens, m_pool, m_b_mem,
                    c_pool, source, c_blocks, c_b_mem, d.reserve_bytes, implied, rel, flagged,
-                   notes, {"engine": snap.engine, "num_gpu_blocks": snap.num_gpu_blocks,
-                           "block_size": snap.block_size,
-                           "kv_cache_memory_bytes": snap.kv_cache_memory_bytes,
-                           "kv_cache_size_tokens": snap.kv_cache_size_tokens})
-
-
-def check_kv_text(d: Deployment, metrics_text: str, tokens_per_seq: int, **kw: Any
-                  ) -> KvCheck:
-    return check_kv(d, snapshot(parse_prometheus(metrics_text)), tokens_per_seq, **kw)
-
+                   notes, asdict(server))
 
 
 def _blocks_note(layout: KvLayout, per_token: int, tokens_per_seq: int, c_blocks: int,

@@ -113,6 +113,23 @@ class DeploymentOptions:
                  f"applied to {d.gpu.id}")
         return d
 
+    def spec_terms(self, context_tokens: int | None = None) -> dict[str, Any]:
+        """`fit.spec.spec_terms` of this model (and with a GPU, the deployment `build()`
+        gives); empty without a model."""
+        if self.model is None:
+            if self.gpu is not None:
+                raise BstarError("--gpu needs --model: the compute term is the model's FLOPs "
+                                 "at the GPU's peak")
+            return {}
+        from bstar.fit.spec import spec_terms
+        from bstar.specs.precision import get_precision
+        from bstar.specs.presets import get_model
+
+        m = get_model(self.model, self.assume_unmodeled or None)
+        return spec_terms(m, get_precision(self.weight_dtype or m.default_dtype),
+                          get_precision(self.kv_dtype),
+                          self.build() if self.gpu is not None else None, context_tokens)
+
     def efficiency(self) -> Efficiency:
         """The efficiencies without a profile: the engine's priors (IDEAL under `ideal`)
         with the flag overrides (what `bstar search` applies to uncalibrated GPUs)."""

@@ -253,6 +253,19 @@ def cpu_memory_bytes() -> tuple[int, str]:
     return int(pages * page), "sysconf(SC_PHYS_PAGES) x SC_PAGE_SIZE"
 
 
+def check_sizes(sizes: dict[str, int], memory_bytes: int) -> None:
+    """The arrays a probe holds at once (the copy's source and destination; GEMM's A, B
+    and C in float32) must fit in half of this machine's memory: `--gemm-n 1000000` asks
+    for 12 TB."""
+    from bstar.errors import BstarError
+    from bstar.units import fmt_bytes
+
+    need = max(2 * sizes.get("copy_bytes", 0), 3 * 4 * sizes.get("gemm_n", 0) ** 2)
+    if need > memory_bytes // 2:
+        raise BstarError(f"--gemm-n/--copy-mib: the probe would hold {fmt_bytes(need)}, over "
+                         f"half of this machine's memory ({fmt_bytes(memory_bytes)})")
+
+
 def probe_cpu(copy_bytes: int = DEFAULT_COPY_BYTES, gemm_n: int = DEFAULT_GEMM_N,
               repeats: int = DEFAULT_REPEATS, threads: int | None = None) -> ProbeResult:
     """`threads` sets the copy's threads; BLAS (the GEMV and GEMM) uses what the process

@@ -170,19 +170,6 @@ def decode_step(d: Deployment, batch: npt.ArrayLike, context_tokens: int) -> Ste
         attention_s=parts.decode_attention_s, layers_s=parts.layers_s, grouped=d.eff.grouped)
 
 
-def allreduce_s(d: Deployment, batch: FloatArray) -> FloatArray:
-    """Tensor parallel: two all-reduces per layer (after attention, after the MLP) of the
-    B x hidden activations: `allreduce_latency_s` x log2(N) (allreduce_rounds) plus a ring's
-    2(N-1)/N of the message over each link direction (half of the datasheet's
-    bidirectional figure)."""
-    b = np.asarray(batch, dtype=np.float64)
-    if d.num_gpus == 1:
-        return np.zeros_like(b)
-    sh = _step.shape(d)
-    return np.asarray(sh.comm_s_per_token * b + sh.allreduce_calls * d.eff.allreduce_latency_s,
-                      dtype=np.float64)
-
-
 def batch_output_tok_s(d: Deployment, batch: int, prompt_tokens: int, output_tokens: int,
                        context_tokens: int | None = None) -> float:
     """Output tokens per second of `batch` requests of `prompt_tokens` in and `output_tokens`

@@ -142,9 +142,8 @@ def _settings(r: dict[str, str], at: str) -> dict[str, Any]:
 
 def load_runs(path: str | Path) -> list[Stage]:
     """Read a runs table from a file (paths in it are relative to its folder)."""
+    from bstar import safeio
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BstarError(f"{p}: cannot read: {e}") from None
+    text = safeio.read_text(p, safeio.MAX_TABLE_BYTES, "runs table")
     return runs_from_csv(text, str(p), p.resolve().parent)

@@ -318,12 +318,6 @@ class SpecPlan:
     break_even_batch: int | None
     max_num_seqs: int  # the plan's pick on the pool with the drafter (at most b_mem)
 
-    @property
-    def speculate_below(self) -> int | None:
-        """Speculation on for batches below this (None: on at every batch up to B_mem;
-        1: off everywhere)."""
-        return self.break_even_batch
-
     def advice(self) -> str:
         n, m = self.max_num_seqs, self.break_even_batch
         if m is None:

@@ -2,7 +2,8 @@
 linearly between order statistics (numpy's default 'linear' method; benchmarks/
 benchmark_serving calls np.percentile). One implementation for the sweep's measured levels
 (`bstar.loadgen.metrics`), the simulator's runs (`bstar.sim.metrics`) and the simulated load
-stages (`bstar.validate_stages`). Pure, no I/O."""
+stages (`bstar.validate_stages`). And the one generator of Poisson arrivals
+(`poisson_gaps_s`), for the simulator's open loop and the live sweep's alike. Pure, no I/O."""
 
 from __future__ import annotations
 
@@ -77,3 +78,12 @@ def per_request_tpot(e2e: Any, ttft: Any, output_tokens: Any) -> Any:
     (elementwise). The one definition: the client's measured request, the simulator's
     requests, the simulated load stages and a stages table row without its own TPOT."""
     return (e2e - ttft) / (output_tokens - 1)
+
+
+def poisson_gaps_s(rate_per_s: float, rng: np.random.Generator, n: int) -> npt.NDArray[
+        np.float64]:
+    """`n` gaps, seconds, between Poisson arrivals at `rate_per_s`: exponential with mean
+    1 / rate (vLLM's benchmark with --request-rate). The simulator's open loop
+    (`sim/traffic.Poisson`, their cumulative sum) and the live sweep's
+    (`loadgen/worker.run_requests`, one gap per request sent) both draw from here."""
+    return rng.exponential(1.0 / rate_per_s, size=n)

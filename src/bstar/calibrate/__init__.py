@@ -35,6 +35,7 @@ from __future__ import annotations
 from bstar.calibrate.fit import (
     EfficiencyFit,
     calibrate,
+    calibrate_own_levels,
     check,
     fit_efficiency,
     fit_steps,
@@ -74,6 +75,7 @@ from bstar.fit.steps import Point
 __all__ = [
     "DEFAULT_FIT", "MAX_EFF_MEASURED", "MIXED_FIT", "PARAMS", "ROBUST_SCALE", "Calibration",
     "EfficiencyFit", "ParamFit", "Point", "PointFit", "Profile", "VllmKvLog", "calibrate",
+    "calibrate_own_levels",
     "check", "fit_efficiency", "fit_steps", "kv_pool_from_log", "load_profile",
     "median_abs_error", "parse_vllm_log", "points_from_fit", "predict_step_s",
     "profile_from_text", "profile_toml",

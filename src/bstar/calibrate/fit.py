@@ -346,3 +346,20 @@ def check(d: Deployment, eff: Efficiency, points: Sequence[Point],
                           float(uncal[i]) * 1e3, str(bound[i]), p.label,
                           p.chunk_tokens, p.chunk_start)
                  for i, p in enumerate(points))
+
+
+def calibrate_own_levels(d: Deployment, points: Sequence[Point], source: str = ""
+                         ) -> tuple[Calibration, float]:
+    """`d` calibrated on a few levels of its own (`bstar demo`), from its priors: as many
+    parameters as the levels carry (the weight stream and the per-step cost first: they
+    set batch 1, then compute and the per-sequence cost), and of the roof's shapes, `d`'s
+    and k = 1 (a CPU thread loads a weight tile, then multiplies it: memory and compute add,
+    where a GPU overlaps them, docs/cost-model.md), the one that fits the levels better.
+    Returns it and the uncalibrated median |error| (`d`'s own shape)."""
+    fit = DEFAULT_FIT if len(points) > len(DEFAULT_FIT) else \
+        ("bandwidth", "overhead_s", "overhead_per_seq_s")[:max(1, len(points) - 1)]
+    tries = [calibrate(d.with_eff(replace(d.eff, roof_sharpness=k)), points, fit,
+                       engine=d.engine, source=source)
+             for k in dict.fromkeys((d.eff.roof_sharpness, 1.0))]
+    return min(tries, key=lambda t: t.median_abs_error), tries[0].uncalibrated_median_abs_error
+

@@ -56,6 +56,15 @@ class PointFit:
     def uncalibrated_rel_error(self) -> float:
         return self.uncalibrated_ms / self.measured_ms - 1.0
 
+    def to_dict(self) -> dict[str, Any]:
+        """A point as `bstar calibrate --json` writes it (its fit's points and a check's)."""
+        return {"batch": self.batch, "context_tokens": self.context_tokens,
+                "measured_ms": self.measured_ms, "predicted_ms": self.predicted_ms,
+                "rel_error": self.rel_error, "uncalibrated_ms": self.uncalibrated_ms,
+                "uncalibrated_rel_error": self.uncalibrated_rel_error,
+                "bound": self.bound, "chunk_tokens": self.chunk_tokens,
+                "chunk_start": self.chunk_start}
+
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
@@ -112,12 +121,7 @@ class Calibration:
             "max_abs_error": self.max_abs_error,
             "uncalibrated_median_abs_error": self.uncalibrated_median_abs_error,
             "reserve_bytes": self.reserve_bytes, "kv_pool_bytes": self.kv_pool_bytes,
-            "points": [{"batch": p.batch, "context_tokens": p.context_tokens,
-                        "measured_ms": p.measured_ms, "predicted_ms": p.predicted_ms,
-                        "rel_error": p.rel_error, "uncalibrated_ms": p.uncalibrated_ms,
-                        "uncalibrated_rel_error": p.uncalibrated_rel_error,
-                        "bound": p.bound, "chunk_tokens": p.chunk_tokens,
-                        "chunk_start": p.chunk_start} for p in self.points],
+            "points": [p.to_dict() for p in self.points],
             "notes": list(self.notes),
         }
 

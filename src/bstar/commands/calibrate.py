@@ -11,6 +11,7 @@ from typing import Any
 from bstar.commands.common import (
     add_deployment_arguments,
     add_force_argument,
+    build_deployment,
     positive_int,
     str_list,
 )
@@ -54,10 +55,10 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from bstar import calibrate as cal
-    from bstar.commands.plan import deployment_from_args
     from bstar.errors import BstarError
+    from bstar.loadgen.measured import steps_from_run
 
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     path = Path(args.source)
     warnings: list[str] = []
     workload = None
@@ -68,8 +69,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         points, warnings = load_steps(path, args.context)
         source = str(path)
     else:
-        points, source, run, result = points_from_run(args.db, args.source, args.metric,
-                                                      args.context)
+        points, source, run, result = steps_from_run(args.db, args.source, args.metric,
+                                                     args.context)
         workload = _workload(args.db, run["id"])
         if not args.engine_version and run.get("server_version"):
             args.engine_version = str(run["server_version"])
@@ -94,11 +95,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
                             "stored GPU power (the sweep had no power source); the power "
                             "model keeps its defaults (docs/energy.md)")
     if args.output is not None:
-        from bstar.loadgen.measured import workload_toml
+        from bstar.loadgen.measured import profile_text
 
-        text = cal.profile_toml(c) + ("" if workload is None else workload_toml(workload)) \
-            + ("" if power is None else power.toml())
-        _loads_back(args.output, text)
+        text = profile_text(args.output, c, workload,
+                            "" if power is None else power.toml())
         try:
             args.output.write_text(text)
         except OSError as e:
@@ -119,7 +119,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                "power": None if power is None else power.to_dict(),
                                "checks": [{"run": run, "model": model,
                                            "median_abs_error": median,
-                                           "points": [_point_dict(p) for p in pts]}
+                                           "points": [p.to_dict() for p in pts]}
                                           for run, model, pts, median, _ in checked]},
                 lambda: print_calibration(c, args.output, spread, checked, power))
 
@@ -136,60 +136,13 @@ def _workload(db: str | None, run_id: str) -> Any:
         return None
 
 
-def _loads_back(path: Path, text: str) -> None:
-    """The profile about to be written, read by the readers `--profile` uses (the
-    calibration's and the [workload]'s): a profile bstar writes is one bstar reads, or
-    nothing is written."""
-    import tomllib
-
-    from bstar import calibrate as cal
-    from bstar.errors import BstarError
-    from bstar.loadgen.measured import traffic_from_data
-
-    try:
-        cal.profile_from_text(path, text)
-        traffic_from_data(path, tomllib.loads(text))
-    except BstarError as e:
-        raise BstarError(f"not written: the profile would not load with --profile ({e})") \
-            from None
-
-
 def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[Any]]:
     from bstar import calibrate as cal
-    from bstar.commands.plan import deployment_from_args
+    from bstar.loadgen.measured import steps_from_run
 
     run_id, _, model = spec.partition("=")
-    points, _, run, _ = points_from_run(args.db, run_id, args.metric, None)
+    points, _, run, _ = steps_from_run(args.db, run_id, args.metric, None)
     model = model or (run.get("options") or {}).get("model") or args.model
-    d = deployment_from_args(args, model)
+    d = build_deployment(args, model)
     return run["id"], d.model.name, list(cal.check(d, c.eff, points, c.bandwidth_scale,
                                                    c.compute_scale))
-
-
-def _point_dict(p: Any) -> dict[str, Any]:
-    return {"batch": p.batch, "context_tokens": p.context_tokens,
-            "chunk_tokens": p.chunk_tokens, "chunk_start": p.chunk_start,
-            "measured_ms": p.measured_ms,
-            "predicted_ms": p.predicted_ms, "rel_error": p.rel_error,
-            "uncalibrated_ms": p.uncalibrated_ms,
-            "uncalibrated_rel_error": p.uncalibrated_rel_error, "bound": p.bound}
-
-
-def points_from_run(db: str | None, run_id: str, metric: str,
-                    context: int | None) -> tuple[list[Any], str, dict[str, Any], Any]:
-    """Decode-step points from a stored sweep run (bstar sweep's store), read by
-    bstar.fit.points.steps_from_sweep."""
-    from bstar.db import DbError
-    from bstar.errors import BstarError
-    from bstar.fit.points import steps_from_sweep
-    from bstar.loadgen.store import Store
-    from bstar.loadgen.sweep import load_result
-
-    # db None: the sweep's default store. Read-only: never creates a file.
-    with Store(db, readonly=True) as store:
-        try:
-            result = load_result(store, run_id)
-        except DbError as e:
-            raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
-    points = steps_from_sweep(result, metric, context)
-    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run, result

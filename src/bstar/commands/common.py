@@ -140,6 +140,43 @@ def guard_outputs(args: argparse.Namespace) -> None:
         safeio.check_output(plot, "--plot", force, PLOT_KINDS)
 
 
+# ---- `bstar report SOURCE`: the page's file, the command line it shows, the reply ----------
+def add_report_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, metavar="FILE.html",
+                   help="where to write the report (one self-contained HTML file)")
+    add_force_argument(p)
+
+
+def command_line() -> str:
+    """The command as typed, when bstar was started as a program (not from a test harness);
+    shown on a report's page."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if prog.name == "bstar" or (prog.name == "__main__.py" and prog.parent.name == "bstar"):
+        return shlex.join(["bstar", *sys.argv[1:]])
+    return ""
+
+
+def report_written(args: argparse.Namespace,
+                   write: Callable[[], tuple[Any, dict[str, Any] | None]]) -> int:
+    """Run `write` (it writes the report and returns its path and what --json adds), then
+    say where it went; a file that cannot be written is one line, not a traceback."""
+    from bstar.commands.emit import emit
+    from bstar.errors import BstarError
+
+    try:
+        path, extra = write()
+    except OSError as e:
+        # The report's file (or --plot's) on a read-only or missing folder: one line.
+        where = e.filename or args.output
+        raise BstarError(f"cannot write {where}: {e.strerror or e}") from None
+    return emit(args, lambda: {"report": str(path), **(extra or {})},
+                lambda: print(f"report written to {path}"))
+
+
 def positive_int(s: str) -> int:
     try:
         v = _int_token(s)
@@ -321,69 +358,6 @@ def acceptance_arg(s: str) -> float | str:
     return non_negative_float(s)
 
 
-def measured_acceptance(source: str, num_speculative_tokens: int) -> float:
-    """The acceptance rate of a sweep run (`bstar.specdec.acceptance_from_levels`): `source`
-    a `bstar sweep --json` file (read by bstar.safeio: bounded, its depth and integers
-    checked), else a run id in the default results DB. Either's levels are checked by
-    `spec_levels` first."""
-    from pathlib import Path
-
-    from bstar import safeio
-    from bstar.errors import BstarError
-    from bstar.specdec import acceptance_from_levels
-
-    path = Path(source)
-    if path.exists() or path.is_symlink():
-        where = f"--acceptance-rate from:{source}"
-        levels = spec_levels(where, safeio.load_json(path, safeio.MAX_TABLE_BYTES,
-                                                     "sweep --json file"))
-    else:
-        from bstar.loadgen.store import Store
-
-        where = f"--acceptance-rate from:{source} (run)"
-        with Store(None, readonly=True) as store:
-            levels = spec_levels(where, {"levels": [{"server": r.server}
-                                                    for r in store.levels(source) if r.server]})
-        if not levels:
-            raise BstarError(f"--acceptance-rate from:{source}: no such file or sweep run")
-    return acceptance_from_levels(levels, num_speculative_tokens)
-
-
-SPEC_COUNTERS = ("spec_num_accepted_tokens", "spec_tokens_per_step")
-
-
-def spec_levels(where: str, data: Any) -> list[dict[str, Any]]:
-    """A sweep --json object's levels as `acceptance_from_levels` reads them, each counter
-    checked: `levels` a list of objects, a level's `server` an object, each counter a finite
-    number in [0, 2**53] (a string, NaN or Infinity is one line naming the file and the
-    field: NaN became an acceptance rate of 4e-19)."""
-    from bstar.errors import BstarError
-
-    levels = data.get("levels") if isinstance(data, dict) else None
-    if not isinstance(levels, list):
-        raise BstarError(f"{where}: not a sweep --json file (levels must be a list)")
-    out = []
-    for i, lv in enumerate(levels):
-        if not isinstance(lv, dict):
-            raise BstarError(f"{where}: levels[{i}] must be an object")
-        srv, name = (lv["server"], f"levels[{i}].server") if lv.get("server") is not None \
-            else (lv, f"levels[{i}]")
-        if not isinstance(srv, dict):
-            raise BstarError(f"{where}: {name} must be an object")
-        row: dict[str, float] = {}
-        for k in SPEC_COUNTERS:
-            v = srv.get(k)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                    or not 0 <= v <= 2**53:
-                raise BstarError(f"{where}: {name}.{k} must be a finite number in "
-                                 f"[0, 2**53], got {repr(v)[:40]}")
-            row[k] = float(v)
-        out.append({"server": row})
-    return out
-
-
 def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any, Any]:
     """(SpecConfig, Drafter) the flags name for deployment `d`, or (None, None) when
     --num-speculative-tokens is not given. A draft model is loaded here (presets, files)."""
@@ -394,6 +368,8 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
 
     rate = args.acceptance_rate
     if isinstance(rate, str):  # from:RUN
+        from bstar.loadgen.measured import measured_acceptance
+
         rate = measured_acceptance(rate.removeprefix("from:"), k)
         args.acceptance_rate = rate
     cfg = SpecConfig(k, rate, args.drafter)
@@ -403,3 +379,104 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
 
         draft = get_model(args.drafter)
     return cfg, make_drafter(d, args.drafter, draft)
+
+
+# ---- the traffic flags `bstar simulate` and `bstar search` share --------------------------
+DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len  (simulate, search)
+
+
+def add_prompt_sharing_arguments(t: Any) -> None:
+    """Which prompts share which tokens (bstar.sim.prefix), and the engine's cache switch."""
+    t.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
+                   help="every prompt starts with its group's N-token system prompt, on top "
+                        "of its --input-len draw; the prefix cache finds the hits (default 0)")
+    t.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
+                   help="G distinct system prompts, request i in group i mod G (default 1)")
+    t.add_argument("--distinct-prompts", type=int, default=0, metavar="K",
+                   help="send K prompts in turn: request i repeats prompt i mod K, lengths "
+                        "and all (default 0: every prompt its own)")
+    t.add_argument("--multi-turn", type=int, default=0, metavar="T",
+                   help="T-turn conversations: each turn's prompt is the previous prompt, its "
+                        "answer and a new --input-len question (default 0: single turn)")
+    t.add_argument("--no-prefix-caching", action="store_true",
+                   help="simulate the engine with prefix caching off (vLLM's flag)")
+
+
+def add_from_run_arguments(t: Any) -> None:
+    t.add_argument("--from-run", default=None, metavar="RUN",
+                   help="the traffic a stored sweep measured: its prompt and output lengths "
+                        "and its prefix-cache hit rate (docs/simulate.md)")
+    t.add_argument("--runs-db", default=None, metavar="FILE",
+                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
+
+
+def prompt_shape(args: argparse.Namespace) -> Any:
+    """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
+    from bstar.sim.prefix import PromptShape
+
+    shape = PromptShape(*(getattr(args, k, d) for k, d in (
+        ("shared_prefix_tokens", 0), ("prefix_groups", 1), ("distinct_prompts", 0),
+        ("multi_turn", 0))))
+    return shape if shape.active else None
+
+
+def given_lengths(args: argparse.Namespace) -> tuple[str, str]:
+    """(--input-len, --output-len) as given, else their defaults. With --trace a given one
+    is refused, not ignored: the trace says each request's lengths, and a flag that changes
+    nothing would let the user believe the run used it (issue 40). Refused rather than a
+    note, because a note scrolls past in a script and the run would still not be what was
+    asked for."""
+    from bstar.errors import BstarError
+
+    given = [flag for flag, v in (("--input-len", args.input_len),
+                                  ("--output-len", args.output_len)) if v is not None]
+    if getattr(args, "trace", None) and given:
+        raise BstarError(f"{' and '.join(given)} with --trace: the trace gives every "
+                         f"request's lengths; drop {' and '.join(given)} or --trace")
+    return (args.input_len if args.input_len is not None else DEFAULT_LENGTHS[0],
+            args.output_len if args.output_len is not None else DEFAULT_LENGTHS[1])
+
+
+def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
+    """The [workload] table of calibration profile `profile` (the sweep `bstar calibrate`
+    read), when the flags give no workload: no --trace, --prefix-cached-tokens or
+    prompt-sharing flag, and neither --input-len nor --output-len given (an explicit
+    `--input-len 512` counts, though it is the default's value). None otherwise."""
+    if not profile or getattr(args, "trace", None) or args.prefix_cached_tokens \
+            or prompt_shape(args) is not None \
+            or args.input_len is not None or args.output_len is not None:
+        return None
+    from bstar.loadgen.measured import traffic_from_profile
+
+    return traffic_from_profile(profile)
+
+
+def measured_from_args(args: argparse.Namespace, profile: str | None) -> Any:
+    """The stored sweep --from-run names (`bstar.loadgen.measured`), else the traffic
+    calibration profile `profile` recorded when no workload is given (`profile_traffic`),
+    or None."""
+    if not getattr(args, "from_run", None):
+        return profile_traffic(args, profile)
+    if getattr(args, "trace", None):
+        from bstar.errors import BstarError
+
+        raise BstarError("--from-run with --trace: both say what the requests are (the "
+                         "run's measured lengths and sharing, or the trace's); drop one")
+    from bstar.loadgen.measured import measured_traffic
+
+    return measured_traffic(getattr(args, "runs_db", None), args.from_run)
+
+
+def traffic_from_args(args: argparse.Namespace, profile: str | None
+                      ) -> tuple[str, str, Any, Any]:
+    """(input lengths, output lengths, PromptShape or None, MeasuredTraffic or None): the
+    lengths and prompt sharing the flags give, replaced by the measured traffic's
+    (`measured_from_args`) when there is one; its prompt shape only with prefix caching on."""
+    shape = prompt_shape(args)
+    caching = not getattr(args, "no_prefix_caching", False)
+    input_len, output_len = given_lengths(args)
+    measured = measured_from_args(args, profile)
+    if measured is not None:
+        input_len, output_len = measured.lengths(shared=caching and shape is None)
+        shape = shape or (measured.prompt_shape() if caching else None)
+    return input_len, output_len, shape, measured

@@ -269,29 +269,17 @@ CALIBRATION_METRIC = "itl_p50"
 
 def _calibrate(result: Any, path: Path) -> tuple[Any, float]:
     """The cost model calibrated on the demo's own levels (their median inter-token gap:
-    one decode step), from the llama.cpp profile's priors on the probed CPU; written as a
-    profile. The report's prediction is a proof of the method, not of the defaults."""
-    from dataclasses import replace
-
+    one decode step), from the llama.cpp profile's priors on the probed CPU
+    (`calibrate.calibrate_own_levels`); written as a profile. The report's prediction is a
+    proof of the method, not of the defaults."""
     from bstar import calibrate as cal
-
-    d = _deployment(result.to_dict())
-    points = cal.steps_from_sweep(result, CALIBRATION_METRIC)
-    # As many parameters as the levels can carry: the weight stream and the per-step cost
-    # first (they set batch 1), then compute and the per-sequence cost.
-    fit = cal.DEFAULT_FIT if len(points) > len(cal.DEFAULT_FIT) else \
-        ("bandwidth", "overhead_s", "overhead_per_seq_s")[:max(1, len(points) - 1)]
-    # The roof's shape too: llama.cpp on a CPU thread loads a weight tile, then multiplies
-    # it, so its memory and compute times add (k = 1) where a GPU's overlap (the profile's
-    # k = 2); the shape that fits the levels better is kept (docs/cost-model.md).
-    tries = [cal.calibrate(d.with_eff(replace(d.eff, roof_sharpness=k)), points, fit,
-                           engine=d.engine, source=f"bstar demo run {result.run_id}")
-             for k in dict.fromkeys((d.eff.roof_sharpness, 1.0))]
-    c = min(tries, key=lambda t: t.median_abs_error)
     from bstar import safeio
 
+    c, uncalibrated = cal.calibrate_own_levels(
+        _deployment(result.to_dict()), cal.steps_from_sweep(result, CALIBRATION_METRIC),
+        source=f"bstar demo run {result.run_id}")
     safeio.write_output(path, cal.profile_toml(c).encode(), "-o")
-    return c, tries[0].uncalibrated_median_abs_error
+    return c, uncalibrated
 
 
 def _probe(path: Path, threads: int) -> None:

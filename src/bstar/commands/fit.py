@@ -7,10 +7,12 @@ from typing import Any
 
 from bstar.commands.common import (
     add_force_argument,
+    command_line,
     deployment_options,
     positive_float,
     positive_int,
     positive_int_list,
+    report_written,
     seed_int,
 )
 from bstar.commands.emit import emit
@@ -92,7 +94,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The FitResult and the spec terms for these flags (shared with `bstar report fit`)."""
     from bstar.errors import BstarError
-    from bstar.fit import KneeRules, fit_points, load_points, spec_terms
+    from bstar.fit import KneeRules, fit_points, load_points
 
     if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
         # Each resample is a whole fit, so the count bounds the run time; 10,000 is 50x the
@@ -100,7 +102,7 @@ def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         raise BstarError(f"--bootstrap must be between 0 and {MAX_BOOTSTRAP:,}, got "
                          f"{args.bootstrap:,}")
     points = load_points(args.points)
-    spec = spec_terms(deployment_options(args), args.context)
+    spec = deployment_options(args).spec_terms(args.context)
     result = fit_points(
         points, predict=args.predict or (), critical_batch=args.critical_batch,
         compute_ms_per_seq=spec.get("compute_ms_per_seq"), fit_overhead=args.fit_overhead,
@@ -114,3 +116,19 @@ def fit_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         kv_bytes_per_seq=spec.get("kv_bytes_per_seq"),
         flops_per_token=spec.get("flops_per_token"))
     return result, spec
+
+
+def report_fit(args: argparse.Namespace) -> int:
+    """`bstar report fit`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_fit(args))
+
+
+def _report_fit(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.report import save_fit_plot, write_fit_report
+
+    result, _spec = fit_from_args(args)
+    path = write_fit_report(result, args.output, command_line(), deployment_options(args),
+                            args.context)
+    if getattr(args, "plot", None):
+        save_fit_plot(result, args.plot)
+    return path, {"knee_batch": result.knee_batch}

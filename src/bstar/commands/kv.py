@@ -1,6 +1,7 @@
 """`bstar kv`: a running server's KV pool (vLLM's cache_config_info) beside bstar's B_mem.
 
-Standard library only at top level; the library part is bstar.kvcheck.
+Standard library only at top level; the library part is bstar.kvcheck, fed
+by bstar.loadgen.kvserver.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 import os
 import sys
 
-from bstar.commands.common import add_deployment_arguments, positive_int
+from bstar.commands.common import add_deployment_arguments, build_deployment, positive_int
 from bstar.commands.emit import emit
 
 
@@ -38,22 +39,12 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_kv(args: argparse.Namespace) -> int:
     from bstar import kvcheck, safeio
-    from bstar.commands.plan import deployment_from_args
-    from bstar.errors import BstarError
+    from bstar.loadgen.kvserver import fetch_metrics, server_pool_text
     from bstar.report.text import print_kv_check
 
     if args.url:
-        import urllib.parse
-
-        try:
-            parts = urllib.parse.urlsplit(args.url)
-            host, _ = parts.hostname, parts.port
-        except ValueError as e:  # 'http://[::1', a port out of range
-            raise BstarError(f"--url {args.url!r} is not a URL ({e})") from None
-        if not host or parts.scheme not in ("http", "https"):
-            raise BstarError(f"--url {args.url!r} is not a URL (http://host:port)")
-        text = kvcheck.fetch_metrics(args.url, api_key=args.api_key
-                                     or os.environ.get("OPENAI_API_KEY") or None)
+        text = fetch_metrics(args.url, api_key=args.api_key
+                             or os.environ.get("OPENAI_API_KEY") or None)
     else:
         text = safeio.read_text(args.metrics_file, safeio.MAX_TABLE_BYTES, "metrics file")
     log_tokens = None
@@ -62,10 +53,10 @@ def run_kv(args: argparse.Namespace) -> int:
 
         log = safeio.read_bytes(args.vllm_log, safeio.MAX_TABLE_BYTES, "vLLM log")
         log_tokens = parse_vllm_log(log.decode("utf-8", "replace")).kv_cache_tokens
-    d = deployment_from_args(args)
-    c = kvcheck.check_kv_text(d, text, args.input_len + args.output_len,
-                              pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens,
-                              max_num_batched_tokens=args.max_num_batched_tokens)
+    d = build_deployment(args)
+    c = kvcheck.check_kv(d, server_pool_text(text), args.input_len + args.output_len,
+                         pool_bytes=args.kv_pool_bytes, log_tokens=log_tokens,
+                         max_num_batched_tokens=args.max_num_batched_tokens)
     emit(args, lambda: {"model": d.model.name, "gpu": d.gpu.name, "kv_dtype": d.kv.name,
                         **c.to_dict()},
          lambda: print_kv_check(d, c))

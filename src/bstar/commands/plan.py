@@ -12,9 +12,11 @@ from bstar.commands.common import (
     add_force_argument,
     add_speculative_arguments,
     build_deployment,
+    command_line,
     deployment_options,
     int_list,
     positive_float,
+    report_written,
     speculative_from_args,
     warn,
 )
@@ -36,7 +38,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     add_electricity_argument(p)
     add_force_argument(p)
     add_speculative_arguments(p)
-    from bstar.commands.disagg import add_disagg_arguments
+    from bstar.commands.disagg_flags import add_disagg_arguments
 
     add_disagg_arguments(p)
 
@@ -61,22 +63,14 @@ def add_gpus_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def deployment_from_args(args: argparse.Namespace, model: str | None = None,
-                         gpu: str | None = None) -> Any:
-    """The deployment these flags name (see `bstar.options.DeploymentOptions`)."""
-    return build_deployment(args, model, gpu)
-
-
 def run_plan(args: argparse.Namespace) -> int:
     from bstar.plan import DEFAULT_CONTEXTS, make_plan
     from bstar.report import save_plan_plot
     from bstar.report.text import print_plan
 
     if args.disaggregate or args.deployment:
-        from bstar.commands.disagg import run_disagg_plan
-
         return run_disagg_plan(args)
-    d = deployment_from_args(args)
+    d = build_deployment(args)
     spec, drafter = speculative_from_args(args, d)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms,
                      spec=spec, drafter=drafter,
@@ -146,3 +140,52 @@ def run_gpus(args: argparse.Namespace) -> int:
 
     rows = [asdict(g) for g in gpu_catalog().values()]
     return emit(args, lambda: rows, lambda: print_gpus(rows))
+
+
+def report_plan(args: argparse.Namespace) -> int:
+    """`bstar report plan`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_plan(args))
+
+
+def _report_plan(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.plan import DEFAULT_CONTEXTS, make_plan
+    from bstar.report import save_plan_plot, write_plan_report
+
+    if getattr(args, "num_speculative_tokens", None) is not None:
+        from bstar.errors import BstarError
+
+        raise BstarError("the plan report does not draw speculative decoding yet: use "
+                         "`bstar plan --num-speculative-tokens K` (text or --json)")
+    d = build_deployment(args)
+    plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms)
+    path = write_plan_report(plan, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_plan_plot(plan, args.plot)
+    return path, None
+
+
+def report_compare(args: argparse.Namespace) -> int:
+    """`bstar report compare`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_compare(args))
+
+
+def _report_compare(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.report import save_compare_plot, write_compare_report
+
+    rows = compare_rows(args)
+    path = write_compare_report(rows, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_compare_plot(rows, args.plot)
+    return path, None
+
+
+def run_disagg_plan(args: argparse.Namespace) -> int:
+    from bstar.commands.disagg_flags import disagg_from_args
+    from bstar.disaggregate import plan_disaggregated
+    from bstar.report.text import print_disagg_plan
+
+    dd = disagg_from_args(args)
+    plan = plan_disaggregated(dd, args.prompt_tokens or 1024, args.output_tokens or 1024,
+                              concurrency=args.concurrency, rate_req_s=args.rate)
+    data = plan.to_dict()
+    return emit(args, lambda: data, lambda: print_disagg_plan(data))

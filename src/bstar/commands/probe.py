@@ -26,19 +26,6 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the written fields as JSON")
 
 
-def _check_sizes(sizes: dict[str, int], memory_bytes: int) -> None:
-    """The arrays a probe holds at once (the copy's source and destination; GEMM's A, B
-    and C in float32) must fit in half of this machine's memory: `--gemm-n 1000000` asks
-    for 12 TB."""
-    from bstar.errors import BstarError
-    from bstar.units import fmt_bytes
-
-    need = max(2 * sizes.get("copy_bytes", 0), 3 * 4 * sizes.get("gemm_n", 0) ** 2)
-    if need > memory_bytes // 2:
-        raise BstarError(f"--gemm-n/--copy-mib: the probe would hold {fmt_bytes(need)}, over "
-                         f"half of this machine's memory ({fmt_bytes(memory_bytes)})")
-
-
 def run_probe(args: argparse.Namespace) -> int:
     import os
     import sys
@@ -65,7 +52,7 @@ def run_probe(args: argparse.Namespace) -> int:
         sizes["copy_bytes"] = args.copy_mib << 20
     if args.gemm_n:
         sizes["gemm_n"] = args.gemm_n
-    _check_sizes(sizes, pr.cpu_memory_bytes()[0])
+    pr.check_sizes(sizes, pr.cpu_memory_bytes()[0])
     try:
         result = pr.probe(args.device, **sizes)
     except MemoryError:

@@ -11,15 +11,20 @@ from typing import Any
 from bstar.commands.common import (
     add_electricity_argument,
     add_force_argument,
+    add_from_run_arguments,
+    add_prompt_sharing_arguments,
+    command_line,
     gib_amount,
     int_list,
     non_negative_float,
     positive_float,
     positive_int,
     positive_int_list,
+    report_written,
     seed_int,
     step_ms,
     str_list,
+    traffic_from_args,
     warn,
 )
 from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
@@ -102,8 +107,6 @@ def _traffic_arguments(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--prefix-cached-tokens", type=int, default=0, metavar="N",
                    help="tokens at the start of every prompt the prefix cache already holds "
                         "(a shared system prompt): prefill computes the rest (default 0)")
-    from bstar.commands.simulate import add_from_run_arguments, add_prompt_sharing_arguments
-
     add_prompt_sharing_arguments(t)
     add_from_run_arguments(t)
     t.add_argument("--seed", type=seed_int, default=0,
@@ -160,46 +163,22 @@ def _execution_arguments(x: argparse._ArgumentGroup) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-
     from bstar.errors import BstarError
     from bstar.search import Memory, SearchSpec, Traffic
-    from bstar.search.spec import DEFAULT_NUM_GPUS, DEFAULT_NUM_REQUESTS
-    from bstar.sim import parse_lengths, parse_slo, parse_trace
+    from bstar.search.spec import DEFAULT_NUM_GPUS, demand_and_requests, parse_profiles
+    from bstar.sim import parse_lengths, parse_slo
+    from bstar.sim.traffic import read_trace_file
 
     if not args.slo:
         raise BstarError("give the SLO: --slo ttft:1000,tpot:50 (p99 targets in ms)")
     slo = parse_slo(args.slo.replace("_p99", ""))
-    trace = None
-    if args.trace is not None:
-        from bstar import safeio
-
-        data = safeio.read_bytes(args.trace, safeio.MAX_TRACE_BYTES, "trace")
-        try:
-            trace = parse_trace(data)
-        except BstarError as e:
-            raise BstarError(f"--trace {args.trace}: {e}") from None
-    demand = args.rate
-    if demand is None:
-        if trace is None:
-            raise BstarError("give the demand: --rate R (requests/s over the fleet) or --trace")
-        span = max(trace.arrival_s) - min(trace.arrival_s)
-        if span <= 0:
-            raise BstarError("the trace spans no time: give --rate")
-        demand = (len(trace.arrival_s) - 1) / span
-    num_requests = args.num_requests or (
-        min(len(trace.arrival_s), 100_000) if trace is not None else DEFAULT_NUM_REQUESTS)
-    from bstar.commands.simulate import given_lengths, profile_traffic, prompt_shape
-
-    (input_len, output_len), shape = given_lengths(args), prompt_shape(args)
-    measured = profile_traffic(args, _first_profile(args.profile))
-    if args.from_run:
-        from bstar.loadgen.measured import measured_traffic
-
-        measured = measured_traffic(args.runs_db, args.from_run)
+    trace = read_trace_file(args.trace) if args.trace is not None else None
+    demand, num_requests = demand_and_requests(args.rate, trace, args.num_requests)
+    profiles = parse_profiles(args.profile or ())
+    # The first profile's [workload] sizes a search that gives no workload of its own.
+    input_len, output_len, shape, measured = traffic_from_args(
+        args, profiles[0][1] if profiles else None)
     if measured is not None:
-        caching = not args.no_prefix_caching
-        input_len, output_len = measured.lengths(shared=caching and shape is None)
-        shape = shape or (measured.prompt_shape() if caching else None)
         from bstar.report.text._common import clean_text
 
         print(f"traffic from {clean_text(measured.describe(), 1000)}", file=sys.stderr)
@@ -214,10 +193,6 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                              enforce_eager=args.enforce_eager,
                              cuda_graph_max_tokens=args.cuda_graph_max_tokens)
     eff = opts.efficiency()
-    profiles = []
-    for item in args.profile or []:
-        gpu, sep, path = item.partition("=")
-        profiles.append((gpu.strip().lower(), path.strip()) if sep else ("", item))
     return SearchSpec(
         models=tuple(args.model or ["llama-3-8b"]),
         gpus=tuple(args.gpu or DEFAULT_GPUS.split(",")), traffic=traffic, slo=slo,
@@ -227,7 +202,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         memory=Memory(args.dtype, args.kv_dtype, args.gpu_util,
                       None if args.reserve_gib is None else round(args.reserve_gib * GiB),
                       args.block_size),
-        eff=eff, behaviour=opts.behaviour(), profiles=tuple(profiles), rel_tol=args.rel_tol,
+        eff=eff, behaviour=opts.behaviour(), profiles=profiles, rel_tol=args.rel_tol,
         max_utilization=args.max_utilization,
         num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),
         acceptance_rate=args.acceptance_rate, drafter=args.drafter,
@@ -320,9 +295,19 @@ def run_search(args: argparse.Namespace) -> int:
     return emit(args, lambda: obj, text, plot)
 
 
-def _first_profile(items: list[str] | None) -> str | None:
-    """The first --profile's file ([GPU=]FILE): the one whose [workload] a search without
-    a workload of its own sizes for."""
-    if not items:
-        return None
-    return items[0].partition("=")[2].strip() if "=" in items[0] else items[0]
+def report_search(args: argparse.Namespace) -> int:
+    """`bstar report search`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_search(args))
+
+
+def _report_search(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.report import save_search_plot, write_search_report
+
+    result = search_from_args(args, quiet=True)
+    obj = result.to_dict()
+    path = write_search_report(obj, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_search_plot(obj, args.plot)
+    winners = {m: {"gpus_total": w["gpus_total"], "gpu": w["gpu"],
+                   "cost_per_mtok": w["cost_per_mtok"]} for m, w in obj["winners"].items()}
+    return path, {"search_id": obj["search_id"], "winners": winners}

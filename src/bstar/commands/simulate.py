@@ -7,22 +7,28 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import (
+    DEFAULT_LENGTHS,
     add_deployment_arguments,
     add_electricity_argument,
     add_force_argument,
+    add_from_run_arguments,
+    add_prompt_sharing_arguments,
     add_speculative_arguments,
     build_deployment,
+    command_line,
     gib_amount,
+    measured_from_args,
     non_negative_float,
     positive_float,
     positive_int,
     positive_int_list,
+    report_written,
     seed_int,
     speculative_from_args,
+    traffic_from_args,
 )
 from bstar.commands.emit import emit
 
-DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len  (simulate, search)
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
@@ -83,7 +89,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                         "ttft:500,tpot:50,e2e:20000")
     o.add_argument("--max-sim-time-s", type=positive_float, default=24 * 3600.0,
                    help="stop a level after this much simulated time (default 86400)")
-    from bstar.commands.disagg import add_disagg_arguments
+    from bstar.commands.disagg_flags import add_disagg_arguments
 
     add_disagg_arguments(p, load=False)
     p.add_argument("--json", action="store_true",
@@ -101,11 +107,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     from bstar.report.text import print_simulation
 
     if args.disaggregate or args.deployment:
-        from bstar.commands.disagg import run_disagg_simulate
-
         return run_disagg_simulate(args)
     study = simulate_from_args(args)
-    measured = _measured(args)
+    measured = measured_from_args(args, getattr(args, "profile", None))
 
     def data() -> Any:
         objs = study.to_objects()
@@ -124,64 +128,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     return emit(args, data, text, lambda path: save_simulate_plot(study.to_objects(), path))
 
 
-def _measured(args: argparse.Namespace) -> Any:
-    """The stored sweep --from-run names (`bstar.loadgen.measured`), else the traffic a
-    --profile recorded when no workload is given (`profile_traffic`), or None."""
-    if not getattr(args, "from_run", None):
-        return profile_traffic(args, getattr(args, "profile", None))
-    if getattr(args, "trace", None):
-        from bstar.errors import BstarError
-
-        raise BstarError("--from-run with --trace: both say what the requests are (the "
-                         "run's measured lengths and sharing, or the trace's); drop one")
-    from bstar.loadgen.measured import measured_traffic
-
-    return measured_traffic(getattr(args, "runs_db", None), args.from_run)
-
-
-def given_lengths(args: argparse.Namespace) -> tuple[str, str]:
-    """(--input-len, --output-len) as given, else their defaults. With --trace a given one
-    is refused, not ignored: the trace says each request's lengths, and a flag that changes
-    nothing would let the user believe the run used it (issue 40). Refused rather than a
-    note, because a note scrolls past in a script and the run would still not be what was
-    asked for."""
-    from bstar.errors import BstarError
-
-    given = [flag for flag, v in (("--input-len", args.input_len),
-                                  ("--output-len", args.output_len)) if v is not None]
-    if getattr(args, "trace", None) and given:
-        raise BstarError(f"{' and '.join(given)} with --trace: the trace gives every "
-                         f"request's lengths; drop {' and '.join(given)} or --trace")
-    return (args.input_len if args.input_len is not None else DEFAULT_LENGTHS[0],
-            args.output_len if args.output_len is not None else DEFAULT_LENGTHS[1])
-
-
-def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
-    """The [workload] table of calibration profile `profile` (the sweep `bstar calibrate`
-    read), when the flags give no workload: no --trace, --prefix-cached-tokens or
-    prompt-sharing flag, and neither --input-len nor --output-len given (an explicit
-    `--input-len 512` counts, though it is the default's value). None otherwise."""
-    if not profile or getattr(args, "trace", None) or args.prefix_cached_tokens \
-            or prompt_shape(args) is not None \
-            or args.input_len is not None or args.output_len is not None:
-        return None
-    from bstar.loadgen.measured import traffic_from_profile
-
-    return traffic_from_profile(profile)
-
-
 def study_options(args: argparse.Namespace) -> Any:
     """The simulate flags as `bstar.sim.study.StudyOptions`."""
     from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH
     from bstar.sim.study import StudyOptions
 
-    shape = prompt_shape(args)
+    input_len, output_len, shape, _ = traffic_from_args(args, getattr(args, "profile", None))
     caching = not getattr(args, "no_prefix_caching", False)
-    input_len, output_len = given_lengths(args)
-    measured = _measured(args)
-    if measured is not None:
-        input_len, output_len = measured.lengths(shared=caching and shape is None)
-        shape = shape or (measured.prompt_shape() if caching else None)
     return StudyOptions(
         max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
@@ -194,41 +147,6 @@ def study_options(args: argparse.Namespace) -> Any:
         prefix_caching=caching,
         electricity_usd_per_kwh=getattr(args, "electricity_usd_per_kwh",
                                         DEFAULT_ELECTRICITY_USD_PER_KWH))
-
-
-def add_prompt_sharing_arguments(t: Any) -> None:
-    """Which prompts share which tokens (bstar.sim.prefix), and the engine's cache switch."""
-    t.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
-                   help="every prompt starts with its group's N-token system prompt, on top "
-                        "of its --input-len draw; the prefix cache finds the hits (default 0)")
-    t.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
-                   help="G distinct system prompts, request i in group i mod G (default 1)")
-    t.add_argument("--distinct-prompts", type=int, default=0, metavar="K",
-                   help="send K prompts in turn: request i repeats prompt i mod K, lengths "
-                        "and all (default 0: every prompt its own)")
-    t.add_argument("--multi-turn", type=int, default=0, metavar="T",
-                   help="T-turn conversations: each turn's prompt is the previous prompt, its "
-                        "answer and a new --input-len question (default 0: single turn)")
-    t.add_argument("--no-prefix-caching", action="store_true",
-                   help="simulate the engine with prefix caching off (vLLM's flag)")
-
-
-def add_from_run_arguments(t: Any) -> None:
-    t.add_argument("--from-run", default=None, metavar="RUN",
-                   help="the traffic a stored sweep measured: its prompt and output lengths "
-                        "and its prefix-cache hit rate (docs/simulate.md)")
-    t.add_argument("--runs-db", default=None, metavar="FILE",
-                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
-
-
-def prompt_shape(args: argparse.Namespace) -> Any:
-    """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
-    from bstar.sim.prefix import PromptShape
-
-    shape = PromptShape(*(getattr(args, k, d) for k, d in (
-        ("shared_prefix_tokens", 0), ("prefix_groups", 1), ("distinct_prompts", 0),
-        ("multi_turn", 0))))
-    return shape if shape.active else None
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:
@@ -245,3 +163,51 @@ def simulate_from_args(args: argparse.Namespace) -> Any:
 
         o = replace(o, speculative=SpecSim(spec, drafter, seed=args.seed))
     return run_study(d, o)
+
+
+def report_simulate(args: argparse.Namespace) -> int:
+    """`bstar report simulate`: this command's page (`commands/report.py`)."""
+    return report_written(args, lambda: _report_simulate(args))
+
+
+def _report_simulate(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
+    from bstar.report import save_simulate_plot, write_simulate_report
+
+    study = simulate_from_args(args)
+    objs = study.to_objects()
+    advice = study.advice
+    path = write_simulate_report(objs, args.output, command_line())
+    if getattr(args, "plot", None):
+        save_simulate_plot(objs, args.plot)
+    return path, {"max_num_seqs": advice.max_num_seqs if advice else None}
+
+
+def run_disagg_simulate(args: argparse.Namespace) -> int:
+    """`bstar simulate --disaggregate`: the plan's two sides run by bstar.sim.disagg at
+    --concurrency (closed loop) or --rate (Poisson), --num-requests of them (default 10 a
+    user, or 1000), lengths uniform in [--range-ratio x L, L]."""
+    from bstar.disaggregate import plan_disaggregated
+    from bstar.errors import BstarError
+    from bstar.report.text import print_disagg_simulation
+    from bstar.sim.disagg import simulate_plan
+
+    if args.concurrency is None and args.rate is None:
+        raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
+    if not 0 < args.range_ratio <= 1:
+        raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
+    from bstar.commands.disagg_flags import disagg_from_args
+
+    dd = disagg_from_args(args)
+    prompt, output = args.prompt_tokens or 1024, args.output_tokens or 1024
+    plan = plan_disaggregated(dd, prompt, output, concurrency=args.concurrency,
+                              rate_req_s=None if args.concurrency else args.rate)
+    n = args.num_requests or (10 * args.concurrency if args.concurrency else 1000)
+
+    def rng(length: int) -> tuple[int, int]:
+        return max(1, int(length * args.range_ratio)), length
+
+    res = simulate_plan(plan, num_requests=n, prompt_len=rng(prompt),
+                        output_len=rng(output), concurrency=args.concurrency,
+                        rate_req_s=None if args.concurrency else args.rate, seed=args.seed)
+    data = plan.to_dict() | {"simulation": res.to_dict()}
+    return emit(args, lambda: data, lambda: print_disagg_simulation(data))

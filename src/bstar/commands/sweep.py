@@ -86,23 +86,13 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from bstar.errors import BstarError
     from bstar.loadgen import sweep as sw
-    from bstar.options import DeploymentOptions
     from bstar.slo import parse_slo
 
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     options = deployment_options(args)
     if args.resume:
-        from bstar.loadgen.store import Store
-
-        with Store(args.db) as st:
-            run = st.get_run(args.resume)
-        if run is None:
-            raise BstarError(f"no run {args.resume!r} in {args.db or 'the default DB'}")
-        # The stored deployment (--profile included); --model/--gpu given now override.
-        options = DeploymentOptions.from_sweep_options(run["options"] or {}).with_target(
-            args.model, args.gpu)
+        options = sw.resumed_options(args.db, args.resume, args.model, args.gpu)
         cfg = None
     else:
         cfg = sw.SweepConfig(

@@ -37,10 +37,6 @@ class Params:
             return np.asarray(self.overhead_ms + mem, dtype=np.float64)
         return np.asarray(self.overhead_ms + np.maximum(mem, self.c_ms * b), dtype=np.float64)
 
-    def memory_ms(self, batch: npt.ArrayLike) -> FloatArray:
-        return np.asarray(self.overhead_ms + self.a_ms + self.b_ms
-                          * np.asarray(batch, dtype=np.float64), dtype=np.float64)
-
     @property
     def b_star(self) -> float:
         return self.a_ms / self.b_ms

@@ -215,3 +215,108 @@ def traffic_from_data(path: str | Path, data: dict[str, Any]) -> MeasuredTraffic
     if not isinstance(tab, dict):
         raise BstarError(f"{path}: [workload] must be a table")
     return traffic_from_table(str(path), tab)
+
+
+# ---- the acceptance rate a sweep measured (`--acceptance-rate from:RUN`) ---------------------
+def measured_acceptance(source: str, num_speculative_tokens: int) -> float:
+    """The acceptance rate of a sweep run (`bstar.specdec.acceptance_from_levels`): `source`
+    a `bstar sweep --json` file (read by bstar.safeio: bounded, its depth and integers
+    checked), else a run id in the default results DB. Either's levels are checked by
+    `spec_levels` first."""
+    from bstar import safeio
+    from bstar.specdec import acceptance_from_levels
+
+    path = Path(source)
+    if path.exists() or path.is_symlink():
+        where = f"--acceptance-rate from:{source}"
+        levels = spec_levels(where, safeio.load_json(path, safeio.MAX_TABLE_BYTES,
+                                                     "sweep --json file"))
+    else:
+        from bstar.loadgen.store import Store
+
+        where = f"--acceptance-rate from:{source} (run)"
+        with Store(None, readonly=True) as store:
+            levels = spec_levels(where, {"levels": [{"server": r.server}
+                                                    for r in store.levels(source) if r.server]})
+        if not levels:
+            raise BstarError(f"--acceptance-rate from:{source}: no such file or sweep run")
+    return acceptance_from_levels(levels, num_speculative_tokens)
+
+
+SPEC_COUNTERS = ("spec_num_accepted_tokens", "spec_tokens_per_step")
+
+
+def spec_levels(where: str, data: Any) -> list[dict[str, Any]]:
+    """A sweep --json object's levels as `acceptance_from_levels` reads them, each counter
+    checked: `levels` a list of objects, a level's `server` an object, each counter a finite
+    number in [0, 2**53] (a string, NaN or Infinity is one line naming the file and the
+    field: NaN became an acceptance rate of 4e-19)."""
+
+    levels = data.get("levels") if isinstance(data, dict) else None
+    if not isinstance(levels, list):
+        raise BstarError(f"{where}: not a sweep --json file (levels must be a list)")
+    out = []
+    for i, lv in enumerate(levels):
+        if not isinstance(lv, dict):
+            raise BstarError(f"{where}: levels[{i}] must be an object")
+        srv, name = (lv["server"], f"levels[{i}].server") if lv.get("server") is not None \
+            else (lv, f"levels[{i}]")
+        if not isinstance(srv, dict):
+            raise BstarError(f"{where}: {name} must be an object")
+        row: dict[str, float] = {}
+        for k in SPEC_COUNTERS:
+            v = srv.get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                    or not 0 <= v <= 2**53:
+                raise BstarError(f"{where}: {name}.{k} must be a finite number in "
+                                 f"[0, 2**53], got {repr(v)[:40]}")
+            row[k] = float(v)
+        out.append({"server": row})
+    return out
+
+
+# ---- the steps a stored sweep measured (`bstar calibrate RUN`) --------------------------------
+def steps_from_run(db: str | None, run_id: str, metric: str,
+                   context: int | None) -> tuple[list[Any], str, dict[str, Any], Any]:
+    """Decode-step points from a stored sweep run (bstar sweep's store, `db` None: its
+    default), read by bstar.fit.points.steps_from_sweep, with where they came from, the
+    run's record and the whole stored result (its levels' GPU power: `bstar calibrate RUN`,
+    `--check RUN`)."""
+    from bstar.db import DbError
+    from bstar.errors import BstarError
+    from bstar.fit.points import steps_from_sweep
+    from bstar.loadgen.store import Store
+    from bstar.loadgen.sweep import load_result
+
+    # db None: the sweep's default store. Read-only: never creates a file.
+    with Store(db, readonly=True) as store:
+        try:
+            result = load_result(store, run_id)
+        except DbError as e:
+            raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
+    points = steps_from_sweep(result, metric, context)
+    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run, result
+
+
+# ---- a calibration profile as `bstar calibrate -o` writes it ----------------------------------
+def profile_text(path: str | Path, calibration: Any, workload: MeasuredTraffic | None,
+                 extra: str = "") -> str:
+    """The profile's TOML: the calibration (`bstar.calibrate.profile_toml`), the traffic
+    the sweep measured as its [workload] (`workload_toml`) and `extra` tables (the fitted
+    [power], bstar.calibrate.power), read back by the readers `--profile` uses before it is
+    returned: a profile bstar writes is one bstar reads, or nothing is written."""
+    import tomllib
+
+    from bstar import calibrate as cal
+
+    text = cal.profile_toml(calibration) + ("" if workload is None
+                                            else workload_toml(workload)) + extra
+    try:
+        cal.profile_from_text(path, text)
+        traffic_from_data(path, tomllib.loads(text))
+    except BstarError as e:
+        raise BstarError(f"not written: the profile would not load with --profile ({e})") \
+            from None
+    return text

@@ -120,14 +120,12 @@ def analyze(sweep: dict[str, Any], predicted_regimes: dict[int, str] | None = No
             out["measured_source"] = f"KV pool of {kt:,} tokens / {tokens:,} a sequence"
         d = deployment if deployment is not None else _deployment(opts)
         if d is not None and blocks and bs:
-            from bstar.kvcheck import check_kv
-            from bstar.loadgen.scrape import Snapshot
+            from bstar.kvcheck import ServerPool, check_kv
 
-            snap = Snapshot(srv.get("engine"), None, None, None, None, blocks, bs, None,
-                            kv_cache_memory_bytes=srv.get("kv_cache_memory_bytes"),
-                            kv_cache_size_tokens=srv.get("kv_cache_size_tokens"))
+            pool = ServerPool(srv.get("engine"), blocks, bs, srv.get("kv_cache_memory_bytes"),
+                              srv.get("kv_cache_size_tokens"))
             with contextlib.suppress(Exception):
-                chk = check_kv(d, snap, tokens)
+                chk = check_kv(d, pool, tokens)
                 out["computed_b_mem"] = chk.computed_b_mem
                 out["computed_source"] = (
                     f"{d.model.name}, {chk.kv_bytes_per_token:,} B/token, "

@@ -22,7 +22,7 @@ from bstar.loadgen.scrape import Scraper
 from bstar.loadgen.store import Store
 from bstar.loadgen.worker import drive, run_loop, steady_gc
 from bstar.loadgen.workers import LoadPool, WorkerJob, split_level
-from bstar.loadgen.workload import TokenCounter, Workload, build_requests
+from bstar.loadgen.workload import PromptSpec, TokenCounter, build_requests
 from bstar.redact import clip, redact_obj
 
 # Level statuses that count as done: resume skips them. A level stopped by the error-rate
@@ -242,7 +242,7 @@ class _Runner:
                 self.store.update_run(self.run_id, server_version=version)
         return None
 
-    def _client(self, url: str, wl: Workload | None = None) -> OpenAIClient:
+    def _client(self, url: str, wl: PromptSpec | None = None) -> OpenAIClient:
         cfg = self.cfg
         return OpenAIClient(url, self.served_model or "",
                             endpoint=wl.endpoint if wl else "completions",  # type: ignore[arg-type]
@@ -264,7 +264,7 @@ class _Runner:
         stored as it finishes. None when the server is unusable (the level is stored as
         server_failed)."""
         cfg = self.cfg
-        wl = Workload(cfg.input_len, cfg.output_len, cfg.seed or 0, cfg.endpoint,
+        wl = PromptSpec(cfg.input_len, cfg.output_len, cfg.seed or 0, cfg.endpoint,
                       cfg.prompts_file, cfg.ignore_eos)
         async with self._client(url, wl) as client:
             problem = await self._discover(client)
@@ -327,7 +327,7 @@ class _Runner:
             self._live = None
         return m
 
-    async def _warm_up(self, client: OpenAIClient, wl: Workload, lv: LevelPlan, level_id: int,
+    async def _warm_up(self, client: OpenAIClient, wl: PromptSpec, lv: LevelPlan, level_id: int,
                        attempt: int, url: str) -> tuple[TokenCounter, int, list[RequestSpec]]:
         """Build the level's prompts (warm-up and measured, stored), then run the warm-up
         requests (here or in the load workers). Returns the token counter, the level's

@@ -242,7 +242,9 @@ def kv_capacity_seqs(num_gpu_blocks: int | None, block_size: int | None,
     """Sequences of `tokens_per_seq` tokens the server's KV pool holds (paged blocks)."""
     if not num_gpu_blocks or not block_size or tokens_per_seq <= 0:
         return None
-    return num_gpu_blocks // math.ceil(tokens_per_seq / block_size)
+    from bstar.kvcheck import b_mem_blocks
+
+    return b_mem_blocks(num_gpu_blocks, block_size, tokens_per_seq)
 
 
 @dataclass

@@ -417,3 +417,18 @@ def compare_results(results: list[SweepResult]) -> dict[str, Any]:
         rows.append(row)
     return {"runs": [d["run_id"] for d in dicts],
             "recommendations": [d["recommendation"] for d in dicts], "levels": rows}
+
+
+def resumed_options(db: str | None, run_id: str, model: str | None = None,
+                    gpu: str | None = None) -> Any:
+    """The deployment (`options.DeploymentOptions`) a resumed run predicts with: the one
+    stored with run `run_id` (its --profile included), with a `model` or `gpu` given now
+    in its place."""
+    from bstar.options import DeploymentOptions
+
+    with Store(db) as st:
+        run = st.get_run(run_id)
+    if run is None:
+        raise BstarError(f"no run {run_id!r} in {db or 'the default DB'}")
+    return DeploymentOptions.from_sweep_options(run["options"] or {}).with_target(model, gpu)
+

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import random
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -135,7 +134,11 @@ async def drive(
 
     async def open_arrivals() -> None:
         assert rate is not None
-        rng = random.Random(seed)
+        import numpy as np
+
+        from bstar.stats import poisson_gaps_s
+
+        rng = np.random.default_rng(seed)
         cap = asyncio.Semaphore(concurrency) if concurrency else None
         inflight: set[asyncio.Task[None]] = set()
 
@@ -162,7 +165,7 @@ async def drive(
                 task = asyncio.create_task(one(spec))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
-                next_t += rng.expovariate(rate)
+                next_t += float(poisson_gaps_s(rate, rng, 1)[0])
             if inflight:
                 await asyncio.gather(*inflight)
         finally:

@@ -29,7 +29,11 @@ CountFn = Callable[[str], Awaitable[int]]
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class PromptSpec:
+    """The prompts a sweep sends (fixed input and output lengths, from a seed or a JSONL
+    file) and how the request asks for exactly `output_len` tokens. Not the simulator's
+    `bstar.sim.traffic.Workload` (a run's requests with their arrivals)."""
+
     input_len: int
     output_len: int
     seed: int = 0
@@ -211,7 +215,7 @@ async def fit_prompt(count: CountFn, rng: random.Random, target: int,
     return best
 
 
-async def build_requests(client: OpenAIClient, workload: Workload, *, num: int,
+async def build_requests(client: OpenAIClient, workload: PromptSpec, *, num: int,
                          first_index: int, seed: int, counter: TokenCounter,
                          warmup: bool = False) -> list[RequestSpec]:
     """`num` RequestSpecs with indices first_index..; prompts exact in tokens."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,35 @@ from bstar.units import GiB
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 DEFAULT_NUM_REQUESTS = 400
 MAX_NUM_REQUESTS = 100_000
+
+
+def parse_profiles(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """--profile items, `[GPU=]FILE` each, as (gpu id lower-cased or "" for the GPU the
+    profile names, file)."""
+    out = []
+    for item in items:
+        gpu, sep, path = item.partition("=")
+        out.append((gpu.strip().lower(), path.strip()) if sep else ("", item))
+    return tuple(out)
+
+
+def demand_and_requests(rate_req_s: float | None, trace: Trace | None,
+                        num_requests: int | None) -> tuple[float, int]:
+    """The fleet's demand, requests/s: `rate_req_s` as given, else the trace's mean arrival
+    rate over its span ((n - 1) / span). The requests each simulation runs: `num_requests`
+    as given, else the trace's (at most MAX_NUM_REQUESTS), else DEFAULT_NUM_REQUESTS."""
+    demand = rate_req_s
+    if demand is None:
+        if trace is None:
+            raise BstarError("give the demand: --rate R (requests/s over the fleet) or --trace")
+        span = max(trace.arrival_s) - min(trace.arrival_s)
+        if span <= 0:
+            raise BstarError("the trace spans no time: give --rate")
+        demand = (len(trace.arrival_s) - 1) / span
+    if num_requests is None:
+        num_requests = (min(len(trace.arrival_s), MAX_NUM_REQUESTS) if trace is not None
+                        else DEFAULT_NUM_REQUESTS)
+    return demand, num_requests
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,8 +84,8 @@ def engine_pool(d: Deployment, block_size: int) -> tuple[int, int, BlocksFn] | N
     layout = kv_layout(replace(d, block_size=block_size), block_size)
     if not layout.recycles or any(k.kind == "state" for k in layout.kinds):
         return None
-    bb = layout.bytes_per_block
-    return max(0, rl.kv_pool_bytes(d) // bb), bb, window_blocks(d, block_size)
+    return (num_engine_blocks(d, block_size), layout.bytes_per_block,
+            window_blocks(d, block_size))
 
 
 def peak_blocks(d: Deployment, block_size: int, tokens: int, max_num_batched_tokens: int

@@ -114,8 +114,10 @@ class Capacity:
 
 def open_loop(unit: Workload, rate_req_s: float, num_requests: int, seed: int = 0) -> Workload:
     """`num_requests` of the unit's requests (cycled) arriving as Poisson at `rate_req_s`."""
+    from bstar.stats import poisson_gaps_s
+
     idx = np.arange(num_requests) % unit.num_requests
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_req_s, size=num_requests)
+    gaps = poisson_gaps_s(rate_req_s, np.random.default_rng(seed), num_requests)
     cached = None if unit.cached_tokens is None else np.asarray(unit.cached_tokens)[idx]
     return Workload(unit.prompt_tokens[idx], unit.output_tokens[idx], np.cumsum(gaps),
                     cached_tokens=cached, prompt_ids=_ids(unit, num_requests))

@@ -41,6 +41,7 @@ from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.kv_link import KvLink, kv_transfer
 from bstar.sim.steptime import coefficients
+from bstar.stats import poisson_gaps_s
 
 MAX_REQUESTS = 2_000_000
 
@@ -126,7 +127,7 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
     rng = np.random.default_rng(seed)
     prompts = rng.integers(prompt_len[0], prompt_len[1] + 1, num_requests)
     outputs = rng.integers(output_len[0], output_len[1] + 1, num_requests)
-    gaps = None if rate_req_s is None else rng.exponential(1.0 / rate_req_s, num_requests)
+    gaps = None if rate_req_s is None else poisson_gaps_s(rate_req_s, rng, num_requests)
 
     pre_c, dec_c = coefficients(prefill.d), coefficients(decode.d)
     beh = prefill.d.behaviour

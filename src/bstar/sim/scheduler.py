@@ -104,9 +104,6 @@ class Scheduler:
     def idle(self) -> bool:
         return self.num_running == 0 and not self.waiting
 
-    def running_ids(self) -> IntArray:
-        return self.running[:self.num_running]
-
     # ---- one step's schedule ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         r, bm, cfg = self.reqs, self.blocks, self.cfg

@@ -72,9 +72,6 @@ class StepCoefficients:
             return st.price(w, self.eff)
         return np.array(self.one.price_work(w))
 
-    def step_work(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> st.StepWork:
-        return self.shape.scheduled(start_tokens, new_tokens)
-
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
         if np.size(new_tokens) == 0:

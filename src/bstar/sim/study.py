@@ -86,19 +86,13 @@ class Study:
 
 
 def _arrivals(o: StudyOptions) -> Any:
-    from bstar.sim.traffic import ClosedLoop, Poisson, parse_trace
+    from bstar.sim.traffic import ClosedLoop, Poisson, read_trace_file
 
     if o.rate is None and o.concurrency is None and o.trace is None:
         raise BstarError("give the load: --rate R (open loop), --concurrency N (closed loop) "
                          "or --trace FILE")
     if o.trace is not None:
-        from bstar import safeio
-
-        text = safeio.read_bytes(o.trace, safeio.MAX_TRACE_BYTES, "trace")
-        try:
-            return parse_trace(text)
-        except BstarError as e:
-            raise BstarError(f"--trace {o.trace}: {e}") from None
+        return read_trace_file(o.trace)
     if o.rate is not None:
         return Poisson(o.rate)
     assert o.concurrency is not None

@@ -168,7 +168,9 @@ class Poisson:
                              f"{self.rate_per_s}")
 
     def arrivals(self, rng: np.random.Generator, n: int) -> FloatArray:
-        return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
+        from bstar.stats import poisson_gaps_s
+
+        return np.cumsum(poisson_gaps_s(self.rate_per_s, rng, n))
 
     def describe(self) -> str:
         return f"Poisson {self.rate_per_s:g} req/s"
@@ -235,6 +237,18 @@ def make_workload(arrivals: Arrivals, input_len: Lengths, output_len: Lengths,
     if isinstance(arrivals, Poisson):
         return Workload(inp, out, arrivals.arrivals(rng, num_requests))
     return Workload(inp, out, None, arrivals.num_users, arrivals.think(rng, num_requests))
+
+
+def read_trace_file(path: str) -> Trace:
+    """The trace file at `path` (a user's file: read through `safeio`, bounded), parsed by
+    `parse_trace`; an error names the file."""
+    from bstar import safeio
+
+    data = safeio.read_bytes(path, safeio.MAX_TRACE_BYTES, "trace")
+    try:
+        return parse_trace(data)
+    except BstarError as e:
+        raise BstarError(f"--trace {path}: {e}") from None
 
 
 def parse_trace(text: str | bytes) -> Trace:

@@ -96,11 +96,6 @@ class GpuSpec:
     power_exponent: float = 0.0  # k in idle + (TDP - idle) * u^k
     power_source: str = ""  # where idle, the limit and the curve come from
 
-    @property
-    def sm_count(self) -> int:
-        """SMs (AMD: CUs); the catalog's key is num_sms."""
-        return self.num_sms
-
     def __post_init__(self) -> None:
         for k in ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
                   "allreduce_link", "chip_source", "allreduce_source", "power_source"):

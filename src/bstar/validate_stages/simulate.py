@@ -15,7 +15,7 @@ from bstar.engine_defaults import BLOCK_SIZE, GPU_MEMORY_UTILIZATION
 from bstar.sim.capacity import GROWTH_SLOPE
 from bstar.specs.precision import kv_dtype_for, weight_dtype_for
 from bstar.stages_table import Stage
-from bstar.stats import per_request_tpot, percentiles_ms
+from bstar.stats import per_request_tpot, percentiles_ms, poisson_gaps_s
 
 if TYPE_CHECKING:
     from bstar.sim.traffic import Workload
@@ -90,7 +90,7 @@ def stage_workload(stage: Stage, num_requests: int, seed: int = 0,
         slot = np.arange(num_requests, dtype=np.float64)
         arrival = (slot + rng.uniform(0.0, 1.0, size=num_requests)) / stage.rate_req_s
     else:
-        arrival = np.cumsum(rng.exponential(1.0 / stage.rate_req_s, size=num_requests))
+        arrival = np.cumsum(poisson_gaps_s(stage.rate_req_s, rng, num_requests))
     return Workload(inp, out, arrival, prompt_ids=ids)
 
 

@@ -171,11 +171,6 @@ class ModelSpec(ModelFields):
         return sum(g.num_layers * g.kv_values_per_token_per_gpu(num_gpus) * kv.bits // 8
                    for g in self.layer_groups() if g.kind != "state")
 
-    def kv_tokens_held(self, context_tokens: int) -> tuple[int, ...]:
-        """Tokens of KV each layer holds for a sequence of this context (group order)."""
-        return tuple(t for g in self.layer_groups()
-                     for t in (g.held(context_tokens),) * g.num_layers)
-
     def kv_bytes_per_seq(self, context_tokens: int, kv: Precision, *, num_gpus: int = 1,
                          block_size: int = 1) -> int:
         """Exact KV bytes one sequence of `context_tokens` holds (per GPU), in blocks of

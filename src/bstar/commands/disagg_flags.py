@@ -1,6 +1,7 @@
-"""`bstar plan --disaggregate`: the flags of a disaggregated deployment (each side's
-workers, layout and limits, the KV link) or a deployment file, onto
-`bstar.disaggregate.plan_disaggregated`. No rules here."""
+"""The --disaggregate flags `bstar plan` and `bstar simulate` share: each side's workers,
+layout and limits, the KV link, or a deployment file, as a
+`bstar.disaggregate.DisaggregatedDeployment`. A helper, not a command (like common.py and
+emit.py: tests/test_architecture.py's COMMAND_HELPERS). No rules here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import deployment_options, positive_float, positive_int
-from bstar.commands.emit import emit
 
 SIDE_FLAGS = (("workers", "workers of this side"),
               ("tp", "tensor-parallel size of each worker (its GPUs)"),
@@ -83,43 +83,3 @@ def disagg_from_args(args: argparse.Namespace) -> Any:
     if args.kv_link:
         data["link"] = args.kv_link
     return DisaggregatedDeployment.from_mapping(data, options, where)
-
-
-def run_disagg_plan(args: argparse.Namespace) -> int:
-    from bstar.disaggregate import plan_disaggregated
-    from bstar.report.text import print_disagg_plan
-
-    dd = disagg_from_args(args)
-    plan = plan_disaggregated(dd, args.prompt_tokens or 1024, args.output_tokens or 1024,
-                              concurrency=args.concurrency, rate_req_s=args.rate)
-    data = plan.to_dict()
-    return emit(args, lambda: data, lambda: print_disagg_plan(data))
-
-
-def run_disagg_simulate(args: argparse.Namespace) -> int:
-    """`bstar simulate --disaggregate`: the plan's two sides run by bstar.sim.disagg at
-    --concurrency (closed loop) or --rate (Poisson), --num-requests of them (default 10 a
-    user, or 1000), lengths uniform in [--range-ratio x L, L]."""
-    from bstar.disaggregate import plan_disaggregated
-    from bstar.errors import BstarError
-    from bstar.report.text import print_disagg_simulation
-    from bstar.sim.disagg import simulate_plan
-
-    if args.concurrency is None and args.rate is None:
-        raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
-    if not 0 < args.range_ratio <= 1:
-        raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
-    dd = disagg_from_args(args)
-    prompt, output = args.prompt_tokens or 1024, args.output_tokens or 1024
-    plan = plan_disaggregated(dd, prompt, output, concurrency=args.concurrency,
-                              rate_req_s=None if args.concurrency else args.rate)
-    n = args.num_requests or (10 * args.concurrency if args.concurrency else 1000)
-
-    def rng(length: int) -> tuple[int, int]:
-        return max(1, int(length * args.range_ratio)), length
-
-    res = simulate_plan(plan, num_requests=n, prompt_len=rng(prompt),
-                        output_len=rng(output), concurrency=args.concurrency,
-                        rate_req_s=None if args.concurrency else args.rate, seed=args.seed)
-    data = plan.to_dict() | {"simulation": res.to_dict()}
-    return emit(args, lambda: data, lambda: print_disagg_simulation(data))
