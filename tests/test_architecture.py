@@ -157,7 +157,7 @@ LAYERS = (
      "bstar.deployment", "bstar.engine_defaults", "bstar.safeio"),
     ("bstar.roofline", "bstar.kv_pool", "bstar.sim.steptime", "bstar.specdec",
      "bstar.kv_link"),
-    ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate",
+    ("bstar.knee", "bstar.slo", "bstar.recommend", "bstar.fit", "bstar.calibrate", "bstar.energy",
      "bstar.engines",
      "bstar.validate", "bstar.validate_curves", "bstar.curves_table", "bstar.stages_table",
      "bstar.runs_table",

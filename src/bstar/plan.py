@@ -10,6 +10,14 @@ import numpy as np
 
 from bstar import roofline as rl
 from bstar.deployment import DEFAULT_GPU, DEFAULT_MODEL, Deployment
+from bstar.energy import (
+    DEFAULT_ELECTRICITY_USD_PER_KWH,
+    DecodeEnergy,
+    check_electricity_price,
+    decode_energy,
+    energy_usd_per_mtok,
+    power_model,
+)
 from bstar.engine_defaults import RULE as VLLM_RULE
 from bstar.engine_defaults import SGLANG_RULE, sglang_max_running_requests, vllm_defaults
 from bstar.errors import BstarError
@@ -57,6 +65,10 @@ class ContextPlan:
     vllm_max_concurrency: int | None = None
     # Speculative decoding at this context (`--num-speculative-tokens`); None without it.
     speculative: SpecPlan | None = None
+    # Power per GPU and joules per output token at each curve batch (bstar.energy); None
+    # when the GPU states no power.
+    energy: DecodeEnergy | None = None
+    electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
 
     @property
     def sla_unmet(self) -> bool:
@@ -68,6 +80,17 @@ class ContextPlan:
         """The predicted knee the recommendation was chosen from, the one a picture marks
         (`Recommendation.knee`: seed 004's doubling rule on the plan's fine grid)."""
         return self.recommendation.knee
+
+    def _energy_point(self, i: int) -> dict[str, float | None]:
+        """A curve point's power per GPU, joules per output token (all GPUs) and their
+        electricity cost per million output tokens; None each without a power model."""
+        e = self.energy
+        if e is None:
+            return {"power_w": None, "joules_per_output_token": None,
+                    "energy_usd_per_mtok": None}
+        j = float(e.joules_per_output_token[i])
+        return {"power_w": float(e.power_w[i]), "joules_per_output_token": j,
+                "energy_usd_per_mtok": energy_usd_per_mtok(j, self.electricity_usd_per_kwh)}
 
     def to_dict(self) -> dict[str, Any]:
         c = self.curve
@@ -94,7 +117,7 @@ class ContextPlan:
                  "tpot_ms": float(c.tpot_s[i] * 1e3),
                  "running_batch": int(c.running_batch[i]),
                  "waiting": int(c.batch[i] - c.running_batch[i]),
-                 "running_tpot_ms": float(c.step_s[i] * 1e3)}
+                 "running_tpot_ms": float(c.step_s[i] * 1e3)} | self._energy_point(i)
                 for i in range(c.batch.size)],
             "recommendation": {"max_num_seqs": self.recommendation.max_num_seqs,
                                "reason": self.recommendation.reason,
@@ -123,6 +146,17 @@ class Plan:
     kv_pool_bytes: int
     contexts: tuple[ContextPlan, ...]
     max_tpot_ms: float | None = None  # the per-request TPOT bound the plan was made for
+    electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
+
+    @property
+    def power_basis(self) -> dict[str, Any] | None:
+        """The power model the curve's watts and joules come from (bstar.energy), with the
+        electricity price; None when the GPU states no power."""
+        pm = power_model(self.deployment.gpu)
+        return None if pm is None else pm.to_dict() | {
+            "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
+            "num_gpus": self.deployment.num_gpus,
+            "joules_per_output_token": "num_gpus x power_w x step_s / running_batch"}
 
     def to_dict(self) -> dict[str, Any]:
         d = self.deployment
@@ -130,6 +164,7 @@ class Plan:
         return {
             "model": m.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
             "max_tpot_ms": self.max_tpot_ms,
+            "power_basis": self.power_basis,
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "ridge_flops_per_byte": d.gpu.ridge_flops_per_byte,
@@ -247,15 +282,19 @@ def check_batches(batches: list[int] | tuple[int, ...]) -> None:
 def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CONTEXTS,
               batches: list[int] | None = None, max_tpot_ms: float | None = None,
               prompt_tokens: int | None = None, spec: SpecConfig | None = None,
-              drafter: Drafter | None = None) -> Plan:
+              drafter: Drafter | None = None,
+              electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH) -> Plan:
     """The cost model at each context: sizes, B*, B_mem, crossover, curve, recommendation;
     with `spec` and its `drafter` (bstar.specdec.make_drafter), speculative decoding's
     speedup over that curve, its break-even batch and the best K per batch.
 
     `context_tokens` is the KV each running sequence holds (prompt + generated so far; the
     seeds' seq_len). `prompt_tokens` (default: the context) sizes the prefill estimate.
+    Each curve point is priced in watts and joules per output token (bstar.energy), their
+    electricity at `electricity_usd_per_kwh`.
     """
     check_contexts(contexts)
+    check_electricity_price(electricity_usd_per_kwh)
     check_tensor_parallel(d)
     if batches is not None:
         check_batches(batches)
@@ -290,7 +329,6 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
         knees = None if d.engine == "ideal" else predicted_knees(d, ctx, bm)
         rec = Recommendation.from_cost_model(bstar, bm, cross, sla_b, max_tpot_ms, tpot1,
                                              knees)
-        at = rl.curve(d, [rec.max_num_seqs], ctx)
         warnings = []
         max_pos = d.model.config.get("max_position_embeddings")
         if isinstance(max_pos, int) and ctx > max_pos:
@@ -305,15 +343,13 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
             recommendation=rec,
             flags=engine_flags(rec.max_num_seqs, d.gpu_util, d.num_gpus, ctx),
             prefill_s=rl.prefill_s(d, prompt_tokens or ctx), warnings=tuple(warnings),
-            at_recommendation={"batch": rec.max_num_seqs,
-                               "tpot_ms": float(at.tpot_s[0] * 1e3),
-                               "step_ms": float(at.step_s[0] * 1e3),
-                               "throughput_tok_s": float(at.throughput_tok_s[0]),
-                               "regime": at.regime[0]},
+            at_recommendation=at_batch(d, rec.max_num_seqs, ctx, electricity_usd_per_kwh),
             engine_defaults=engine_defaults(d, ctx, bm, rec.max_num_seqs),
             tpot_batch1_s=float(rl.curve(d, [1], ctx).tpot_s[0]),
             kv_per_kind=tuple(kv_per_kind(d, ctx)), sla_batch=sla_b,
             vllm_max_concurrency=rl.vllm_max_concurrency(d, ctx),
+            energy=decode_energy(d, c.batch, ctx),
+            electricity_usd_per_kwh=electricity_usd_per_kwh,
             speculative=None if spec is None or drafter is None
             else plan_context(d, drafter, spec, ctx, c.batch, Recommendation.from_cost_model(
                 # The same pick on the pool with the drafter (specdec.b_mem): what runs
@@ -322,7 +358,24 @@ def make_plan(d: Deployment, contexts: tuple[int, ...] | list[int] = DEFAULT_CON
                 sla_b,
                 max_tpot_ms, tpot1, knees).max_num_seqs)))
     return Plan(d, rl.weight_bytes(d), rl.weight_bytes_per_gpu(d), rl.kv_bytes_per_token(d),
-                rl.kv_pool_bytes(d), tuple(out), max_tpot_ms)
+                rl.kv_pool_bytes(d), tuple(out), max_tpot_ms, electricity_usd_per_kwh)
+
+
+def at_batch(d: Deployment, batch: int, ctx: int,
+             electricity_usd_per_kwh: float) -> dict[str, Any]:
+    """The curve at one batch (the recommendation's): its TPOT, step, throughput and
+    regime, and its power, joules per output token and their cost (None without a power
+    model)."""
+    at = rl.curve(d, [batch], ctx)
+    e = decode_energy(d, [batch], ctx)
+    j = None if e is None else float(e.joules_per_output_token[0])
+    return {"batch": batch, "tpot_ms": float(at.tpot_s[0] * 1e3),
+            "step_ms": float(at.step_s[0] * 1e3),
+            "throughput_tok_s": float(at.throughput_tok_s[0]), "regime": at.regime[0],
+            "power_w": None if e is None else float(e.power_w[0]),
+            "joules_per_output_token": j,
+            "energy_usd_per_mtok": None if j is None
+            else energy_usd_per_mtok(j, electricity_usd_per_kwh)}
 
 
 def predicted_knees(d: Deployment, context_tokens: int, b_mem: int) -> dict[str, Knee]:

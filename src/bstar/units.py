@@ -6,6 +6,11 @@ from collections.abc import Sequence
 
 GB = 10**9
 GiB = 2**30
+J_PER_KWH = 3.6e6
+# $/kWh energy is costed at when --electricity-usd-per-kwh is not given (bstar.energy,
+# docs/energy.md): a round figure of the order of US commercial and industrial tariffs.
+# Here, not in bstar.energy, so that the flag's help does not import numpy.
+DEFAULT_ELECTRICITY_USD_PER_KWH = 0.10
 MiB = 2**20
 KiB = 2**10
 

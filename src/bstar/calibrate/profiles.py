@@ -97,6 +97,9 @@ class Profile:
     path: str
     bandwidth_scale: float = 1.0
     compute_scale: float = 1.0
+    # The [power] table (bstar.calibrate.power): idle_w and exponent fitted to the sweep's
+    # GPU power; empty when the sweep stored none.
+    power: tuple[tuple[str, float], ...] = ()
 
     @property
     def eff(self) -> Efficiency:
@@ -106,6 +109,12 @@ class Profile:
 
     def apply(self, d: Deployment) -> Deployment:
         d = d.with_values(dict(self.values))
+        if self.power:
+            pw = dict(self.power)
+            d = replace(d, gpu=replace(
+                d.gpu, idle_w=max(pw["idle_w"], 0.1), power_exponent=pw["exponent"],
+                power_source=f"calibrated: idle and exponent fitted to a sweep's GPU power "
+                             f"({self.path}); TDP from the datasheet"))
         return scaled(d, d.eff, self.bandwidth_scale, self.compute_scale)
 
 
@@ -191,4 +200,21 @@ def profile_from_data(p: Path, data: dict[str, Any]) -> Profile:
             raise BstarError(f"{p}: profile.{k} must be a string")
     return Profile(tuple(values.items()), str(prof.get("gpu", "")), str(prof.get("engine", "")),
                    str(prof.get("engine_version", "")),
-                   int(reserve) if isinstance(reserve, int | float) else None, str(p), bs, cs)
+                   int(reserve) if isinstance(reserve, int | float) else None, str(p), bs, cs,
+                   _power_table(p, data.get("power")))
+
+
+def _power_table(p: Path, tab: Any) -> tuple[tuple[str, float], ...]:
+    """The [power] table's idle_w and exponent, checked (absent: no power fit)."""
+    if tab is None:
+        return ()
+    if not isinstance(tab, dict):
+        raise BstarError(f"{p}: [power] must be a table")
+    out = []
+    for k, lo, hi in (("idle_w", 0.0, 10_000.0), ("exponent", 0.1, 10.0)):
+        v = tab.get(k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi \
+                or not math.isfinite(v):
+            raise BstarError(f"{p}: power.{k} must be a number in {lo:g}..{hi:g}, got {v!r}")
+        out.append((k, float(v)))
+    return tuple(out)

@@ -62,13 +62,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     path = Path(args.source)
     warnings: list[str] = []
     workload = None
+    result = None
     if path.is_file():
         from bstar.fit.points import load_steps
 
         points, warnings = load_steps(path, args.context)
         source = str(path)
     else:
-        points, source, run = steps_from_run(args.db, args.source, args.metric, args.context)
+        points, source, run, result = steps_from_run(args.db, args.source, args.metric,
+                                                     args.context)
         workload = _workload(args.db, run["id"])
         if not args.engine_version and run.get("server_version"):
             args.engine_version = str(run["server_version"])
@@ -82,10 +84,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
         pool = cal.kv_pool_from_log(d, log)
         from dataclasses import replace
         c = replace(c, kv_pool_bytes=pool, reserve_bytes=cal.reserve_from_kv_pool(d, pool))
+    power = None
+    if result is not None:
+        from bstar.calibrate.power import power_from_run
+
+        # Each level's utilization under the calibrated step (its efficiencies).
+        power = power_from_run(c.apply(d), result, args.context)
+        if power is None:
+            warnings.append("no power curve: fewer than 3 completed levels of the run "
+                            "stored GPU power (the sweep had no power source); the power "
+                            "model keeps its defaults (docs/energy.md)")
     if args.output is not None:
         from bstar.loadgen.measured import profile_text
 
-        text = profile_text(args.output, c, workload)
+        text = profile_text(args.output, c, workload,
+                            "" if power is None else power.toml())
         try:
             args.output.write_text(text)
         except OSError as e:
@@ -103,11 +116,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return emit(args, lambda: {**c.to_dict(), "profile": str(args.output or ""),
                                "repeat_spread": spread,
                                "workload": None if workload is None else workload.to_dict(),
+                               "power": None if power is None else power.to_dict(),
                                "checks": [{"run": run, "model": model,
                                            "median_abs_error": median,
                                            "points": [p.to_dict() for p in pts]}
                                           for run, model, pts, median, _ in checked]},
-                lambda: print_calibration(c, args.output, spread, checked))
+                lambda: print_calibration(c, args.output, spread, checked, power))
 
 
 def _workload(db: str | None, run_id: str) -> Any:
@@ -127,7 +141,7 @@ def _check(args: argparse.Namespace, spec: str, c: Any) -> tuple[str, str, list[
     from bstar.loadgen.measured import steps_from_run
 
     run_id, _, model = spec.partition("=")
-    points, _, run = steps_from_run(args.db, run_id, args.metric, None)
+    points, _, run, _ = steps_from_run(args.db, run_id, args.metric, None)
     model = model or (run.get("options") or {}).get("model") or args.model
     d = build_deployment(args, model)
     return run["id"], d.model.name, list(cal.check(d, c.eff, points, c.bandwidth_scale,

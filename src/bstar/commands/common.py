@@ -99,6 +99,17 @@ step_ms = at_most(10_000, "ms (10 s a step)")
 step_us = at_most(10_000_000, "us (10 s a step)")
 
 
+def add_electricity_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--electricity-usd-per-kwh: the price the energy per output token is costed at
+    (bstar.energy, docs/energy.md)."""
+    from bstar.units import DEFAULT_ELECTRICITY_USD_PER_KWH
+
+    p.add_argument("--electricity-usd-per-kwh", type=non_negative_float,
+                   default=DEFAULT_ELECTRICITY_USD_PER_KWH, metavar="USD",
+                   help="electricity price the energy per output token is costed at "
+                        f"(default {DEFAULT_ELECTRICITY_USD_PER_KWH:g} $/kWh; docs/energy.md)")
+
+
 def add_force_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--force for a parser with -o or --plot (once, however many of those it has)."""
     if "--force" in p._option_string_actions:

@@ -8,6 +8,7 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_electricity_argument,
     add_force_argument,
     add_speculative_arguments,
     build_deployment,
@@ -34,6 +35,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (contract)")
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the curves, regimes and roofline (needs bstar[plot])")
+    add_electricity_argument(p)
     add_force_argument(p)
     add_speculative_arguments(p)
     from bstar.commands.disagg_flags import add_disagg_arguments
@@ -71,7 +73,8 @@ def run_plan(args: argparse.Namespace) -> int:
     d = build_deployment(args)
     spec, drafter = speculative_from_args(args, d)
     plan = make_plan(d, tuple(args.context or DEFAULT_CONTEXTS), args.batch, args.max_tpot_ms,
-                     spec=spec, drafter=drafter)
+                     spec=spec, drafter=drafter,
+                     electricity_usd_per_kwh=args.electricity_usd_per_kwh)
     rc = emit(args, plan.to_dict, lambda: print_plan(plan),
               lambda path: save_plan_plot(plan, path))
     return rc or sla_unmet_status(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bstar.commands.common import (
+    add_electricity_argument,
     add_force_argument,
     add_from_run_arguments,
     add_prompt_sharing_arguments,
@@ -157,6 +158,7 @@ def _execution_arguments(x: argparse._ArgumentGroup) -> None:
     x.add_argument("--json", action="store_true", help="print the search object (contract)")
     x.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw the Pareto charts (needs bstar[plot])")
+    add_electricity_argument(x)
     add_force_argument(x)
 
 
@@ -230,7 +232,8 @@ def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     try:
         with backend:
             if quiet:
-                return _run(spec, backend, store, prices, args.resume, None)
+                return _run(spec, backend, store, prices, args.resume, None,
+                            args.electricity_usd_per_kwh)
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -248,7 +251,8 @@ def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
                 def tick(done: int, total: int) -> None:
                     bar.update(task, completed=done, total=total)
 
-                return _run(spec, backend, store, prices, args.resume, tick)
+                return _run(spec, backend, store, prices, args.resume, tick,
+                            args.electricity_usd_per_kwh)
     except KeyboardInterrupt:
         print(f"bstar: search interrupted; rows finished so far are stored in {store.path}: "
               "run the same command with --resume to continue", file=sys.stderr)
@@ -263,10 +267,11 @@ def _stderr_console() -> Any:
     return Console(stderr=True)
 
 
-def _run(spec: Any, backend: Any, store: Any, prices: Any, resume: bool, tick: Any) -> Any:
+def _run(spec: Any, backend: Any, store: Any, prices: Any, resume: bool, tick: Any,
+         electricity_usd_per_kwh: float) -> Any:
     from bstar.search import run_search
 
-    return run_search(spec, backend, store, prices, resume, tick)
+    return run_search(spec, backend, store, prices, resume, tick, electricity_usd_per_kwh)
 
 
 def run_search(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from bstar.commands.common import (
     DEFAULT_LENGTHS,
     add_deployment_arguments,
+    add_electricity_argument,
     add_force_argument,
     add_from_run_arguments,
     add_prompt_sharing_arguments,
@@ -96,6 +97,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png|.svg",
                    help="also draw throughput, latency percentiles and preemptions per level "
                         "(needs bstar[plot])")
+    add_electricity_argument(p)
     add_force_argument(p)
     add_speculative_arguments(p)
 
@@ -128,6 +130,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def study_options(args: argparse.Namespace) -> Any:
     """The simulate flags as `bstar.sim.study.StudyOptions`."""
+    from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH
     from bstar.sim.study import StudyOptions
 
     input_len, output_len, shape, _ = traffic_from_args(args, getattr(args, "profile", None))
@@ -141,7 +144,9 @@ def study_options(args: argparse.Namespace) -> Any:
         output_len=output_len, num_requests=args.num_requests, seed=args.seed,
         slo=args.slo, max_sim_time_s=args.max_sim_time_s,
         prefix_cached_tokens=args.prefix_cached_tokens, prompt_shape=shape,
-        prefix_caching=caching)
+        prefix_caching=caching,
+        electricity_usd_per_kwh=getattr(args, "electricity_usd_per_kwh",
+                                        DEFAULT_ELECTRICITY_USD_PER_KWH))
 
 
 def simulate_from_args(args: argparse.Namespace) -> Any:

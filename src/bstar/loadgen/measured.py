@@ -279,10 +279,11 @@ def spec_levels(where: str, data: Any) -> list[dict[str, Any]]:
 
 # ---- the steps a stored sweep measured (`bstar calibrate RUN`) --------------------------------
 def steps_from_run(db: str | None, run_id: str, metric: str,
-                    context: int | None) -> tuple[list[Any], str, dict[str, Any]]:
+                   context: int | None) -> tuple[list[Any], str, dict[str, Any], Any]:
     """Decode-step points from a stored sweep run (bstar sweep's store, `db` None: its
-    default), read by bstar.fit.points.steps_from_sweep, with where they came from and the
-    run's record (`bstar calibrate RUN`, `--check RUN`)."""
+    default), read by bstar.fit.points.steps_from_sweep, with where they came from, the
+    run's record and the whole stored result (its levels' GPU power: `bstar calibrate RUN`,
+    `--check RUN`)."""
     from bstar.db import DbError
     from bstar.errors import BstarError
     from bstar.fit.points import steps_from_sweep
@@ -296,21 +297,22 @@ def steps_from_run(db: str | None, run_id: str, metric: str,
         except DbError as e:
             raise BstarError(f"cannot read the results DB {store.path}: {e}") from None
     points = steps_from_sweep(result, metric, context)
-    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run
+    return points, f"sweep run {result.run_id} ({result.db}), {metric}", result.run, result
 
 
 # ---- a calibration profile as `bstar calibrate -o` writes it ----------------------------------
-def profile_text(path: str | Path, calibration: Any, workload: MeasuredTraffic | None) -> str:
-    """The profile's TOML: the calibration (`bstar.calibrate.profile_toml`) and the traffic
-    the sweep measured as its [workload] (`workload_toml`), read back by the readers
-    `--profile` uses before it is returned: a profile bstar writes is one bstar reads, or
-    nothing is written."""
+def profile_text(path: str | Path, calibration: Any, workload: MeasuredTraffic | None,
+                 extra: str = "") -> str:
+    """The profile's TOML: the calibration (`bstar.calibrate.profile_toml`), the traffic
+    the sweep measured as its [workload] (`workload_toml`) and `extra` tables (the fitted
+    [power], bstar.calibrate.power), read back by the readers `--profile` uses before it is
+    returned: a profile bstar writes is one bstar reads, or nothing is written."""
     import tomllib
 
     from bstar import calibrate as cal
 
     text = cal.profile_toml(calibration) + ("" if workload is None
-                                            else workload_toml(workload))
+                                            else workload_toml(workload)) + extra
     try:
         cal.profile_from_text(path, text)
         traffic_from_data(path, tomllib.loads(text))

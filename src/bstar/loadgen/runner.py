@@ -104,6 +104,14 @@ class _Runner:
                 data = redact_obj(data)
             self.on_event(kind, data)
 
+    def say_power_source(self) -> None:
+        """Whether GPU power is sampled (NVML, AMD SMI) or why not: said once per sweep;
+        each level then samples it, or not, quietly (bstar.loadgen.gpu_telemetry)."""
+        from bstar.loadgen.gpu_telemetry import power_source
+
+        source, line = power_source()
+        self.emit("power_source", source=source, detail=line)
+
     def _start_server(self, lv: LevelPlan, level_id: int, attempt: int) -> str:
         from bstar.servers import ManagedServer, free_port
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bstar.loadgen.counters import PrefixCounters
+from bstar.loadgen.gpu_telemetry import GpuTelemetry
 from bstar.redact import clip
 
 _SAMPLE = re.compile(
@@ -289,7 +290,7 @@ class LevelServerStats:
     spec_num_draft_tokens: int | None = None
     spec_num_accepted_tokens: int | None = None
     spec_tokens_per_step: float | None = None
-    gpu: dict[str, float] = field(default_factory=dict)  # NVML maxima/means
+    gpu: dict[str, Any] = field(default_factory=dict)  # NVML / AMD SMI maxima, means, power
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -352,6 +353,8 @@ class Scraper:
         return await asyncio.to_thread(read_snapshot, text), None
 
     async def _scrape_once(self) -> None:
+        if self._gpu is not None:  # the GPU is read whether or not /metrics answers
+            self._gpu.sample()
         if self._absent:
             return
         snap, error = await self._read()
@@ -378,8 +381,6 @@ class Scraper:
         tokens = snap.kv_cache_size_tokens or snap.max_total_tokens
         if tokens is not None:
             st.kv_cache_size_tokens = tokens
-        if self._gpu is not None:
-            self._gpu.sample()
 
     async def _loop(self) -> None:
         while True:
@@ -426,6 +427,7 @@ class Scraper:
                                                self.tokens_per_seq)
         if self._gpu is not None:
             st.gpu = self._gpu.summary()
+            self._gpu.close()
         return st
 
 
@@ -442,53 +444,3 @@ def spec_counters(st: LevelServerStats, first: Snapshot, last: Snapshot) -> None
     g0, g1 = first.generation_tokens_total, last.generation_tokens_total
     if g0 is not None and g1 is not None and g1 - g0 > accepted:
         st.spec_tokens_per_step = (g1 - g0) / (g1 - g0 - accepted)
-
-
-class GpuTelemetry:
-    """NVML utilization sampling (SM and memory-bandwidth utilization) of GPU 0.
-
-    Only when `nvidia-ml-py` is installed and a local NVIDIA GPU answers; otherwise
-    `create()` returns None and nothing else is attempted.
-    """
-
-    def __init__(self, nvml: Any, handle: Any) -> None:
-        self._nvml = nvml
-        self._handle = handle
-        self._sm: list[float] = []
-        self._mem_bw: list[float] = []
-        self._mem_used: list[float] = []
-
-    @classmethod
-    def create(cls) -> GpuTelemetry | None:
-        try:
-            import pynvml  # provided by the nvidia-ml-py package
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-            if pynvml.nvmlDeviceGetCount() < 1:
-                return None
-            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
-        except Exception:  # no driver, no device: telemetry is optional
-            return None
-
-    def sample(self) -> None:
-        try:
-            u = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-            m = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-        except Exception:
-            return
-        self._sm.append(float(u.gpu))
-        self._mem_bw.append(float(u.memory))
-        self._mem_used.append(float(m.used))
-
-    def summary(self) -> dict[str, float]:
-        if not self._sm:
-            return {}
-        return {
-            "sm_util_mean_pct": sum(self._sm) / len(self._sm),
-            "sm_util_max_pct": max(self._sm),
-            "mem_bw_util_mean_pct": sum(self._mem_bw) / len(self._mem_bw),
-            "mem_bw_util_max_pct": max(self._mem_bw),
-            "mem_used_max_bytes": max(self._mem_used),
-        }

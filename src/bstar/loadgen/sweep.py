@@ -342,6 +342,7 @@ def _run_sweep(cfg: SweepConfig | None, db: str | Path | None, api_key: str | No
                          pool)
         runner.emit("run_start", run_id=run_id, db=str(store.path), levels=len(levels),
                     load=pool.describe() if pool is not None else "this process")
+        runner.say_power_source()
         try:
             if pool is not None:
                 pool.start()

@@ -60,7 +60,8 @@ def _brief(s: SimSummary, rate: float) -> dict[str, Any]:
             "e2e_p99_ms": s.e2e_ms["p99"], "throughput_tok_s": s.throughput_tok_s,
             "preemptions": s.preemptions, "kv_utilization_max": s.kv_utilization_max,
             "queue_mean": s.queue_mean, "running_max": s.running_max,
-            "truncated": s.truncated}
+            "truncated": s.truncated, "power_w_mean": s.power_w_mean,
+            "joules_per_output_token": s.joules_per_output_token}
 
 
 def failures(s: SimSummary, slo: Slo) -> list[str]:
@@ -114,7 +115,7 @@ def evaluate(task: Task) -> dict[str, Any]:
         worst: SimSummary | None = None
         for u in units:  # stop at the first draw that misses
             sims += 1
-            s = summarize(simulate(r.deployment, cfg, at_rate(u, rate)), slo)
+            s = summarize(simulate(r.deployment, cfg, at_rate(u, rate)), slo, energy=True)
             worst = s if worst is None else _worst(worst, s)
             if failures(s, slo):
                 return False, worst

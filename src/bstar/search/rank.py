@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH, energy_usd_per_mtok, power_model
 from bstar.recommend import engine_flags
 from bstar.search.candidates import Candidate, Pruned
 from bstar.search.prices import PriceTable
@@ -25,7 +26,9 @@ STATUS_ORDER = {"ok": 0, "infeasible": 1, "pruned": 2}
 
 
 def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float,
-                  prices: PriceTable | None) -> dict[str, Any]:
+                  prices: PriceTable | None,
+                  electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
+                  ) -> dict[str, Any]:
     r = c.replica
     row: dict[str, Any] = {
         "model": r.model, "gpu": r.gpu, "num_gpus": c.num_gpus, "tensor_parallel": r.tp,
@@ -36,6 +39,7 @@ def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float
         "instances": None, "gpus_total": None, "tok_s_per_gpu": None,
         "ttft_p99_ms": None, "tpot_p99_ms": None, "e2e_p99_ms": None,
         "usd_per_gpu_hour": None, "cost_per_hour": None, "cost_per_mtok": None,
+        "power_w": None, "joules_per_output_token": None, "energy_usd_per_mtok": None,
         "simulations": 0, "replica_key": r.key,
         "num_speculative_tokens": r.num_speculative_tokens,
         "drafter": None if r.speculative is None else r.speculative.drafter.name,
@@ -64,7 +68,30 @@ def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float
         per_hour = gpus * price.per_gpu_hour
         mtok_per_hour = demand_req_s * out_tok * 3600 / 1e6
         row.update(cost_per_hour=per_hour, cost_per_mtok=per_hour / mtok_per_hour)
+    fleet = fleet_energy(r.deployment, at.get("power_w_mean"), rate, demand_req_s,
+                         instances * c.data_parallel, out_tok)
+    if fleet is not None:
+        watts, joules = fleet
+        row.update(power_w=watts, joules_per_output_token=joules,
+                   energy_usd_per_mtok=energy_usd_per_mtok(joules, electricity_usd_per_kwh))
     return row
+
+
+def fleet_energy(d: Any, power_w_at_rate: float | None, rate_req_s: float,
+                 demand_req_s: float, replicas: int, mean_output_tokens: float
+                 ) -> tuple[float, float] | None:
+    """(mean power per GPU, joules per output token) of the fleet serving the demand: each of
+    its `replicas` takes demand / replicas, at most the rate it was simulated at, and draws
+    idle power plus the simulated power above idle in proportion to its load (the busy time
+    a replica spends scales with the requests it serves); the rounding waste idles. None
+    without a power model or an energy figure (a search stored before issue 39)."""
+    pm = power_model(d.gpu)
+    if pm is None or power_w_at_rate is None or not rate_req_s > 0 or not demand_req_s > 0:
+        return None
+    load = min(1.0, demand_req_s / replicas / rate_req_s)
+    watts = pm.idle_w + (power_w_at_rate - pm.idle_w) * load
+    fleet_w = watts * d.num_gpus * replicas
+    return watts, fleet_w / (demand_req_s * mean_output_tokens)
 
 
 def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

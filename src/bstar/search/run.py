@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bstar import roofline as rl
+from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH
 from bstar.errors import BstarError
 from bstar.options import assemble
 from bstar.search.backends import Backend, TaskFailed
@@ -52,6 +53,7 @@ class SearchResult:
     mean_output_tokens: float
     timing: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
 
     @property
     def winners(self) -> dict[str, dict[str, Any]]:
@@ -86,6 +88,7 @@ class SearchResult:
                 "mean_output_tokens": self.mean_output_tokens,
                 "prices": None if self.prices is None else self.prices.to_dict(),
                 "ranked_by": "cost_per_mtok" if self.prices is not None else "gpus_total",
+                "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
                 "counts": self.counts(), "winners": self.winners,
                 "candidates": self.rows, "spec": s.to_dict(), "timing": self.timing,
                 "warnings": self.warnings} | (
@@ -215,7 +218,9 @@ def _cost_order(r: Replica, ctx: int, slo: Any) -> tuple[int, int]:
 
 def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
                prices: PriceTable | None = None, resume: bool = False,
-               progress: Progress | None = None) -> SearchResult:
+               progress: Progress | None = None,
+               electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
+               ) -> SearchResult:
     """Evaluate every replica that survives pruning (those already stored are reused with
     `resume`), store each row as it finishes, and rank. The backend must be started."""
     t_plan = time.perf_counter()
@@ -272,7 +277,7 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
     for c in cands:
         k = c.replica.key
         ev: dict[str, Any] | Pruned = pruned[k] if k in pruned else results[keys[k]]
-        rows.append(candidate_row(c, ev, demand, prices))
+        rows.append(candidate_row(c, ev, demand, prices, electricity_usd_per_kwh))
     rows = rank(rows)
     if prices is not None:
         missing = sorted({g for g in (r["gpu"] for r in rows) if prices.get(g) is None})
@@ -287,4 +292,5 @@ def run_search(spec: SearchSpec, backend: Backend, store: SearchStore,
               "workers": backend.workers,
               "backend_start_s": getattr(backend, "start_s", None)}
     return SearchResult(spec, sid, rows, prices, backend.describe(), str(store.path), ctx,
-                        float(unit.output_tokens.mean()), timing, warnings)
+                        float(unit.output_tokens.mean()), timing, warnings,
+                        electricity_usd_per_kwh)

@@ -74,4 +74,4 @@ def simulate_levels(d: Deployment, max_num_seqs: list[int], arrivals: Arrivals,
             for m in max_num_seqs]
     for c in cfgs:
         check_feasible(d, c, w)
-    return [summarize(simulate(d, c, w), slo) for c in cfgs]
+    return [summarize(simulate(d, c, w), slo, energy=True) for c in cfgs]

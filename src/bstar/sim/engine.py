@@ -104,6 +104,9 @@ class SimRun:
     # tokens at admission of requests never preempted); None: no cache modelled.
     prefix_hit_tokens: int | None = None
     prefix_query_tokens: int | None = None
+    # Seconds the GPUs spent in steps of each number of scheduled sequences (prefill and
+    # decode alike): what `metrics.run_energy` prices; the rest of duration_s is idle.
+    busy_s_by_seqs: dict[int, float] = field(default_factory=dict)
 
 
 def simulate(d: Deployment, cfg: SimConfig, w: Workload) -> SimRun:
@@ -172,6 +175,7 @@ class _Loop:
         self.itl_arrays_v: list[FloatArray] = []
         self.itl_arrays_w: list[IntArray] = []
         self.timeline = Timeline()
+        self.busy_s_by_seqs: dict[int, float] = {}
         self.spec = None
         if cfg.speculative is not None:
             from bstar.sim.speculative import SpecStep
@@ -269,6 +273,7 @@ class _Loop:
                   else self.spec.step_s(plan)) \
                 + (plan.swap_in_tokens + plan.swap_out_tokens) * self.swap_s_per_token
             t0, self.now = self.now, self.now + dt
+            self._busy(int(plan.ids.size), dt)
             self.step_start = t0
             self.num_steps += 1
             out = sched.update(plan, t0, self.now)
@@ -296,7 +301,7 @@ class _Loop:
         return SimRun(self.d, self.cfg, self.w, reqs, self.bm.num_blocks, self.bm.block_size,
                       self.now, self.num_steps, sched.num_preemptions, itl_v, itl_w,
                       self.timeline, truncated or not bool(reqs.done.all()), stop,
-                      *self._prefix_counters())
+                      *self._prefix_counters(), busy_s_by_seqs=self.busy_s_by_seqs)
 
     def _prefix_counters(self) -> tuple[int | None, int | None]:
         bm, w = self.bm, self.w
@@ -309,6 +314,10 @@ class _Loop:
         return None, None
 
     # ---- multi-step jump ----------------------------------------------------------------------
+    def _busy(self, num_seqs: int, dt: float) -> None:
+        """`dt` seconds of steps of `num_seqs` sequences (what run_energy prices)."""
+        self.busy_s_by_seqs[num_seqs] = self.busy_s_by_seqs.get(num_seqs, 0.0) + dt
+
     def _fast_forward(self) -> bool:
         """Run K pure-decode steps at once when nothing else can happen in them: every running
         request decodes (no prefill chunk, all within the token budget), nobody waiting can be
@@ -410,6 +419,7 @@ class _Loop:
         r.num_computed[ids] = comp + cut
         r.num_generated[ids] = gen + cut
         self.step_start = float(ends[-2]) if cut > 1 else self.now
+        self._busy(b, float(ends[-1]) - self.now)
         self.now = float(ends[-1])
         r.last_token_s[ids] = self.now
         self.num_steps += cut

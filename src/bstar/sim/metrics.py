@@ -57,6 +57,11 @@ class SimSummary:
     # _queries); None when no cache was modelled.
     prefix_cache_hit_tokens: int | None = None
     prefix_cache_query_tokens: int | None = None
+    # Energy (bstar.energy, docs/energy.md), when summarize was asked for it and the GPU has
+    # a power model: the time-mean power per GPU over the run and the joules all the GPUs
+    # spent per output token finished.
+    power_w_mean: float | None = None
+    joules_per_output_token: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -85,11 +90,15 @@ class SimSummary:
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
             "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
+            "power_w_mean": self.power_w_mean,
+            "joules_per_output_token": self.joules_per_output_token,
             "timeline": self.timeline,
         }
 
 
-def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
+def summarize(run: SimRun, slo: Slo | None = None, energy: bool = False) -> SimSummary:
+    """The run's numbers; with `energy`, its power and joules per output token too
+    (`run_energy`)."""
     slo = slo or Slo()
     r = run.requests
     done = r.done
@@ -133,7 +142,30 @@ def summarize(run: SimRun, slo: Slo | None = None) -> SimSummary:
         truncated=run.truncated, timeline=downsample(tl.time_s, used, tl.num_waiting,
                                                      tl.num_running),
         stop_reason=run.stop_reason, prefix_cache_hit_tokens=run.prefix_hit_tokens,
-        prefix_cache_query_tokens=run.prefix_query_tokens)
+        prefix_cache_query_tokens=run.prefix_query_tokens,
+        **(run_energy(run, int(out_tok.sum())) if energy else {}))
+
+
+def run_energy(run: SimRun, output_tokens: int) -> dict[str, float | None]:
+    """Power and joules per output token of a simulated run (bstar.energy.busy_energy_j):
+    each step's time priced as a decode step of its size at the run's mean tokens held per
+    running sequence (KV blocks in use x block size over the running sequences,
+    time-weighted along the timeline), idle power for the time no step runs."""
+    from bstar.energy import busy_energy_j
+
+    tl = run.timeline
+    t = np.asarray(tl.time_s, dtype=np.float64)
+    end = run.duration_s
+    dt = np.diff(np.append(t, max(end, float(t[-1])))) if t.size else np.zeros(0)
+    running = np.asarray(tl.num_running, dtype=np.float64)
+    held = np.asarray(tl.kv_used_blocks, dtype=np.float64) * run.block_size
+    seq_s = float((running * dt).sum())
+    ctx = max(1, round(float((held * dt).sum()) / seq_s)) if seq_s > 0 else 1
+    joules = busy_energy_j(run.deployment, run.busy_s_by_seqs, end, ctx)
+    if joules is None or not end > 0:
+        return {}
+    return {"power_w_mean": joules / end / run.deployment.num_gpus,
+            "joules_per_output_token": joules / output_tokens if output_tokens else None}
 
 
 def downsample(time_s: list[float], kv_util: npt.NDArray[np.float64], waiting: list[int],

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bstar.deployment import Deployment
+from bstar.energy import DEFAULT_ELECTRICITY_USD_PER_KWH, energy_usd_per_mtok
 from bstar.errors import BstarError
 from bstar.specs.gpu import MAX_MEMORY_BYTES
 from bstar.units import GiB
@@ -42,6 +43,8 @@ class StudyOptions:
     speculative: Any = None
     # SGLang's --num-continuous-decode-steps (SchedulerConfig.decode_steps_per_schedule).
     decode_steps_per_schedule: int = 1
+    # The price each level's energy per output token is costed at (bstar.energy).
+    electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,10 @@ class Study:
             if cap is not None:
                 o["capacity"] = cap
             o["max_num_batched_tokens"] = self.max_num_batched_tokens
+            j = o.get("joules_per_output_token")
+            o["electricity_usd_per_kwh"] = self.options.electricity_usd_per_kwh
+            o["energy_usd_per_mtok"] = None if j is None else energy_usd_per_mtok(
+                j, self.options.electricity_usd_per_kwh)
             o["preemption_mode"] = self.options.preemption
             sp = self.options.speculative
             if sp is not None:

@@ -51,7 +51,10 @@ TENSOR_ONLY_PRECISIONS = ("mxfp8", "mxfp6")
 ALLREDUCE_LINKS = ("nvlink-nvswitch", "nvlink-nvl72", "nvlink-bridge", "xgmi", "pcie", "none")
 # Bounds of the descriptive figures: 0 is "unknown"; anything else in range.
 _RANGE = {"boost_clock_mhz": (10.0, 10_000.0), "tdp_w": (1.0, 10_000.0),
-          "allreduce_latency_us": (0.01, 1e6)}
+          "allreduce_latency_us": (0.01, 1e6),
+          # The power model's own figures (bstar.energy, docs/energy.md): 0 = its default.
+          "idle_w": (0.1, 10_000.0), "power_limit_w": (1.0, 10_000.0),
+          "power_memory_fraction": (0.01, 1.0), "power_exponent": (0.1, 10.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +87,18 @@ class GpuSpec:
     allreduce_latency_us: float = 0.0
     chip_source: str = ""  # where arch, precisions, SMs, clock and power come from
     allreduce_source: str = ""
+    # The power model (bstar.energy, docs/energy.md); 0 / "" = its documented default.
+    idle_w: float = 0.0  # board power with nothing running, clocks up (measured or guessed)
+    # The power the model caps at where no datasheet TDP is published (tdp_w = 0): a guess
+    # or an nvidia-smi power limit, said in power_source.
+    power_limit_w: float = 0.0
+    power_memory_fraction: float = 0.0  # share of (TDP - idle) a step saturating HBM draws
+    power_exponent: float = 0.0  # k in idle + (TDP - idle) * u^k
+    power_source: str = ""  # where idle, the limit and the curve come from
 
     def __post_init__(self) -> None:
         for k in ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
-                  "allreduce_link", "chip_source", "allreduce_source"):
+                  "allreduce_link", "chip_source", "allreduce_source", "power_source"):
             if not isinstance(getattr(self, k), str):
                 raise BstarError(f"GPU {self.id!r}: {k} must be a string, got "
                                  f"{getattr(self, k)!r}")
@@ -155,7 +166,7 @@ _FIELDS = set(GpuSpec.__dataclass_fields__)
 _NUMERIC = {"hbm_bandwidth_bytes_s", "bf16_flops", "fp16_flops", "fp8_flops", "int8_ops",
             "interconnect_bytes_s", "fp4_flops"}
 _STRINGS = ("id", "name", "vendor", "source", "memory_source", "provenance", "arch",
-            "allreduce_link", "chip_source", "allreduce_source")
+            "allreduce_link", "chip_source", "allreduce_source", "power_source")
 
 
 def _native_name(name: str) -> str:

@@ -19,10 +19,18 @@ def param_unit(name: str) -> tuple[float, str]:
 
 
 def print_calibration(c: Any, profile: Path | None, spread: list[dict[str, Any]],
-                      checks: list[tuple[str, str, list[Any], float, float]]) -> None:
+                      checks: list[tuple[str, str, list[Any], float, float]],
+                      power: Any = None) -> None:
     """A `calibrate.Calibration`, the profile written (`profile`), the repeated batches'
-    spread, and per check (run, model, points, median |error| calibrated and not)."""
+    spread, per check (run, model, points, median |error| calibrated and not), and the
+    power curve fitted to the sweep's GPU power (`calibrate.power.PowerCalibration`)."""
     from bstar.report.text._common import clean_text
+
+    if power is not None:
+        f = power.fit
+        print(f"power curve: idle {f.idle_w:.0f} W + ({f.tdp_w:.0f} W TDP - idle) x u^"
+              f"{f.exponent:.2f}, fitted to {f.points} levels' GPU power (rms "
+              f"{f.rms_error_w:.1f} W; docs/energy.md)")
 
     print(f"calibration of {clean_text(c.model)} on {clean_text(c.gpu)} "
           f"(weights {c.weight_dtype}, KV {c.kv_dtype})"

@@ -167,6 +167,11 @@ def recommendation_lines(cp: ContextPlan, st: Styler) -> list[str]:
         out.append(f"    at {at['batch']}: TPOT {at['tpot_ms']:.2f} ms per request, "
                    f"{at['throughput_tok_s']:,.0f} tok/s, {at['regime']} (B* "
                    f"{fmt_b_star(cp.b_star)}, B_mem {cp.b_mem})")
+        if at.get("joules_per_output_token") is not None:
+            out.append(f"    energy: {at['power_w']:,.0f} W per GPU, "
+                       f"{at['joules_per_output_token']:.3g} J per output token, "
+                       f"${at['energy_usd_per_mtok']:.3g} per million output tokens at "
+                       f"${cp.electricity_usd_per_kwh:g}/kWh (power model: docs/energy.md)")
     if cp.sla_unmet and cp.tpot_batch1_s is not None:
         out.append("    " + st(f"the SLO cannot be met on this hardware: the TPOT floor is "
                                f"{cp.tpot_batch1_s * 1e3:.2f} ms (batch 1)", "bold red"))

@@ -71,6 +71,11 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
         c.print(f"[bold green]{mt(model)}[/]: {w['gpus_total']} x {mt(w['gpu'])} ({w['instances']} "
                 f"instance(s) of {w['num_gpus']} GPUs, TP {w['tensor_parallel']} x DP "
                 f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
+        if w.get("joules_per_output_token") is not None:
+            c.print(f"  energy: {w['power_w']:,.0f} W mean per GPU at the demand, "
+                    f"{w['joules_per_output_token']:.3g} J per output token, "
+                    f"${w['energy_usd_per_mtok']:.3g} per million output tokens at "
+                    f"${s.get('electricity_usd_per_kwh', 0):g}/kWh (docs/energy.md)")
         c.print(f"  {w['flags']['vllm']}")
         c.print(f"  sglang: {w['flags']['sglang']}")
     for model, e in (spec or {}).items():

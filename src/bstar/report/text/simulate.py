@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bstar.energy import energy_usd_per_mtok
 from bstar.report.text._common import console
 from bstar.report.text._common import markup_text as mt
 from bstar.units import fmt_bytes, fmt_num, sparkline
@@ -63,7 +64,21 @@ def print_simulation(study: Study) -> None:
                   f"{r.kv_utilization_max * 100:.0f}%", str(r.queue_max), str(r.running_max)]
         t.add_row(*cells)
     c.print(t)
+    print_simulation_energy(c, study)
     print_simulation_tail(c, study)
+
+
+def print_simulation_energy(c: Console, study: Study) -> None:
+    """Each level's mean power and joules per output token, and their electricity cost
+    (bstar.energy; nothing without a power model)."""
+    price = study.options.electricity_usd_per_kwh
+    for r in study.rows:
+        if r.joules_per_output_token is None or r.power_w_mean is None:
+            continue
+        c.print(f"  energy at max_num_seqs {r.max_num_seqs}: {r.power_w_mean:,.0f} W mean per "
+                f"GPU, {r.joules_per_output_token:.3g} J per output token, "
+                f"${energy_usd_per_mtok(r.joules_per_output_token, price):.3g} per million "
+                f"output tokens at ${price:g}/kWh (docs/energy.md)")
 
 
 def print_simulation_tail(c: Console, study: Study) -> None:

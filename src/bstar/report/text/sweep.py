@@ -192,6 +192,9 @@ class Progress:
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "run_start":
             self.console.print(f"run {mt(data['run_id'])} -> {mt(data['db'], 400)}")
+        elif kind == "power_source":
+            self.console.print(mt(data["detail"], 400) if data["source"] else
+                               f"[yellow]{mt(data['detail'], 400)}[/]")
         elif kind == "server_start":
             self.console.print(f"starting server: {data['cmd']}  (log {data['log']})")
         elif kind == "server_ready":
