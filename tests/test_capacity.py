@@ -356,3 +356,29 @@ def test_a_trace_as_the_demand_replays_its_own_requests(replica: object, traffic
     assert src == ["steady", "replay", "replay"]
     in_episode = int(np.sum(times - times.min() >= 20.0))  # the curve starts at the first
     assert p.ramp["replayed_requests"] == in_episode
+
+
+def test_each_policy_has_its_energy_bounded_by_idle_and_tdp(replica: object, traffic: Traffic,
+                                                             evaluation: dict) -> None:
+    """Issue 39: capacity gives joules per output token per policy (bstar.energy). Each
+    interval's GPUs draw between idle and TDP, so a day's energy lies between the paid
+    GPU-seconds at idle and at TDP; the static policy, which pays for the peak all day,
+    spends more energy per token than reactive with no delay (its extra replicas idle)."""
+    from bstar.energy import power_model
+
+    rate = evaluation["rate_per_replica_req_s"]
+    c = day(rate)
+    pols = scale(replica, evaluation, c, traffic, parse_slo(SLO),  # type: ignore[arg-type]
+                 Settings(delay_s=0.0), policies=("static", "reactive"), seed=1,
+                 electricity_usd_per_kwh=0.2).policies
+    pm = power_model(replica.deployment.gpu)  # type: ignore[attr-defined]
+    assert pm is not None
+    for p in pols:
+        d = p.to_dict()
+        gpu_s = sum(iv["replicas"] for iv in d["intervals"]) * c.interval_s \
+            * replica.deployment.num_gpus  # type: ignore[attr-defined]
+        assert pm.idle_w * gpu_s < d["energy_kwh"] * 3.6e6 < pm.tdp_w * gpu_s
+        assert d["energy_cost"] == pytest.approx(0.2 * d["energy_kwh"])
+        assert d["joules_per_output_token"] > 0
+    static, reactive = (p.to_dict() for p in pols)
+    assert static["joules_per_output_token"] > reactive["joules_per_output_token"]

@@ -30,6 +30,7 @@ from bstar.search.prices import PriceTable
 from bstar.search.spec import Traffic, at_rate
 from bstar.sim import Slo, Workload, simulate
 from bstar.sim.capacity import head
+from bstar.units import DEFAULT_ELECTRICITY_USD_PER_KWH
 
 STEADY_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
 ROUTER = ("round-robin over the replicas ready at each arrival; a replica still starting "
@@ -154,7 +155,9 @@ def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic,
                   settings: Settings, prices: PriceTable | None = None,
                   policies: tuple[str, ...] = POLICIES, trace: Workload | None = None,
                   seed: int = 0, warmup_s: float = 30.0, rel_tol: float = 0.02,
-                  max_utilization: float = 0.95) -> CapacityResult:
+                  max_utilization: float = 0.95,
+                  electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
+                  ) -> CapacityResult:
     """Each replica configuration scaled over `curve` under each policy. `traffic` is the
     request mix (its demand is the curve's peak, as `bstar search` at the peak is asked);
     `trace`, when the curve came from a trace, is its requests on the curve's clock and
@@ -163,7 +166,8 @@ def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic,
         raise BstarError("no deployment to scale")
     t_start = time.perf_counter()
     out = [scale(r, evaluate_replica(r, traffic, slo, rel_tol, max_utilization), curve,
-                 traffic, slo, settings, prices, policies, trace, seed, warmup_s)
+                 traffic, slo, settings, prices, policies, trace, seed, warmup_s,
+                 electricity_usd_per_kwh)
            for r in replicas]
     return CapacityResult(curve, slo, settings, out, prices,
                           {"wall_s": time.perf_counter() - t_start})
@@ -183,7 +187,8 @@ def evaluate_replica(r: Replica, traffic: Traffic, slo: Slo, rel_tol: float = 0.
 def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, slo: Slo,
           settings: Settings, prices: PriceTable | None = None,
           policies: tuple[str, ...] = POLICIES, trace: Workload | None = None, seed: int = 0,
-          warmup_s: float = 30.0) -> DeploymentResult:
+          warmup_s: float = 30.0,
+          electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH) -> DeploymentResult:
     """One replica configuration, evaluated (`evaluate_replica`), over the curve under
     each policy."""
     rate = float(ev["rate_per_replica_req_s"])
@@ -196,7 +201,43 @@ def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, 
     usd = None if price is None else price.per_gpu_hour
     pols = [_policy(p, r, curve, rate, capacity_req_s, mean_out, usd, settings, steady, unit,
                     trace, slo, seed, warmup_s) for p in policies]
+    power_w = (ev.get("at_rate") or {}).get("power_w_mean")
+    for pol in pols:
+        pol.extra.update(policy_energy(r.deployment, power_w, rate, pol.intervals,
+                                       curve.interval_s, mean_out, electricity_usd_per_kwh))
     return DeploymentResult(r, rate, mean_out, usd, steady, pols, ev)
+
+
+def policy_energy(d: Any, power_w_at_rate: float | None, rate_req_s: float,
+                  intervals: list[dict[str, Any]], interval_s: float, mean_output_tokens: float,
+                  electricity_usd_per_kwh: float) -> dict[str, Any]:
+    """A policy's energy over the curve (issue 39; bstar.energy, docs/energy.md): in each
+    interval its ready replicas share the demand, each at most at the rate it was simulated
+    at, and draw idle power plus the simulated power above idle in proportion to their load
+    (`bstar search`'s fleet rule, search/rank.fleet_energy); a replica still starting draws
+    idle power. `energy_kwh`, `joules_per_output_token` and `energy_cost` at the stated
+    price; all None without a power model for the GPU or a simulated power figure."""
+    from bstar.energy import power_model
+
+    pm = power_model(d.gpu)
+    none = {"energy_kwh": None, "joules_per_output_token": None, "energy_cost": None,
+            "electricity_usd_per_kwh": electricity_usd_per_kwh}
+    if pm is None or power_w_at_rate is None or not rate_req_s > 0:
+        return none
+    joules = 0.0
+    tokens = 0.0
+    for iv in intervals:
+        ready, paid, demand = iv["ready_replicas"], iv["replicas"], iv["demand_req_s"]
+        load = min(1.0, demand / (ready * rate_req_s)) if ready > 0 else 0.0
+        busy_w = pm.idle_w + (power_w_at_rate - pm.idle_w) * load
+        watts = (ready * busy_w + max(paid - ready, 0) * pm.idle_w) * d.num_gpus
+        joules += watts * interval_s
+        tokens += demand * interval_s * mean_output_tokens
+    kwh = joules / 3.6e6
+    return {"energy_kwh": kwh,
+            "joules_per_output_token": joules / tokens if tokens > 0 else None,
+            "energy_cost": kwh * electricity_usd_per_kwh,
+            "electricity_usd_per_kwh": electricity_usd_per_kwh}
 
 
 def episode_rng(seed: int, first_interval: int) -> np.random.Generator:

@@ -10,6 +10,7 @@ from typing import Any
 
 from bstar.commands.common import (
     add_deployment_arguments,
+    add_electricity_argument,
     add_force_argument,
     non_negative_float,
     positive_float,
@@ -105,6 +106,7 @@ def _policy_arguments(s: argparse._ArgumentGroup) -> None:
     s.add_argument("--draws", type=positive_int, default=3,
                    help="traffic draws the per-replica rate must meet the SLO on (default 3, "
                         "as bstar search)")
+    add_electricity_argument(s)
     s.add_argument("--warmup-s", type=non_negative_float, default=30.0,
                    help="seconds of demand before a ramp replayed but not counted "
                         "(default 30)")
@@ -180,7 +182,8 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
     prices = load_prices(args.price) if args.price else None
     replicas = _winners(args, traffic, slo, prices) if args.winners else _replicas(args)
     return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
-                         replay_trace, args.seed, args.warmup_s)
+                         replay_trace, args.seed, args.warmup_s,
+                         electricity_usd_per_kwh=args.electricity_usd_per_kwh)
 
 
 def _replicas(args: argparse.Namespace) -> list[Any]:

@@ -32,7 +32,7 @@ def print_capacity(c: dict[str, Any]) -> None:
                   f"{d['capacity_req_s']:.3g} req/s)")
         tab = Table(show_edge=False, pad_edge=False, box=None)
         for h in ("policy", "replicas max", "GPU-hours", f"{cur}/day", f"{cur}/Mtok", "idle",
-                  "SLO attainment", "ramp intervals", "lost in ramps"):
+                  "SLO attainment", "ramp intervals", "lost in ramps", "kWh", "J/out tok"):
             tab.add_column(h, justify="left" if h == "policy" else "right")
         for p in d["policies"]:
             r = p["ramp"]
@@ -40,7 +40,9 @@ def print_capacity(c: dict[str, Any]) -> None:
                         fmt_num(p["cost_per_day"], 0, "-"),
                         fmt_num(p["cost_per_mtok"], 3, "-"), f"{p['idle_fraction']:.0%}",
                         f"{p['slo_attainment']:.2%}", str(r["intervals"]),
-                        f"{r['attainment_lost']:.2%}")
+                        f"{r['attainment_lost']:.2%}",
+                        fmt_num(p.get("energy_kwh"), 1, "-"),
+                        fmt_num(p.get("joules_per_output_token"), 3, "-"))
         con.print(tab)
         hours = _hourly(d["policies"], c["demand"]["interval_s"])
         if hours:
