@@ -139,3 +139,29 @@ def test_short_decode_runs_equal_step_price(model: str, num_gpus: int, weight: s
             ok = np.isnan(want)
             assert np.array_equal(np.isnan(got), ok)
             np.testing.assert_allclose(got[~ok], want[~ok], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_linear_decode_runs_equal_the_array_path_exactly(model: str, num_gpus: int,
+                                                         weight: str) -> None:
+    """Issue 41: a short decode run of a model whose groups are all full layers or states
+    is priced without building `decode_run`'s arrays; bit for bit what the arrays give."""
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    shape = st.shape(d)
+    linear = all(g.kind == "state" or (g.kind == "full" and not g.window_tokens)
+                 for g in shape.groups)
+    k0 = coefficients(d)
+    assert (k0.linear is not None) == linear
+    if model in ("llama-3-8b", "mixtral-8x7b"):
+        assert linear  # the fast path is taken where the simulator spends its time
+    if not linear:
+        return
+    rng = np.random.default_rng(hash((model, weight, 41)) % 2**32)
+    for _ in range(6):
+        params = random_params(rng)
+        k = type(k0)(shape, params)
+        for num_steps in (1, 2, 7, 16):
+            start = rng.integers(1, 40_000, int(rng.integers(1, 300)))
+            want = k.one.price_work(shape.decode_run(start, num_steps))
+            assert k._linear_run(start, num_steps) == want
