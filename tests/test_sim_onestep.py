@@ -165,3 +165,26 @@ def test_linear_decode_runs_equal_the_array_path_exactly(model: str, num_gpus: i
             start = rng.integers(1, 40_000, int(rng.integers(1, 300)))
             want = k.one.price_work(shape.decode_run(start, num_steps))
             assert k._linear_run(start, num_steps) == want
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_pure_decode_steps_equal_scheduled_sums_exactly(model: str, num_gpus: int,
+                                                        weight: str) -> None:
+    """Issue 41: a pure-decode step of a model of full layers only is priced from two sums
+    instead of `scheduled_sums`; bit for bit the same price, chunked steps unchanged."""
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    shape = st.shape(d)
+    k0 = coefficients(d)
+    assert k0.full_only == all(g.kind == "full" and not g.window_tokens
+                               for g in shape.groups)
+    if model == "llama-3-8b":
+        assert k0.full_only
+    rng = np.random.default_rng(hash((model, weight, 4141)) % 2**32)
+    for _ in range(6):
+        k = type(k0)(shape, random_params(rng))
+        for _ in range(10):
+            start, new = random_step(rng)
+            if rng.random() < 0.6:
+                new = np.ones_like(new)
+            assert k.batch_step_s(start, new) == k.one.price(*shape.scheduled_sums(start, new))

@@ -129,20 +129,26 @@ class Scheduler:
             # may be negative, and each prefix of the walk must fit. Speculation reserves
             # `lookahead_tokens` slots past the scheduled ones (vLLM's num_lookahead_tokens).
             look = cfg.lookahead_tokens
-            need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0) \
-                if bm.blocks_fn is not None else np.maximum((comp + sched + look + bs - 1) // bs
-                                                            - held, 0)
-            if int(np.cumsum(need).max()) <= bm.num_free:
+            if bm.blocks_fn is not None:
+                need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0)
+                peak = int(np.cumsum(need).max())
+                need_sum = int(need.sum())
+            else:  # never negative: the running total peaks at the end
+                need = np.maximum((comp + sched + look + bs - 1) // bs - held, 0)
+                peak = need_sum = int(need.sum())
+            if peak <= bm.num_free:
                 if bm.caching:
                     bm.grow_many(ids, need, comp + sched,  # type: ignore[attr-defined]
                                  held + need)
                 else:
-                    change_blocks(bm, int(need.sum()))
+                    change_blocks(bm, need_sum)
                 r.num_blocks[ids] = held + need
                 keep = sched > 0
                 if not keep.all():
                     ids, comp, sched = ids[keep], comp[keep], sched[keep]
-                budget -= int(sched.sum())
+                # What was scheduled: all that was wanted, or the whole budget (the chunks
+                # fill it exactly when the wants exceed it).
+                budget -= min(total_want, budget)
             else:
                 ids, comp, sched, budget, preempted, swap_out = self._schedule_with_preemption()
         else:

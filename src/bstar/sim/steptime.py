@@ -53,6 +53,7 @@ class StepCoefficients:
     one: OneStep = field(init=False, repr=False, compare=False)
     linear: tuple[tuple[bool, float, float, float, float], ...] | None = field(
         init=False, repr=False, compare=False)
+    full_only: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "one", OneStep(self.shape, self.eff))
@@ -61,6 +62,8 @@ class StepCoefficients:
         # (`StepShape.decode_run`) and `_linear_run` prices a short one without arrays.
         linear = all(g.kind == "state" or (g.kind == "full" and not g.window_tokens)
                      for g in self.shape.groups)
+        object.__setattr__(self, "full_only", all(
+            g.kind == "full" and not g.window_tokens for g in self.shape.groups))
         object.__setattr__(self, "linear", tuple(
             (g.kind == "state", g.kv_s_per_token, g.state_s_per_seq, g.score_s_per_pos,
              g.decode_attention_s_per_pos) for g in self.shape.groups) if linear else None)
@@ -112,8 +115,19 @@ class StepCoefficients:
 
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
-        if np.size(new_tokens) == 0:
+        n = np.asarray(new_tokens)
+        if n.size == 0:
             return 0.0
+        if self.full_only and int(n.max()) <= 1:  # pure decode: `scheduled_sums`' floats
+            c = np.asarray(start_tokens)
+            b, t = float(n.size), float(n.sum())
+            h = float(c.sum()) + t  # token counts: exact in any order
+            kv = score = attn = 0.0
+            for _, kv_tok, state_seq, score_pos, attn_pos in self.linear or ():
+                kv += kv_tok * h + state_seq * b
+                score += score_pos * h
+                attn += attn_pos * h
+            return self.one.price(b, b, 0.0, t, kv, score, attn, 0.0, 0.0, 0.0, 0.0)
         return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
 
 
