@@ -16,6 +16,15 @@ while swap space lasts and copies it back on readmission; the copies cost time o
 
 The running batch is kept as an array of request ids in admission order; the common step
 (everything fits) is a handful of vectorized operations, the preemption path a plain loop.
+
+Why this file is three times nano-vllm's 92-line scheduler (issue 41): nano-vllm schedules
+either prefills or decodes in a step and preempts by recompute only. This one follows vLLM
+V1, whose behaviour the simulator is checked against: chunked prefill inside one token
+budget, preemption by recompute or by swap, windowed layers that give blocks back as they
+go, admission through the prefix cache, the KV slots speculation reserves, and SGLang's
+decode rounds. The common step is vectorized over the batch (a Python loop per request was
+most of a simulation's time), so each rule appears twice: once in `schedule`'s array path
+and once in `_schedule_with_preemption`'s walk, which must agree.
 """
 
 from __future__ import annotations
@@ -312,9 +321,11 @@ class Scheduler:
         first = gen == 0
         if first.any():
             r.first_token_s[emit[first]] = end_s
-        last = r.last_token_s[emit[~first]]
+            last = r.last_token_s[emit[~first]]
+        else:  # the common step: every token is a next one
+            last = r.last_token_s[emit]
         contiguous = last == start_s
-        n_contig = int(contiguous.sum())
+        n_contig = int(np.count_nonzero(contiguous))
         other_gaps = end_s - last[~contiguous] if n_contig < last.size else _EMPTY
         gen = gen + 1
         r.num_generated[emit] = gen
