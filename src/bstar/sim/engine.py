@@ -11,7 +11,7 @@ Pure: the workload (drawn from a seeded generator by `traffic`) and the deployme
 a `SimRun` goes out; nothing is printed or written here.
 
 Why this file is longer than nano-vllm's engine (issue 41): nano-vllm runs a model and needs
-no clock, while this loop is the clock. About half of it is the multi-step jump
+no clock, while this loop is the clock. A quarter of it is the multi-step jump
 (`_fast_forward`, `_commit_decode_run`), which makes a 10,000-request study take seconds
 instead of minutes and has to account every jumped step as the plain loop would (ITL
 weights, blocks, the arrival and time-limit cuts); the rest is what a served request meets

@@ -22,9 +22,9 @@ either prefills or decodes in a step and preempts by recompute only. This one fo
 V1, whose behaviour the simulator is checked against: chunked prefill inside one token
 budget, preemption by recompute or by swap, windowed layers that give blocks back as they
 go, admission through the prefix cache, the KV slots speculation reserves, and SGLang's
-decode rounds. The common step is vectorized over the batch (a Python loop per request was
-most of a simulation's time), so each rule appears twice: once in `schedule`'s array path
-and once in `_schedule_with_preemption`'s walk, which must agree.
+decode rounds. The common step is vectorized over the batch, since it runs on every step,
+so the block rules appear twice: in `schedule`'s array path and in
+`_schedule_with_preemption`'s walk, which must agree.
 """
 
 from __future__ import annotations
