@@ -168,10 +168,11 @@ def test_linear_decode_runs_equal_the_array_path_exactly(model: str, num_gpus: i
 
 
 @pytest.mark.parametrize("model,num_gpus,weight", CASES)
-def test_pure_decode_steps_equal_scheduled_sums_exactly(model: str, num_gpus: int,
+def test_full_layer_steps_equal_scheduled_sums_exactly(model: str, num_gpus: int,
                                                         weight: str) -> None:
-    """Issue 41: a pure-decode step of a model of full layers only is priced from two sums
-    instead of `scheduled_sums`; bit for bit the same price, chunked steps unchanged."""
+    """Issue 41: a step of a model of full layers only is priced from two sums and its
+    chunks' terms (kept per set of chunks) instead of `scheduled_sums` of the whole step;
+    bit for bit the same price."""
     d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
                    weight_dtype=weight)
     shape = st.shape(d)
@@ -185,6 +186,13 @@ def test_pure_decode_steps_equal_scheduled_sums_exactly(model: str, num_gpus: in
         k = type(k0)(shape, random_params(rng))
         for _ in range(10):
             start, new = random_step(rng)
-            if rng.random() < 0.6:
+            if rng.random() < 0.4:
                 new = np.ones_like(new)
-            assert k.batch_step_s(start, new) == k.one.price(*shape.scheduled_sums(start, new))
+            want = k.one.price(*shape.scheduled_sums(start, new))
+            assert k.batch_step_s(start, new) == want
+            assert k.batch_step_s(start, new) == want  # its chunk terms kept
+            # The same chunks beside other decodes: the kept terms, the decodes' own sums.
+            more = np.concatenate([start, rng.integers(1, 40_000, 5)])
+            more_new = np.concatenate([new, np.ones(5, dtype=new.dtype)])
+            assert k.batch_step_s(more, more_new) == k.one.price(
+                *shape.scheduled_sums(more, more_new))

@@ -42,6 +42,7 @@ FloatArray = npt.NDArray[np.float64]
 # Decode runs up to this many steps are priced one step at a time (OneStep): cheaper than
 # numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
 SHORT_RUN_STEPS = 16
+MAX_CHUNK_TERMS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,9 @@ class StepCoefficients:
     linear: tuple[tuple[bool, float, float, float, float], ...] | None = field(
         init=False, repr=False, compare=False)
     full_only: bool = field(init=False, repr=False, compare=False)
+    # `batch_step_s`' chunk terms per set of prompt chunks (at most MAX_CHUNK_TERMS).
+    chunk_terms: dict[tuple[str, str, bytes, bytes], tuple[float, ...]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "one", OneStep(self.shape, self.eff))
@@ -62,6 +66,7 @@ class StepCoefficients:
         # (`StepShape.decode_run`) and `_linear_run` prices a short one without arrays.
         linear = all(g.kind == "state" or (g.kind == "full" and not g.window_tokens)
                      for g in self.shape.groups)
+        object.__setattr__(self, "chunk_terms", {})
         object.__setattr__(self, "full_only", all(
             g.kind == "full" and not g.window_tokens for g in self.shape.groups))
         object.__setattr__(self, "linear", tuple(
@@ -115,20 +120,39 @@ class StepCoefficients:
 
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
-        n = np.asarray(new_tokens)
+        n = np.asarray(new_tokens).ravel()
         if n.size == 0:
             return 0.0
-        if self.full_only and int(n.max()) <= 1:  # pure decode: `scheduled_sums`' floats
-            c = np.asarray(start_tokens)
-            b, t = float(n.size), float(n.sum())
-            h = float(c.sum()) + t  # token counts: exact in any order
-            kv = score = attn = 0.0
-            for _, kv_tok, state_seq, score_pos, attn_pos in self.linear or ():
-                kv += kv_tok * h + state_seq * b
-                score += score_pos * h
-                attn += attn_pos * h
-            return self.one.price(b, b, 0.0, t, kv, score, attn, 0.0, 0.0, 0.0, 0.0)
-        return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
+        if not self.full_only:
+            return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
+        # Full layers only: `scheduled_sums`' floats, its decode part from two sums and its
+        # chunk part (a function of the chunks alone) from `scheduled_sums` of the chunks,
+        # kept per set of chunks: most steps of a study prefill the same prompt shapes.
+        c = np.asarray(start_tokens).ravel()
+        t = float(n.sum())
+        chunk = n > 1
+        num_chunks = int(np.count_nonzero(chunk))
+        if num_chunks:
+            cf, nf = c[chunk], n[chunk]
+            key = (cf.dtype.str, nf.dtype.str, cf.tobytes(), nf.tobytes())
+            terms = self.chunk_terms.get(key)
+            if terms is None:
+                if len(self.chunk_terms) >= MAX_CHUNK_TERMS:
+                    self.chunk_terms.clear()
+                terms = self.chunk_terms[key] = self.shape.scheduled_sums(cf, nf)[7:]
+            # Token counts: exact in any order, as `scheduled_sums` sums them in floats.
+            h = float(c.sum()) + t - float(cf.sum()) - float(nf.sum())
+        else:
+            terms = (0.0, 0.0, 0.0, 0.0)
+            h = float(c.sum()) + t
+        b = float(n.size)
+        num_dec = float(n.size - num_chunks)
+        kv = score = attn = 0.0
+        for _, kv_tok, state_seq, score_pos, attn_pos in self.linear or ():
+            kv += kv_tok * h + state_seq * num_dec
+            score += score_pos * h
+            attn += attn_pos * h
+        return self.one.price(b, num_dec, float(num_chunks), t, kv, score, attn, *terms)
 
 
 def coefficients(d: Deployment) -> StepCoefficients:
