@@ -360,7 +360,7 @@ class _Loop:
             # non-decreasing in k); the commit frees what the run's last step leaves.
             if bm.blocks_fn is not None:
                 return int(np.maximum(bm.blocks_for(comp + k, comp) - held, 0).sum())
-            return int(np.maximum((comp + k + bs - 1) // bs - held, 0).sum())
+            return int(np.maximum((comp + (k + bs - 1)) // bs - held, 0).sum())
 
         if new_blocks(k_max) > bm.num_free:
             lo, hi = 0, k_max  # largest k with new_blocks(k) <= free

@@ -143,7 +143,7 @@ class Scheduler:
                 peak = int(np.cumsum(need).max())
                 need_sum = int(need.sum())
             else:  # never negative: the running total peaks at the end
-                need = np.maximum((comp + sched + look + bs - 1) // bs - held, 0)
+                need = np.maximum((comp + sched + (look + bs - 1)) // bs - held, 0)
                 peak = need_sum = int(need.sum())
             if peak <= bm.num_free:
                 if bm.caching:
