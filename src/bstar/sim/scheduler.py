@@ -119,7 +119,6 @@ class Scheduler:
     # ---- one step's schedule ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         r, bm, cfg = self.reqs, self.blocks, self.cfg
-        bs = bm.block_size
         ids = self.running[:self.num_running].copy()
         budget = cfg.max_num_batched_tokens
         preempted = swap_out = 0
@@ -133,18 +132,7 @@ class Scheduler:
                 before = np.cumsum(want) - want
                 sched = np.clip(budget - before, 0, want)
             held = r.num_blocks[ids]
-            # A windowed model's request gives back the blocks behind its window as it
-            # goes (vLLM frees them before it allocates, request by request): the net change
-            # may be negative, and each prefix of the walk must fit. Speculation reserves
-            # `lookahead_tokens` slots past the scheduled ones (vLLM's num_lookahead_tokens).
-            look = cfg.lookahead_tokens
-            if bm.blocks_fn is not None:
-                need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0)
-                peak = int(np.cumsum(need).max())
-                need_sum = int(need.sum())
-            else:  # never negative: the running total peaks at the end
-                need = np.maximum((comp + sched + (look + bs - 1)) // bs - held, 0)
-                peak = need_sum = int(need.sum())
+            need, peak, need_sum = self._running_need(comp, sched, held)
             if peak <= bm.num_free:
                 if bm.caching:
                     bm.grow_many(ids, need, comp + sched,  # type: ignore[attr-defined]
@@ -199,6 +187,24 @@ class Scheduler:
                 comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
                 sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
         return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _running_need(self, comp: IntArray, sched: IntArray,
+                      held: IntArray) -> tuple[IntArray, int, int]:
+        """Blocks each running request takes for its scheduled tokens, the peak of their
+        running total and their sum. A windowed model's request gives back the blocks
+        behind its window as it goes (vLLM frees them before it allocates, request by
+        request): the net change may be negative, and each prefix of the walk must fit.
+        Speculation reserves `lookahead_tokens` slots past the scheduled ones (vLLM's
+        num_lookahead_tokens)."""
+        bm, look = self.blocks, self.cfg.lookahead_tokens
+        if bm.blocks_fn is not None:
+            need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0)
+            return need, int(np.cumsum(need).max()), int(need.sum())
+        # Never negative: the running total peaks at the end.
+        need = np.maximum((comp + sched + (look + bm.block_size - 1)) // bm.block_size - held,
+                          0)
+        total = int(need.sum())
+        return need, total, total
 
     def _queue_open(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
         """Whether this step may admit from the queue: always, unless the engine runs
