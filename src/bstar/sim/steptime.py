@@ -95,7 +95,7 @@ class StepCoefficients:
     def _linear_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> list[float]:
         """`price_work(decode_run(start_tokens, num_steps))` in Python floats, for shapes
         whose groups are all full layers or states (`linear`): the same sums in the same
-        order as `decode_held` and `_work` take them (tests/test_sim_steptime.py holds the
+        order as `decode_held` and `_work` take them (tests/test_sim_onestep.py holds the
         two equal)."""
         c = np.asarray(start_tokens)
         b = float(c.size)
