@@ -139,3 +139,60 @@ def test_short_decode_runs_equal_step_price(model: str, num_gpus: int, weight: s
             ok = np.isnan(want)
             assert np.array_equal(np.isnan(got), ok)
             np.testing.assert_allclose(got[~ok], want[~ok], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_linear_decode_runs_equal_the_array_path_exactly(model: str, num_gpus: int,
+                                                         weight: str) -> None:
+    """Issue 41: a short decode run of a model whose groups are all full layers or states
+    is priced without building `decode_run`'s arrays; bit for bit what the arrays give."""
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    shape = st.shape(d)
+    linear = all(g.kind == "state" or (g.kind == "full" and not g.window_tokens)
+                 for g in shape.groups)
+    k0 = coefficients(d)
+    assert (k0.linear is not None) == linear
+    if model in ("llama-3-8b", "mixtral-8x7b"):
+        assert linear  # the fast path is taken where the simulator spends its time
+    if not linear:
+        return
+    rng = np.random.default_rng(hash((model, weight, 41)) % 2**32)
+    for _ in range(6):
+        params = random_params(rng)
+        k = type(k0)(shape, params)
+        for num_steps in (1, 2, 7, 16):
+            start = rng.integers(1, 40_000, int(rng.integers(1, 300)))
+            want = k.one.price_work(shape.decode_run(start, num_steps))
+            assert k._linear_run(start, num_steps) == want
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_full_layer_steps_equal_scheduled_sums_exactly(model: str, num_gpus: int,
+                                                        weight: str) -> None:
+    """Issue 41: a step of a model of full layers only is priced from two sums and its
+    chunks' terms (kept per set of chunks) instead of `scheduled_sums` of the whole step;
+    bit for bit the same price."""
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    shape = st.shape(d)
+    k0 = coefficients(d)
+    assert k0.full_only == all(g.kind == "full" and not g.window_tokens
+                               for g in shape.groups)
+    if model == "llama-3-8b":
+        assert k0.full_only
+    rng = np.random.default_rng(hash((model, weight, 4141)) % 2**32)
+    for _ in range(6):
+        k = type(k0)(shape, random_params(rng))
+        for _ in range(10):
+            start, new = random_step(rng)
+            if rng.random() < 0.4:
+                new = np.ones_like(new)
+            want = k.one.price(*shape.scheduled_sums(start, new))
+            assert k.batch_step_s(start, new) == want
+            assert k.batch_step_s(start, new) == want  # its chunk terms kept
+            # The same chunks beside other decodes: the kept terms, the decodes' own sums.
+            more = np.concatenate([start, rng.integers(1, 40_000, 5)])
+            more_new = np.concatenate([new, np.ones(5, dtype=new.dtype)])
+            assert k.batch_step_s(more, more_new) == k.one.price(
+                *shape.scheduled_sums(more, more_new))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -12,6 +11,8 @@ class BstarError(ValueError):
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """'; did you mean: a, b?' or '' -- for one-line unknown-name messages."""
+    import difflib  # only for a name not found: every command imports this module
+
     pool = sorted(set(candidates))
     matches = difflib.get_close_matches(name.lower(), pool, n=n, cutoff=0.4)
     if not matches:

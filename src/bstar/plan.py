@@ -385,7 +385,10 @@ def predicted_knees(d: Deployment, context_tokens: int, b_mem: int) -> dict[str,
     from bstar.knee import all_knees
 
     top = max(2, 2 * b_mem)
-    fine = np.unique(np.round(2.0 ** (np.arange(0, 4 * np.log2(top) + 1) / 4)).astype(int))
+    # sorted(set()), not np.unique: np.unique imports numpy.ma (a fifth of `bstar plan`'s
+    # start-up, bench/startup.py).
+    fine = np.array(sorted(set(np.round(2.0 ** (np.arange(0, 4 * np.log2(top) + 1) / 4))
+                               .astype(int).tolist())), dtype=int)
     pow2 = 2 ** np.arange(0, int(np.log2(top)) + 1)
     return all_knees(pow2, rl.curve(d, pow2, context_tokens).throughput_tok_s,
                      doubling_grid=(fine, rl.curve(d, fine, context_tokens).throughput_tok_s))

@@ -16,6 +16,15 @@ while swap space lasts and copies it back on readmission; the copies cost time o
 
 The running batch is kept as an array of request ids in admission order; the common step
 (everything fits) is a handful of vectorized operations, the preemption path a plain loop.
+
+Why this file is three times nano-vllm's 92-line scheduler (issue 41): nano-vllm schedules
+either prefills or decodes in a step and preempts by recompute only. This one follows vLLM
+V1, whose behaviour the simulator is checked against: chunked prefill inside one token
+budget, preemption by recompute or by swap, windowed layers that give blocks back as they
+go, admission through the prefix cache, the KV slots speculation reserves, and SGLang's
+decode rounds. The common step is vectorized over the batch, since it runs on every step,
+so the block rules appear twice: in `schedule`'s array path and in
+`_schedule_with_preemption`'s walk, which must agree.
 """
 
 from __future__ import annotations
@@ -107,7 +116,6 @@ class Scheduler:
     # ---- one step's schedule ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         r, bm, cfg = self.reqs, self.blocks, self.cfg
-        bs = bm.block_size
         ids = self.running[:self.num_running].copy()
         budget = cfg.max_num_batched_tokens
         preempted = swap_out = 0
@@ -121,25 +129,20 @@ class Scheduler:
                 before = np.cumsum(want) - want
                 sched = np.clip(budget - before, 0, want)
             held = r.num_blocks[ids]
-            # A windowed model's request gives back the blocks behind its window as it
-            # goes (vLLM frees them before it allocates, request by request): the net change
-            # may be negative, and each prefix of the walk must fit. Speculation reserves
-            # `lookahead_tokens` slots past the scheduled ones (vLLM's num_lookahead_tokens).
-            look = cfg.lookahead_tokens
-            need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0) \
-                if bm.blocks_fn is not None else np.maximum((comp + sched + look + bs - 1) // bs
-                                                            - held, 0)
-            if int(np.cumsum(need).max()) <= bm.num_free:
+            need, peak, need_sum = self._running_need(comp, sched, held)
+            if peak <= bm.num_free:
                 if bm.caching:
                     bm.grow_many(ids, need, comp + sched,  # type: ignore[attr-defined]
                                  held + need)
                 else:
-                    change_blocks(bm, int(need.sum()))
+                    change_blocks(bm, need_sum)
                 r.num_blocks[ids] = held + need
                 keep = sched > 0
                 if not keep.all():
                     ids, comp, sched = ids[keep], comp[keep], sched[keep]
-                budget -= int(sched.sum())
+                # What was scheduled: all that was wanted, or the whole budget (the chunks
+                # fill it exactly when the wants exceed it).
+                budget -= min(total_want, budget)
             else:
                 ids, comp, sched, budget, preempted, swap_out = self._schedule_with_preemption()
         else:
@@ -181,6 +184,24 @@ class Scheduler:
                 comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
                 sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
         return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _running_need(self, comp: IntArray, sched: IntArray,
+                      held: IntArray) -> tuple[IntArray, int, int]:
+        """Blocks each running request takes for its scheduled tokens, the peak of their
+        running total and their sum. A windowed model's request gives back the blocks
+        behind its window as it goes (vLLM frees them before it allocates, request by
+        request): the net change may be negative, and each prefix of the walk must fit.
+        Speculation reserves `lookahead_tokens` slots past the scheduled ones (vLLM's
+        num_lookahead_tokens)."""
+        bm, look = self.blocks, self.cfg.lookahead_tokens
+        if bm.blocks_fn is not None:
+            need = np.where(sched > 0, bm.blocks_for(comp + sched + look, comp) - held, 0)
+            return need, int(np.cumsum(need).max()), int(need.sum())
+        # Never negative: the running total peaks at the end.
+        need = np.maximum((comp + sched + (look + bm.block_size - 1)) // bm.block_size - held,
+                          0)
+        total = int(need.sum())
+        return need, total, total
 
     def _queue_open(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
         """Whether this step may admit from the queue: always, unless the engine runs
@@ -303,9 +324,11 @@ class Scheduler:
         first = gen == 0
         if first.any():
             r.first_token_s[emit[first]] = end_s
-        last = r.last_token_s[emit[~first]]
+            last = r.last_token_s[emit[~first]]
+        else:  # the common step: every token is a next one
+            last = r.last_token_s[emit]
         contiguous = last == start_s
-        n_contig = int(contiguous.sum())
+        n_contig = int(np.count_nonzero(contiguous))
         other_gaps = end_s - last[~contiguous] if n_contig < last.size else _EMPTY
         gen = gen + 1
         r.num_generated[emit] = gen

@@ -42,6 +42,7 @@ FloatArray = npt.NDArray[np.float64]
 # Decode runs up to this many steps are priced one step at a time (OneStep): cheaper than
 # numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
 SHORT_RUN_STEPS = 16
+MAX_CHUNK_TERMS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,26 @@ class StepCoefficients:
     shape: st.StepShape
     eff: Any  # Efficiency, or a mapping of its fields
     one: OneStep = field(init=False, repr=False, compare=False)
+    linear: tuple[tuple[bool, float, float, float, float], ...] | None = field(
+        init=False, repr=False, compare=False)
+    full_only: bool = field(init=False, repr=False, compare=False)
+    # `batch_step_s`' chunk terms per set of prompt chunks (at most MAX_CHUNK_TERMS).
+    chunk_terms: dict[tuple[str, str, bytes, bytes], tuple[float, ...]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "one", OneStep(self.shape, self.eff))
+        # Per layer group (kv, state, score, attention per position), when every group reads
+        # all it holds or a fixed state: then a decode run's held sums are linear in the step
+        # (`StepShape.decode_run`) and `_linear_run` prices a short one without arrays.
+        linear = all(g.kind == "state" or (g.kind == "full" and not g.window_tokens)
+                     for g in self.shape.groups)
+        object.__setattr__(self, "chunk_terms", {})
+        object.__setattr__(self, "full_only", all(
+            g.kind == "full" and not g.window_tokens for g in self.shape.groups))
+        object.__setattr__(self, "linear", tuple(
+            (g.kind == "state", g.kv_s_per_token, g.state_s_per_seq, g.score_s_per_pos,
+             g.decode_attention_s_per_pos) for g in self.shape.groups) if linear else None)
 
     def decode_step_s(self, num_seqs: npt.ArrayLike,
                       held_sums: tuple[npt.ArrayLike, ...] | None = None) -> FloatArray:
@@ -67,16 +85,71 @@ class StepCoefficients:
     def decode_run_step_s(self, start_tokens: npt.ArrayLike, num_steps: int) -> FloatArray:
         """Times of `num_steps` consecutive pure-decode steps of the same sequences (a short
         run priced step by step by `OneStep`: numpy's cost per call is most of a short one)."""
+        if num_steps <= SHORT_RUN_STEPS and self.linear is not None:
+            return np.array(self._linear_run(start_tokens, num_steps))
         w = self.shape.decode_run(start_tokens, num_steps)
         if num_steps > SHORT_RUN_STEPS:
             return st.price(w, self.eff)
         return np.array(self.one.price_work(w))
 
+    def _linear_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> list[float]:
+        """`price_work(decode_run(start_tokens, num_steps))` in Python floats, for shapes
+        whose groups are all full layers or states (`linear`): the same sums in the same
+        order as `decode_held` and `_work` take them (tests/test_sim_onestep.py holds the
+        two equal)."""
+        c = np.asarray(start_tokens)
+        b = float(c.size)
+        # A sum of token counts: exact in any order (decode_run sums the sorted floats).
+        c_sum = float(c.sum())
+        price, groups = self.one.price, self.linear
+        assert groups is not None
+        out = []
+        for j in range(1, num_steps + 1):
+            h = c_sum + b * float(j)
+            kv = score = attn = 0.0
+            for is_state, kv_tok, state_seq, score_pos, attn_pos in groups:
+                hg = 0.0 if is_state else h
+                kv = kv + kv_tok * hg + state_seq * b
+                score = score + score_pos * hg
+                attn = attn + attn_pos * hg
+            out.append(price(b, b, 0.0, b, kv, score, attn, 0.0, 0.0, 0.0, 0.0))
+        return out
+
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
         """One step over sequences each computing `new_tokens` on top of `start_tokens`."""
-        if np.size(new_tokens) == 0:
+        n = np.asarray(new_tokens).ravel()
+        if n.size == 0:
             return 0.0
-        return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
+        if not self.full_only:
+            return self.one.price(*self.shape.scheduled_sums(start_tokens, new_tokens))
+        # Full layers only: `scheduled_sums`' floats, its decode part from two sums and its
+        # chunk part (a function of the chunks alone) from `scheduled_sums` of the chunks,
+        # kept per set of chunks: most steps of a study prefill the same prompt shapes.
+        c = np.asarray(start_tokens).ravel()
+        t = float(n.sum())
+        chunk = n > 1
+        num_chunks = int(np.count_nonzero(chunk))
+        if num_chunks:
+            cf, nf = c[chunk], n[chunk]
+            key = (cf.dtype.str, nf.dtype.str, cf.tobytes(), nf.tobytes())
+            terms = self.chunk_terms.get(key)
+            if terms is None:
+                if len(self.chunk_terms) >= MAX_CHUNK_TERMS:
+                    self.chunk_terms.clear()
+                terms = self.chunk_terms[key] = self.shape.scheduled_sums(cf, nf)[7:]
+            # Token counts: exact in any order, as `scheduled_sums` sums them in floats.
+            h = float(c.sum()) + t - float(cf.sum()) - float(nf.sum())
+        else:
+            terms = (0.0, 0.0, 0.0, 0.0)
+            h = float(c.sum()) + t
+        b = float(n.size)
+        num_dec = float(n.size - num_chunks)
+        kv = score = attn = 0.0
+        for _, kv_tok, state_seq, score_pos, attn_pos in self.linear or ():
+            kv += kv_tok * h + state_seq * num_dec
+            score += score_pos * h
+            attn += attn_pos * h
+        return self.one.price(b, num_dec, float(num_chunks), t, kv, score, attn, *terms)
 
 
 def coefficients(d: Deployment) -> StepCoefficients:
