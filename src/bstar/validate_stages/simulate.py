@@ -145,7 +145,9 @@ def stage_deployment(stage: Stage, engine: str | None = None,
                              weight_dtype=dtype, kv_dtype=kv,
                              gpu_util=stage.memory_fraction or GPU_MEMORY_UTILIZATION,
                              block_size=stage.block_size or BLOCK_SIZE,
-                             engine=stage.engine if engine is None else engine)
+                             engine=stage.engine if engine is None else engine,
+                             expert_parallel=stage.expert_parallel,
+                             data_parallel=stage.data_parallel)
     key = tuple(opts.to_dict().values())
     d = _DEPLOYMENTS.get(key)
     if d is None:
