@@ -175,6 +175,23 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                        help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
     g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
                    default=1, help="tensor-parallel degree (default: 1)")
+    g.add_argument("--data-parallel-size", dest="data_parallel_size", type=positive_int,
+                   default=1,
+                   help="attention data-parallel ranks (vLLM --data-parallel-size: "
+                        "--num-gpus is each rank's tensor-parallel size, the GPUs are "
+                        "their product; with --enable-dp-attention, SGLang's --dp: --num-gpus "
+                        "is all the GPUs and each rank takes num-gpus / dp of them; default "
+                        "1). Each rank runs its own sequences' attention and holds their KV")
+    g.add_argument("--enable-dp-attention", action="store_true",
+                   help="SGLang's spelling: attention data parallel inside --num-gpus GPUs "
+                        "(--data-parallel-size ranks, default one a GPU)")
+    g.add_argument("--expert-parallel-size", "--ep-size", dest="expert_parallel_size",
+                   type=positive_int, default=None,
+                   help="GPUs the routed experts are split over, each holding whole experts "
+                        "(SGLang --ep-size, TensorRT-LLM --ep_size; default 1: tensor-parallel "
+                        "experts)")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="vLLM's spelling: expert parallel over all the GPUs")
     g.add_argument("--assume-unmodeled", action="store_true",
                    help="read a config whose layer kind, quantization method or memory key "
                         "bstar does not model on a stated assumption (unknown layers as full "
@@ -239,8 +256,28 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
              "ideal": getattr(args, "ideal", None),
              "profile": getattr(args, "profile", None),
              "engine": getattr(args, "engine", None),
-             "assume_unmodeled": getattr(args, "assume_unmodeled", None)}
+             "assume_unmodeled": getattr(args, "assume_unmodeled", None),
+             **parallel_layout(args)}
     return DeploymentOptions.from_dict(flags)
+
+
+def parallel_layout(args: argparse.Namespace) -> dict[str, int | None]:
+    """num_gpus, expert_parallel and data_parallel from the engines' spellings
+    (`add_deployment_arguments`): vLLM's --data-parallel-size multiplies the GPUs;
+    SGLang's --enable-dp-attention splits --num-gpus into ranks; --enable-expert-parallel
+    spreads the experts over all of them."""
+    tp = getattr(args, "num_gpus", None)
+    dp = getattr(args, "data_parallel_size", None) or 1
+    if tp is None:
+        return {}
+    if getattr(args, "enable_dp_attention", False):
+        total, ranks = tp, dp if dp > 1 else tp
+    else:
+        total, ranks = tp * dp, dp
+    ep = getattr(args, "expert_parallel_size", None)
+    if ep is None:
+        ep = total if getattr(args, "enable_expert_parallel", False) else 1
+    return {"num_gpus": total, "data_parallel": ranks, "expert_parallel": ep}
 
 
 def _single(value: object) -> str | None:
