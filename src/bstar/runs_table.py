@@ -122,7 +122,7 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
             engine_version=r.get("engine_version", ""), dtype=r.get("dtype", ""),
             ignore_eos=not r.get("ignore_eos") or _flag(r["ignore_eos"], at, "ignore_eos"),
             requests_sent=sent, requests_ok=sent,
-            tpot_mean_ms=tpot,
+            tpot_mean_ms=tpot, ttft_p50_ms=_float(r, "ttft_median_ms", at),
             output_tok_s=None if out_s is None else out_s * ints["num_gpus"],
             where=at, base_dir=str(base_dir) if base_dir else "",
             output_len_min=ints["output_len_min"], warmup_fraction=warm / sent,

@@ -228,7 +228,10 @@ def format_runs_validation(v: dict[str, Any]) -> str:
             sm = g["summary"][k]
             out.append(f"    {name:<9}" + "".join(
                 f"  {m} {pct(sm[key]['mean']).strip()} / {pct(sm[key]['median']).strip()}"
-                for key, m in RUN_METRICS))
+                for key, m in RUN_METRICS)
+                + (f"  TTFT p50 {pct(sm['ttft_median_ms']['mean']).strip()} / "
+                   f"{pct(sm['ttft_median_ms']['median']).strip()}"
+                   if "ttft_median_ms" in sm else ""))
         if len(g["models"]) > 1:
             out += _run_model_lines(g, ways)
         for m, e in g["lomo_eff"].items():
