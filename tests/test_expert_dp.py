@@ -143,3 +143,13 @@ def test_runs_table_refuses_a_layout_that_does_not_divide() -> None:
     bad = ROW.replace("dp,qwen3-30b-a3b,h200,2,2,true,2", "dp,qwen3-30b-a3b,h200,2,2,true,3")
     with pytest.raises(BstarError, match="data_parallel 3"):
         runs_from_csv(bad, "t")
+
+
+def test_search_replicas_take_the_layout_where_it_divides() -> None:
+    from bstar.search.candidates import layout_size
+
+    assert layout_size(0, 8, 256) == 8  # --enable-expert-parallel: all the replica's GPUs
+    assert layout_size(8, 4, 256) == 1  # does not divide a replica of 4: left at 1
+    assert layout_size(4, 8, 256) == 4
+    assert layout_size(3, 6, 256) == 1  # 256 experts do not split 3 ways
+    assert layout_size(0, 8, 0) == 8  # attention DP: no experts to divide
