@@ -44,6 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bstar.deployment import EFFICIENCY_FIELDS, expert_compute
+from bstar.parallel import allreduce_rounds as allreduce_rounds  # step's name for callers
+from bstar.parallel import comm_terms, experts_touched_max_fraction, routed_tokens_max_ratio
+from bstar.parallel import expert_fraction_read as expert_fraction_read
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
@@ -74,84 +77,6 @@ def weight_stream(weight_bits: int, params: Any) -> float:
     if weight_bits <= 8:
         return p["bandwidth"] * p["fp8_weight_stream"]
     return p["bandwidth"]
-
-
-def expert_fraction_read(batch: npt.ArrayLike, top_k: int, num_experts: int) -> FloatArray:
-    """Expected fraction of a layer's experts that at least one of B tokens routes to,
-    assuming uniform independent routing: 1 - (1 - k/E)^B."""
-    return 1.0 - (1.0 - top_k / num_experts) ** np.asarray(batch, dtype=np.float64)
-
-
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals] by Blom's approximation,
-    Phi^-1((n - 0.375) / (n + 0.25)): 1.43 at n = 8 (exact 1.424), 0.59 at n = 2 (exact
-    0.564); 0 at n = 1."""
-    if n <= 1:
-        return 0.0
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
-
-
-def routed_tokens_max_ratio(tokens: npt.ArrayLike, top_k: int, num_experts: int,
-                            ranks: int) -> FloatArray:
-    """Expected maximum over `ranks` expert-parallel ranks of the tokens the router sends a
-    rank, over its mean (T k / ranks), for T = `tokens` each choosing top_k distinct experts
-    of num_experts uniformly (E / ranks experts a rank). A token sends a rank a
-    hypergeometric count, mean k / ranks, variance k (m / E)(1 - m / E)(E - k)/(E - 1) with
-    m = E / ranks; over T independent tokens the rank's count is about normal, and the
-    maximum over ranks is mean + z_ranks x sd (`expected_max_normal`; the ranks' small
-    negative correlation is ignored: it errs high). Capped at T x min(k, m) (every token's
-    experts on one rank). 1 for one rank or no tokens; -> 1 as T grows (sd / mean ~
-    1 / sqrt(T)). Routing skew (hot experts) is not modelled: uniform routing is the floor."""
-    t = np.asarray(tokens, dtype=np.float64)
-    if ranks <= 1 or num_experts <= 0:
-        return np.ones_like(t)
-    e, k = float(num_experts), float(top_k)
-    m = e / ranks
-    mean = t * k / ranks
-    var = t * k * (m / e) * (1.0 - m / e) * (e - k) / max(e - 1.0, 1.0)
-    hi = np.minimum(mean + expected_max_normal(ranks) * np.sqrt(var), t * min(k, m))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(t > 0, hi / np.where(mean > 0, mean, 1.0), 1.0)
-
-
-def experts_touched_max_fraction(tokens: npt.ArrayLike, top_k: int, num_experts: int,
-                                 ranks: int) -> FloatArray:
-    """Expected maximum over `ranks` expert-parallel ranks of the fraction of a rank's own
-    experts that at least one of T tokens routes to: each of its m = E / ranks experts is
-    touched with p = 1 - (1 - k/E)^T (`expert_fraction_read`); the rank's count is about
-    binomial(m, p), its maximum over ranks mean + z_ranks x sd (`expected_max_normal`),
-    capped at m. The step reads the weights of the rank that touched the most. With one
-    rank, `expert_fraction_read`."""
-    p = expert_fraction_read(tokens, top_k, num_experts)
-    if ranks <= 1:
-        return p
-    m = num_experts / ranks
-    hi = np.minimum(m, m * p + expected_max_normal(ranks) * np.sqrt(m * p * (1.0 - p)))
-    return np.asarray(hi / m, dtype=np.float64)
-
-
-def dispatch_sends_per_token(top_k: int, num_experts: int, ranks: int) -> float:
-    """Expected number of OTHER expert-parallel ranks a token's top-k experts sit on (the
-    copies an all-to-all dispatch sends, and the combine returns): (ranks - 1) x P(a given
-    rank holds one of its experts) = (ranks - 1)(1 - C(E - m, k) / C(E, k)), m = E / ranks."""
-    if ranks <= 1 or num_experts <= 0:
-        return 0.0
-    m = num_experts // ranks
-    miss = 1.0
-    for i in range(top_k):  # C(E - m, k) / C(E, k) as a product
-        miss *= max(num_experts - m - i, 0) / (num_experts - i)
-    return (ranks - 1) * (1.0 - miss)
-
-
-def allreduce_rounds(num_gpus: int) -> float:
-    """Latency units of one small all-reduce over `num_gpus` GPUs: log2(N), 1 at N = 2.
-
-    A decode step's all-reduces carry kilobytes, so their time is latency, and a latency-bound
-    all-reduce is log2(N) dependent exchange rounds (recursive doubling / a tree), each ending
-    when the slowest rank arrives (docs/cost-model.md, "Tensor parallel")."""
-    return math.log2(num_gpus) if num_gpus > 1 else 0.0
 
 
 # ---- what a step does ------------------------------------------------------------------------
@@ -334,15 +259,8 @@ class StepShape:
         """Fraction of a GPU's expert bytes the step reads: the experts touched
         (`expert_fraction_read`), on the busiest rank under EP
         (`experts_touched_max_fraction`)."""
-        if self.expert_parallel > 1:
-            return experts_touched_max_fraction(num_tokens, self.top_k, self.num_experts,
-                                                self.expert_parallel)
-        return expert_fraction_read(num_tokens, self.top_k, self.num_experts)
-
-    def expert_gemm_ratio(self, num_tokens: npt.ArrayLike) -> FloatArray:
-        """The busiest EP rank's routed tokens over the mean (`routed_tokens_max_ratio`)."""
-        return routed_tokens_max_ratio(num_tokens, self.top_k, self.num_experts,
-                                       self.expert_parallel)
+        return experts_touched_max_fraction(num_tokens, self.top_k, self.num_experts,
+                                            self.expert_parallel)
 
     def kv_bytes_per_token(self) -> float:
         """KV bytes per token of context on each GPU (layers that cache tokens)."""
@@ -360,11 +278,11 @@ class StepShape:
         return np.asarray(w, dtype=np.float64)
 
     def expert_gemm_extra_s(self, num_tokens: npt.ArrayLike) -> FloatArray:
-        """The routed experts' GEMM time the busiest EP rank adds over the mean rank's."""
+        """The routed experts' GEMM time the busiest EP rank adds over the mean rank's
+        (`routed_tokens_max_ratio`: 0 without EP)."""
         t = np.asarray(num_tokens, dtype=np.float64)
-        if self.expert_parallel <= 1 or not self.num_experts:
-            return np.zeros_like(t)
-        return self.expert_gemm_s_per_token * t * (self.expert_gemm_ratio(t) - 1.0)
+        return self.expert_gemm_s_per_token * t * (routed_tokens_max_ratio(
+            t, self.top_k, self.num_experts, self.expert_parallel) - 1.0)
 
     def kv_s_per_seq(self, tokens: npt.ArrayLike) -> FloatArray:
         """KV (and state) read time of one sequence holding `tokens`, at the datasheet rate."""
@@ -533,9 +451,7 @@ def shape(d: Deployment) -> StepShape:
 
 def _shape_uncached(d: Deployment) -> StepShape:
     m, g, n = d.model, d.gpu, d.num_gpus
-    # Attention data parallel: `dp` ranks of `ta` GPUs; a rank holds the non-expert weights
-    # over its ta GPUs and its own sequences' KV (bstar.deployment.Deployment).
-    dp, ta, ep = d.data_parallel, d.attention_tp, d.expert_parallel
+    dp, ta = d.data_parallel, d.attention_tp  # DP ranks of ta GPUs (Deployment)
     bw = g.hbm_bandwidth_bytes_s
     peak = g.peak_flops(d.weight.compute)
     expert_peak = g.peak_flops(expert_compute(g, d.weight))
@@ -551,8 +467,7 @@ def _shape_uncached(d: Deployment) -> StepShape:
     groups = []
     for lg in m.layer_groups():
         div = lg.shard_divisor(ta)
-        # A rank reads its own sequences' KV (1 / dp of the step's, balanced ranks) at its
-        # attention TP; the attention FLOPs split over all n GPUs either way.
+        # a rank reads its own sequences' KV (1 / dp of it, balanced) at its attention TP
         groups.append(GroupShape(
             kind=lg.kind, window_tokens=lg.window_tokens,
             kv_s_per_token=lg.num_layers * lg.kv_values_per_token_per_gpu(ta) * kv_bytes
@@ -562,35 +477,7 @@ def _shape_uncached(d: Deployment) -> StepShape:
             score_s_per_pos=lg.num_layers * lg.query_heads / n / bw,
             prefill_attention_s_per_pair=lg.num_layers * lg.prefill_flops_per_pair / n / peak,
             group=lg))
-    comm_per_token = 0.0
-    rounds = 0.0
-    if n > 1:
-        if g.interconnect_bytes_s <= 0:
-            from bstar.errors import BstarError
-
-            raise BstarError(f"{g.id} has no interconnect bandwidth in its spec; cannot "
-                             "model tensor parallel")
-        link = g.interconnect_bytes_s / 2  # one direction of the datasheet's total
-        act = m.hidden_size * 2  # one token's bf16 hidden state
-        # Two all-reduces per layer of the rank's B/dp x hidden activations over its ta GPUs;
-        # a ring moves 2(ta-1)/ta of the message over each link direction.
-        if ta > 1:
-            comm_per_token = 2 * m.num_layers * 2 * (ta - 1) / ta * act / link / dp
-            rounds = 2 * m.num_layers * allreduce_rounds(ta)
-        moe = m.num_moe_layers if m.is_moe else 0
-        if dp > 1 and moe:
-            if ep > 1:
-                # EP all-to-all per MoE layer: a GPU dispatches its T/n tokens to the other
-                # ranks holding their experts and the combine returns them (one exchange
-                # round each way on a switched link: latency x 2 per MoE layer).
-                sends = dispatch_sends_per_token(m.num_experts_per_tok, m.num_experts, ep)
-                comm_per_token += moe * 2 * sends * act / link / n
-                rounds += 2 * moe
-            else:
-                # Tensor-parallel experts under attention DP: all-gather the ranks' tokens
-                # and reduce-scatter the outputs over the n GPUs (ring: (n-1)/n each).
-                comm_per_token += moe * 2 * (n - 1) / n * act / link
-                rounds += 2 * moe * allreduce_rounds(n)
+    comm_per_token, rounds = comm_terms(d)
     return StepShape(
         dense_weight_s=dense / ta / bw, weight_s_per_token=per_token / ta / bw / dp,
         expert_weight_s=expert / n / bw if m.is_moe else 0.0,
@@ -606,7 +493,7 @@ def _shape_uncached(d: Deployment) -> StepShape:
         allreduce_calls=rounds,
         heads_per_gpu=max(1, -(-m.num_heads // ta)), num_sms=g.num_sms,
         num_layers=m.num_layers, weight_bits=d.weight.bits, hbm_bandwidth_bytes_s=bw,
-        expert_parallel=ep if m.is_moe else 1)
+        expert_parallel=d.expert_parallel if m.is_moe else 1)
 
 
 _SHAPES: dict[Any, StepShape] = {}
