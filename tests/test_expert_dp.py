@@ -153,3 +153,35 @@ def test_search_replicas_take_the_layout_where_it_divides() -> None:
     assert layout_size(4, 8, 256) == 4
     assert layout_size(3, 6, 256) == 1  # 256 experts do not split 3 ways
     assert layout_size(0, 8, 0) == 8  # attention DP: no experts to divide
+
+
+SPEC = ("run,model,gpu,num_gpus,engine,max_num_seqs,max_num_batched_tokens,concurrency,"
+        "num_prompts,prompt_len_min,prompt_len_max,output_len_min,output_len_max,"
+        "ttft_mean_ms,tpot_mean_ms,e2e_mean_ms,spec_method,num_speculative_tokens,source\n"
+        "a,qwen3-30b-a3b,h200,1,vllm,8,8192,4,8,100,128,60,64,60,8,300,eagle,2,test\n"
+        "b,qwen3-30b-a3b,h200,1,vllm,8,8192,8,16,100,128,60,64,60,8,300,eagle,2,test\n")
+
+
+def test_implied_acceptance_inverts_the_simulated_tpot_and_is_fitted_leave_one_out() -> None:
+    from bstar.validate_runs import implied_acceptance, speculation
+    from bstar.validate_stages import simulate_stage
+
+    a, b = runs_from_csv(SPEC, "t")
+    assert a.spec_method == "eagle" and a.num_speculative_tokens == 2
+    # a run measured at what the simulator gives at acceptance 0.6 implies about 0.6
+    tpot_a = simulate_stage(replace(a, acceptance_rate=0.6)).tpot_mean_ms
+    tpot_b = simulate_stage(replace(b, acceptance_rate=0.3)).tpot_mean_ms
+    a, b = replace(a, tpot_mean_ms=tpot_a), replace(b, tpot_mean_ms=tpot_b)
+    assert implied_acceptance(a) == pytest.approx(0.6, abs=0.03)
+    # each run is scored at the acceptance the OTHER run implies, never its own
+    rows, _, skipped = speculation([a, b])
+    used = {r["stage"]: r for r in rows}
+    assert used["a"]["acceptance"] == pytest.approx(used["b"]["implied_acceptance"])
+    assert used["b"]["acceptance"] == pytest.approx(used["a"]["implied_acceptance"])
+    assert used["a"]["implied_acceptance"] > used["b"]["implied_acceptance"]
+    assert used["a"]["predicted_speedup"] > 0 and skipped == []
+    # a stated acceptance wins; a lone run with none is skipped, not given a constant
+    rows, _, _ = speculation([a, b], acceptance=0.5)
+    assert {r["acceptance"] for r in rows} == {0.5}
+    _, _, skipped = speculation([a])
+    assert [s["stage"] for s in skipped] == ["a"]

@@ -106,11 +106,11 @@ def _speculative_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     out = ["", "speculative runs: acceptance implied (simulated TPOT = measured) and used; "
                "speedup = TPOT without / with speculation",
-           f"  {'run':<44}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
+           f"  {'run':<56}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
            f"{'err':>7}{'speedup pred':>14}{'meas':>7}"]
     for r in rows:
         meas = r["measured_speedup"]
-        out.append(f"  {r['stage'][:43]:<44}{r['num_speculative_tokens']:>3}"
+        out.append(f"  {r['stage'][:55]:<56}{r['num_speculative_tokens']:>3}"
                    f"{r['implied_acceptance']:>9.3f}{r['acceptance']:>7.3f}"
                    f"{r['measured_tpot_ms']:>9.1f}{r['predicted_tpot_ms']:>7.1f}"
                    f"{signed_pct(r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1):>7}"
@@ -252,11 +252,11 @@ def _speculative_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     out = ["", "speculative runs: acceptance implied (simulated TPOT = measured) and used; "
                "speedup = TPOT without / with speculation",
-           f"  {'run':<44}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
+           f"  {'run':<56}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
            f"{'err':>7}{'speedup pred':>14}{'meas':>7}"]
     for r in rows:
         meas = r["measured_speedup"]
-        out.append(f"  {r['stage'][:43]:<44}{r['num_speculative_tokens']:>3}"
+        out.append(f"  {r['stage'][:55]:<56}{r['num_speculative_tokens']:>3}"
                    f"{r['implied_acceptance']:>9.3f}{r['acceptance']:>7.3f}"
                    f"{r['measured_tpot_ms']:>9.1f}{r['predicted_tpot_ms']:>7.1f}"
                    f"{signed_pct(r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1):>7}"
