@@ -364,7 +364,8 @@ def test_no_import_cycle_among_folders() -> None:
 # imports no other: `bstar report SOURCE` gets each command's flags and page from
 # bstar.cli.REPORT_SOURCES.
 COMMAND_HELPERS = ("bstar.commands.common", "bstar.commands.emit",
-                   "bstar.commands.disagg_flags")  # plan and simulate --disaggregate
+                   "bstar.commands.disagg_flags",  # plan and simulate --disaggregate
+                   "bstar.commands.traffic_flags")  # simulate's and search's traffic
 
 
 def test_no_command_imports_another() -> None:

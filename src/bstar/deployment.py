@@ -229,7 +229,20 @@ def expert_compute(gpu: GpuSpec, weight: Precision) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Deployment:
-    """One model on `num_gpus` GPUs (tensor parallel) with its serving memory settings."""
+    """One model on `num_gpus` GPUs (tensor parallel) with its serving memory settings.
+
+    Parallel layout inside those GPUs (issue 38; docs/cost-model.md, "Expert and attention
+    data parallel"):
+    - `expert_parallel` (EP): the routed experts are split over EP groups of GPUs, each GPU
+      holding whole experts of its group (num_gpus / EP GPUs shard each expert); 1: every
+      expert tensor parallel over all GPUs. Each GPU reads only its own experts, and a
+      step waits for the rank the router sent the most (bstar.step's expected maximum).
+    - `data_parallel` (attention DP): attention runs in `data_parallel` ranks of num_gpus /
+      data_parallel GPUs each; a rank runs its own sequences' attention, holds their KV and a
+      full copy of the non-expert weights over its GPUs. With DP > 1 the MoE layers exchange
+      tokens between ranks (an all-to-all dispatch and combine under EP, else an all-gather
+      and a reduce-scatter).
+    """
 
     model: ModelSpec
     gpu: GpuSpec
@@ -247,10 +260,20 @@ class Deployment:
     # The kernel path `eff`'s KERNEL_FIELDS were fitted on ("": any, e.g. a calibration on
     # this very GPU). On another path they are replaced by Efficiency's generic values.
     kernel_terms_path: str = ""
+    expert_parallel: int = 1
+    data_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise BstarError(f"--num-gpus must be at least 1, got {self.num_gpus}")
+        for name, v in (("--expert-parallel-size", self.expert_parallel),
+                        ("--data-parallel-size", self.data_parallel)):
+            if v < 1 or self.num_gpus % v:
+                raise BstarError(f"{name} {v} must divide the {self.num_gpus} GPUs")
+        if self.expert_parallel > 1 and self.model.is_moe \
+                and self.model.num_experts % self.expert_parallel:
+            raise BstarError(f"--expert-parallel-size {self.expert_parallel} does not divide "
+                             f"the model's {self.model.num_experts} experts")
         if not 0 < self.gpu_util <= 1:
             raise BstarError(f"--gpu-util must be in (0, 1], got {self.gpu_util}")
         if self.reserve_bytes < 0:
@@ -266,6 +289,11 @@ class Deployment:
                      if getattr(self.eff, k) != getattr(generic, k)}
             if reset:  # a frozen record: set once, here, as it is made
                 object.__setattr__(self, "eff", replace(self.eff, **reset))
+
+    @property
+    def attention_tp(self) -> int:
+        """GPUs each attention data-parallel rank shards its attention over."""
+        return self.num_gpus // self.data_parallel
 
     @property
     def kernel_path(self) -> str:

@@ -191,17 +191,13 @@ class DisaggregatedDeployment:
 
 def side_deployment(options: DeploymentOptions, spec: WorkerSpec) -> tuple[Deployment, str]:
     """One worker of a side as a Deployment, and how it is priced: "tp" (tensor parallel
-    over its GPUs) or "tp+ep+dp" where the deployment carries expert- and data-parallel
-    sizes (it then gets this side's)."""
+    over its GPUs) or "tp+ep+dp" where the side runs expert or attention data parallel (the
+    step then prices the busiest EP rank, the MoE all-to-all and each DP rank's own KV:
+    bstar.parallel, docs/cost-model.md)."""
     o = replace(options, num_gpus=spec.tp, gpu=spec.gpu or options.gpu,
-                gpu_util=options.gpu_util if spec.gpu_util is None else spec.gpu_util)
-    d = o.build()
-    names = {f.name for f in fields(d)}
-    if {"expert_parallel_size", "data_parallel_size"} <= names:
-        d = replace(d, expert_parallel_size=spec.ep,  # type: ignore[call-arg]
-                    data_parallel_size=spec.dp)
-        return d, "tp+ep+dp"
-    return d, "tp"
+                gpu_util=options.gpu_util if spec.gpu_util is None else spec.gpu_util,
+                expert_parallel=spec.ep, data_parallel=spec.dp)
+    return o.build(), "tp+ep+dp" if spec.ep > 1 or spec.dp > 1 else "tp"
 
 
 # ---- the prefill side ---------------------------------------------------------------------------
@@ -297,17 +293,11 @@ def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
                 output_tokens: int) -> DecodeSide:
     """A decode worker's batch (min of its cap and B_mem at prompt + output) and TPOT there,
     each sequence holding prompt + output/2 on average. With attention DP, each of the dp
-    ranks holds its own sequences: B_mem counts the pool of one rank's attention shard,
-    times dp (docs/disaggregation.md)."""
+    ranks holds its own sequences: B_mem counts every rank's pool (the deployment carries
+    the ranks; docs/disaggregation.md)."""
     ctx_max = prompt_tokens + output_tokens
     ctx = prompt_tokens + output_tokens // 2
-    bm = rl.b_mem(d, ctx_max)
-    if spec.dp > 1:
-        from bstar.kv_pool import kv_bytes_per_seq_allocated
-
-        shard = replace(d, num_gpus=spec.attention_tp)
-        bm = spec.dp * (rl.kv_pool_bytes(d) // max(1, kv_bytes_per_seq_allocated(shard,
-                                                                                   ctx_max)))
+    bm = rl.b_mem(d, ctx_max)  # with attention DP, every rank's pool (roofline.kv_pool_bytes)
     if bm < 1:
         raise BstarError(f"{d.model.name} does not fit a sequence of {ctx_max} tokens on a "
                          f"decode worker of {d.num_gpus} x {d.gpu.id}")

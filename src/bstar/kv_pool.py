@@ -92,7 +92,7 @@ def kv_layout(d: Deployment, context_tokens: int,
       layers of a kind, or the most when under 1.5x the fewest), the last group padded.
 
     In-flight tokens are max_num_batched_tokens (default: vLLM's for the GPU)."""
-    m, n = d.model, d.num_gpus
+    m, n = d.model, d.attention_tp  # a sequence's KV lives on its attention rank's GPUs
     groups = m.layer_groups()
     in_flight = max_num_batched_tokens or default_max_num_batched_tokens(d)
     attn = [g for g in groups if g.kind != "state"]

@@ -76,6 +76,10 @@ class DeploymentOptions:
     assume_unmodeled: bool = False
     enforce_eager: bool = False
     cuda_graph_max_tokens: int | None = None
+    # Parallel layout inside num_gpus (bstar.deployment.Deployment): expert-parallel size
+    # and attention data-parallel ranks.
+    expert_parallel: int = 1
+    data_parallel: int = 1
 
     def with_target(self, model: str | None = None, gpu: str | None = None
                     ) -> DeploymentOptions:
@@ -105,7 +109,8 @@ class DeploymentOptions:
             reserve_bytes=None if self.reserve_gib is None else _reserve_bytes(self.reserve_gib),
             block_size=self.block_size, eff=IDEAL if self.ideal else None,
             engine="ideal" if self.ideal else engine.name,
-            behaviour=EngineBehaviour() if self.ideal else None, profile=prof)
+            behaviour=EngineBehaviour() if self.ideal else None, profile=prof,
+            expert_parallel=self.expert_parallel, data_parallel=self.data_parallel)
         d = d.with_eff(self._override(d.eff))
         if prof is not None and prof.gpu and prof.gpu != d.gpu.id and warn is not None:
             # Efficiencies belong to one GPU x engine; on another GPU they are a guess.
@@ -203,7 +208,8 @@ def assemble(model: ModelSpec, gpu: GpuSpec, *, num_gpus: int = 1, weight_dtype:
              kv_dtype: str = "bf16", gpu_util: float = GPU_MEMORY_UTILIZATION,
              reserve_bytes: int | None = None, block_size: int = BLOCK_SIZE,
              eff: Efficiency | None = None, engine: str = "",
-             behaviour: EngineBehaviour | None = None, profile: Any = None) -> Deployment:
+             behaviour: EngineBehaviour | None = None, profile: Any = None,
+             expert_parallel: int = 1, data_parallel: int = 1) -> Deployment:
     """The one deployment builder: `DeploymentOptions.build` (so every command) and
     `bstar search` call it. The dtypes are read as the one vocabulary (docs/models.md,
     "Precision names": engines' spellings, `auto`, a bare `fp4`). Where `engine` names an
@@ -214,7 +220,9 @@ def assemble(model: ModelSpec, gpu: GpuSpec, *, num_gpus: int = 1, weight_dtype:
     the fields it names over them (its kernel terms, fitted on its own GPU, price it) and
     scales the GPU where the engine beat a probed figure. The memory reserve per GPU: an
     explicit one (`reserve_bytes`, from `--reserve-gib`) wins; else the profile's (read from
-    the engine's start-up log); else DEFAULT_RESERVE_GIB."""
+    the engine's start-up log); else DEFAULT_RESERVE_GIB. `expert_parallel` and
+    `data_parallel` lay the experts and the attention out inside the num_gpus
+    (`Deployment`)."""
     from bstar.engines import engine_profiles
     from bstar.specs.precision import get_precision, kv_dtype_for, weight_dtype_for
 
@@ -235,7 +243,8 @@ def assemble(model: ModelSpec, gpu: GpuSpec, *, num_gpus: int = 1, weight_dtype:
                    reserve_bytes=reserve_bytes, block_size=block_size,
                    eff=eff if eff is not None else Efficiency(), engine=engine,
                    behaviour=behaviour if behaviour is not None else EngineBehaviour(),
-                   kernel_terms_path=terms_path)
+                   kernel_terms_path=terms_path, expert_parallel=expert_parallel,
+                   data_parallel=data_parallel)
     if profile is None:
         return d
     if {k for k, _ in profile.values} & set(KERNEL_FIELDS):

@@ -163,6 +163,7 @@ class Plan:
         m, e = d.model, d.eff
         return {
             "model": m.name, "gpu": d.gpu.id, "num_gpus": d.num_gpus,
+            "expert_parallel": d.expert_parallel, "data_parallel": d.data_parallel,
             "max_tpot_ms": self.max_tpot_ms,
             "power_basis": self.power_basis,
             "weight_bytes": self.weight_bytes,

@@ -48,7 +48,12 @@ def weight_bytes(d: Deployment) -> int:
 
 def weight_bytes_per_gpu(d: Deployment) -> int:
     # Tensor parallel shards every matrix and the vocabulary; norms (a few KB) replicate.
-    return math.ceil(weight_bytes(d) / d.num_gpus)
+    # Under attention data parallel each rank holds the non-expert weights over its own
+    # attention_tp GPUs; the routed experts stay split over all GPUs (EP x expert TP).
+    if d.data_parallel == 1:
+        return math.ceil(weight_bytes(d) / d.num_gpus)
+    dense, expert, embed = d.model.weight_bytes_parts(d.weight)
+    return math.ceil((dense + embed) / d.attention_tp + expert / d.num_gpus)
 
 
 def kv_bytes_per_token(d: Deployment) -> int:
@@ -63,9 +68,16 @@ def kv_bytes_per_seq(d: Deployment, context_tokens: int) -> int:
 
 
 def kv_pool_bytes(d: Deployment) -> int:
-    """Per-GPU KV pool: memory x utilization - weights - reserve (vLLM's accounting)."""
-    return math.floor(d.gpu.memory_bytes * d.gpu_util) - weight_bytes_per_gpu(d) \
+    """Per-GPU KV pool: memory x utilization - weights - reserve (vLLM's accounting).
+
+    Under attention data parallel (d.data_parallel > 1) the figure is one attention rank's
+    GPU pool times the ranks: each rank's GPUs hold only its own sequences, so the pool a
+    sequence's per-GPU bytes (`kv_layout`, at the rank's attention TP) are drawn from is
+    data_parallel x one GPU's. MLA's latent KV is not split by TP, so DP multiplies the
+    sequences a node holds by up to data_parallel."""
+    one = math.floor(d.gpu.memory_bytes * d.gpu_util) - weight_bytes_per_gpu(d) \
         - d.reserve_bytes
+    return one * d.data_parallel if one > 0 else one
 
 
 def b_star(d: Deployment, context_tokens: int) -> float:

@@ -27,6 +27,16 @@ takes, engines' spellings too: fp8_e4m3, auto), `block_size` (KV block, tokens),
 ITL's chunks; SGLang streams a request's first token at once, so it does not delay TTFT:
 `first_chunk_tokens` says when an engine's first chunk waits).
 docs/validate.md says how the simulator honours each.
+
+Parallel layout (issue 38): `expert_parallel` (the experts split over that many GPUs, each
+holding whole experts; 1: tensor-parallel experts), `dp_attention` and `data_parallel`
+(attention runs data parallel in that many ranks of num_gpus / data_parallel GPUs each; a
+true `dp_attention` with a blank `data_parallel` is num_gpus ranks, TensorRT-LLM's and
+SGLang's enable-dp-attention at attention TP 1). `warmup_prompts`: requests the client sends
+first and leaves out of the figures (InferenceX's 2 x CONC). Speculative decoding:
+`spec_method` (mtp, eagle, ngram; blank: none), `num_speculative_tokens` (draft tokens a
+step verifies) and `acceptance_rate` (a stated per-token acceptance; blank: `bstar
+validate` fits it, bstar.validate_runs).
 """
 
 from __future__ import annotations
@@ -45,10 +55,12 @@ REQUIRED = ("run", "model", "gpu", "num_gpus", "engine", "max_num_seqs",
             "prompt_len_max", "output_len_min", "output_len_max", "ttft_mean_ms",
             "tpot_mean_ms", "e2e_mean_ms", "source")
 # Every column, in the order bench/to_inferencemax.py writes them.
-COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention", "engine",
-           "engine_version", "dtype", "max_num_seqs", "max_num_batched_tokens", "concurrency",
-           "num_prompts", "prompt_len_min", "prompt_len_max", "output_len_min",
-           "output_len_max", "ignore_eos", "ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms",
+COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention",
+           "data_parallel", "engine", "engine_version", "dtype", "max_num_seqs",
+           "max_num_batched_tokens", "concurrency", "num_prompts", "warmup_prompts",
+           "prompt_len_min", "prompt_len_max", "output_len_min", "output_len_max",
+           "ignore_eos", "spec_method", "num_speculative_tokens", "acceptance_rate",
+           "ttft_mean_ms", "ttft_median_ms", "ttft_p99_ms",
            "tpot_mean_ms", "tpot_median_ms", "tpot_p99_ms", "itl_mean_ms", "e2e_mean_ms",
            "e2e_median_ms", "e2e_p99_ms", "output_tok_s_per_gpu", "total_tok_s_per_gpu",
            "first_chunk_tokens", "memory_fraction", "kv_cache_dtype", "block_size",
@@ -94,6 +106,9 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
                            for k in ("ttft_mean_ms", "tpot_mean_ms", "e2e_mean_ms"))
         out_s = _float(r, "output_tok_s_per_gpu", at)
         settings = _settings(r, at)
+        layout = _layout(r, at, ints["num_gpus"])
+        warm = _int(r, "warmup_prompts", at, minimum=0) or 0
+        sent = ints["num_prompts"] + warm
         out.append(Stage(
             stage=r["run"] or at, model=r["model"], gpu=r["gpu"], num_gpus=ints["num_gpus"],
             engine=r["engine"], max_num_seqs=ints["max_num_seqs"],
@@ -106,17 +121,37 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
             source=r["source"], concurrency=ints["concurrency"],
             engine_version=r.get("engine_version", ""), dtype=r.get("dtype", ""),
             ignore_eos=not r.get("ignore_eos") or _flag(r["ignore_eos"], at, "ignore_eos"),
-            requests_sent=ints["num_prompts"], requests_ok=ints["num_prompts"],
-            tpot_mean_ms=tpot,
+            requests_sent=sent, requests_ok=sent,
+            tpot_mean_ms=tpot, ttft_p50_ms=_float(r, "ttft_median_ms", at),
             output_tok_s=None if out_s is None else out_s * ints["num_gpus"],
             where=at, base_dir=str(base_dir) if base_dir else "",
-            output_len_min=ints["output_len_min"], warmup_fraction=0.0,
-            expert_parallel=_int(r, "expert_parallel", at) or 1,
-            dp_attention=_flag(r.get("dp_attention", ""), at, "dp_attention"),
+            output_len_min=ints["output_len_min"], warmup_fraction=warm / sent,
+            **layout,
             first_chunk_tokens=_int(r, "first_chunk_tokens", at) or 1, **settings))
     if not out:
         raise BstarError(f"{where}: no rows")
     return out
+
+
+def _layout(r: dict[str, str], at: str, num_gpus: int) -> dict[str, Any]:
+    """The run's parallel layout and speculation (module docstring), checked."""
+    ep = _int(r, "expert_parallel", at) or 1
+    dpa = _flag(r.get("dp_attention", ""), at, "dp_attention")
+    dp = _int(r, "data_parallel", at) or (num_gpus if dpa else 1)
+    for name, v in (("expert_parallel", ep), ("data_parallel", dp)):
+        if num_gpus % v:
+            raise BstarError(f"{at}: {name} {v} does not divide num_gpus {num_gpus}")
+    method = r.get("spec_method", "").lower()
+    k = _int(r, "num_speculative_tokens", at) or 0
+    if method in ("", "none"):
+        method, k = "", 0
+    elif k < 1:
+        raise BstarError(f"{at}: spec_method {method} needs num_speculative_tokens")
+    a = _float(r, "acceptance_rate", at)
+    if a is not None and not 0 < a <= 1:
+        raise BstarError(f"{at}: acceptance_rate must be in (0, 1], got {a}")
+    return {"expert_parallel": ep, "dp_attention": dp > 1, "data_parallel": dp,
+            "spec_method": method, "num_speculative_tokens": k, "acceptance_rate": a}
 
 
 def _settings(r: dict[str, str], at: str) -> dict[str, Any]:

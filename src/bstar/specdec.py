@@ -418,8 +418,8 @@ def _verify_work(sh: _step.StepShape, start: FloatArray, new: FloatArray,
     # included: tests/test_crosscheck.py found them left at one row a sequence).
     return replace(w, num_tokens=t, weight_s=sh.weight_s(t),
                    weight16_s=sh.weight_s(t, only_16bit=True),
-                   gemm_s=sh.gemm_s_per_token * t,
-                   expert_gemm_s=sh.expert_gemm_s_per_token * t,
+                   gemm_s=sh.gemm_s_per_token * t + sh.expert_gemm_extra_s(t),
+                   expert_gemm_s=sh.expert_gemm_s_per_token * t + sh.expert_gemm_extra_s(t),
                    comm_s=sh.comm_s_per_token * t,
                    decode_attention_s=w.decode_attention_s * q, score_s=w.score_s * q)
 

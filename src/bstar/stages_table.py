@@ -91,6 +91,12 @@ class Stage:
     warmup_fraction: float | None = None
     expert_parallel: int = 1
     dp_attention: bool = False
+    # Attention data-parallel ranks (num_gpus / data_parallel GPUs each); speculative
+    # decoding: the method ("": none), draft tokens per step, a stated acceptance (None: fit).
+    data_parallel: int = 1
+    spec_method: str = ""
+    num_speculative_tokens: int = 0
+    acceptance_rate: float | None = None
     # Tokens the engine's first stream chunk waits for (1: the first token streams at once,
     # as SGLang does whatever its --stream-interval: `len(req.output_ids) == 1` streams).
     first_chunk_tokens: int = 1

@@ -44,6 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bstar.deployment import EFFICIENCY_FIELDS, expert_compute
+from bstar.parallel import allreduce_rounds as allreduce_rounds  # step's name for callers
+from bstar.parallel import comm_terms, experts_touched_max_fraction, routed_tokens_max_ratio
+from bstar.parallel import expert_fraction_read as expert_fraction_read
 
 if TYPE_CHECKING:
     from bstar.deployment import Deployment
@@ -74,21 +77,6 @@ def weight_stream(weight_bits: int, params: Any) -> float:
     if weight_bits <= 8:
         return p["bandwidth"] * p["fp8_weight_stream"]
     return p["bandwidth"]
-
-
-def expert_fraction_read(batch: npt.ArrayLike, top_k: int, num_experts: int) -> FloatArray:
-    """Expected fraction of a layer's experts that at least one of B tokens routes to,
-    assuming uniform independent routing: 1 - (1 - k/E)^B."""
-    return 1.0 - (1.0 - top_k / num_experts) ** np.asarray(batch, dtype=np.float64)
-
-
-def allreduce_rounds(num_gpus: int) -> float:
-    """Latency units of one small all-reduce over `num_gpus` GPUs: log2(N), 1 at N = 2.
-
-    A decode step's all-reduces carry kilobytes, so their time is latency, and a latency-bound
-    all-reduce is log2(N) dependent exchange rounds (recursive doubling / a tree), each ending
-    when the slowest rank arrives (docs/cost-model.md, "Tensor parallel")."""
-    return math.log2(num_gpus) if num_gpus > 1 else 0.0
 
 
 # ---- what a step does ------------------------------------------------------------------------
@@ -264,8 +252,16 @@ class StepShape:
     num_layers: int
     weight_bits: int
     hbm_bandwidth_bytes_s: float
+    expert_parallel: int = 1  # EP ranks: the step waits for the busiest one
 
     # -- building blocks --
+    def expert_read_fraction(self, num_tokens: npt.ArrayLike) -> FloatArray:
+        """Fraction of a GPU's expert bytes the step reads: the experts touched
+        (`expert_fraction_read`), on the busiest rank under EP
+        (`experts_touched_max_fraction`)."""
+        return experts_touched_max_fraction(num_tokens, self.top_k, self.num_experts,
+                                            self.expert_parallel)
+
     def kv_bytes_per_token(self) -> float:
         """KV bytes per token of context on each GPU (layers that cache tokens)."""
         return sum(g.kv_s_per_token for g in self.groups if g.kind != "state") \
@@ -278,8 +274,15 @@ class StepShape:
             else (self.dense_weight_s, self.expert_weight_s)
         w = dense + self.weight_s_per_token * t
         if self.num_experts:
-            w = w + expert * expert_fraction_read(t, self.top_k, self.num_experts)
+            w = w + expert * self.expert_read_fraction(t)
         return np.asarray(w, dtype=np.float64)
+
+    def expert_gemm_extra_s(self, num_tokens: npt.ArrayLike) -> FloatArray:
+        """The routed experts' GEMM time the busiest EP rank adds over the mean rank's
+        (`routed_tokens_max_ratio`: 0 without EP)."""
+        t = np.asarray(num_tokens, dtype=np.float64)
+        return self.expert_gemm_s_per_token * t * (routed_tokens_max_ratio(
+            t, self.top_k, self.num_experts, self.expert_parallel) - 1.0)
 
     def kv_s_per_seq(self, tokens: npt.ArrayLike) -> FloatArray:
         """KV (and state) read time of one sequence holding `tokens`, at the datasheet rate."""
@@ -298,8 +301,9 @@ class StepShape:
             num_decode=num_decode, num_chunks=num_chunks,
             weight_s=self.weight_s(num_tokens),
             weight16_s=self.weight_s(num_tokens, only_16bit=True),
-            gemm_s=self.gemm_s_per_token * num_tokens,
-            expert_gemm_s=self.expert_gemm_s_per_token * num_tokens,
+            gemm_s=self.gemm_s_per_token * num_tokens + self.expert_gemm_extra_s(num_tokens),
+            expert_gemm_s=self.expert_gemm_s_per_token * num_tokens
+            + self.expert_gemm_extra_s(num_tokens),
             kv_s=kv, score_s=score, decode_attention_s=dec_attn,
             chunk_kv_s=zero if chunk_kv is None else chunk_kv,
             chunk_tiles_kv_s=zero if chunk_tiles_kv is None else chunk_tiles_kv,
@@ -430,7 +434,8 @@ class StepShape:
 def shape(d: Deployment) -> StepShape:
     """The deployment's per-GPU constants at the datasheet rates (cached by what they depend
     on, not the efficiencies: a calibration prices the same shape many times)."""
-    key = (d.model, d.gpu, d.num_gpus, d.weight.name, d.kv.name)
+    key = (d.model, d.gpu, d.num_gpus, d.weight.name, d.kv.name, d.expert_parallel,
+           d.data_parallel)
     try:
         return _SHAPES[key]
     except TypeError:  # an unhashable part (a GPU file's raw table): build it each time
@@ -446,6 +451,7 @@ def shape(d: Deployment) -> StepShape:
 
 def _shape_uncached(d: Deployment) -> StepShape:
     m, g, n = d.model, d.gpu, d.num_gpus
+    dp, ta = d.data_parallel, d.attention_tp  # DP ranks of ta GPUs (Deployment)
     bw = g.hbm_bandwidth_bytes_s
     peak = g.peak_flops(d.weight.compute)
     expert_peak = g.peak_flops(expert_compute(g, d.weight))
@@ -460,30 +466,22 @@ def _shape_uncached(d: Deployment) -> StepShape:
     kv_bytes = d.kv.bits / 8
     groups = []
     for lg in m.layer_groups():
-        div = lg.shard_divisor(n)
+        div = lg.shard_divisor(ta)
+        # a rank reads its own sequences' KV (1 / dp of it, balanced) at its attention TP
         groups.append(GroupShape(
             kind=lg.kind, window_tokens=lg.window_tokens,
-            kv_s_per_token=lg.num_layers * lg.kv_values_per_token_per_gpu(n) * kv_bytes / bw,
-            state_s_per_seq=lg.num_layers * lg.state_bytes_per_seq_per_gpu(div) / bw,
+            kv_s_per_token=lg.num_layers * lg.kv_values_per_token_per_gpu(ta) * kv_bytes
+            / bw / dp,
+            state_s_per_seq=lg.num_layers * lg.state_bytes_per_seq_per_gpu(div) / bw / dp,
             decode_attention_s_per_pos=lg.num_layers * lg.decode_flops_per_pos / n / peak,
             score_s_per_pos=lg.num_layers * lg.query_heads / n / bw,
             prefill_attention_s_per_pair=lg.num_layers * lg.prefill_flops_per_pair / n / peak,
             group=lg))
-    comm_per_token = 0.0
-    if n > 1:
-        if g.interconnect_bytes_s <= 0:
-            from bstar.errors import BstarError
-
-            raise BstarError(f"{g.id} has no interconnect bandwidth in its spec; cannot "
-                             "model tensor parallel")
-        # Two all-reduces per layer of the B x hidden activations; a ring moves 2(N-1)/N of
-        # the message over each link direction (half of the datasheet's bidirectional rate).
-        comm_per_token = 2 * m.num_layers * 2 * (n - 1) / n * m.hidden_size * 2 \
-            / (g.interconnect_bytes_s / 2)
+    comm_per_token, rounds = comm_terms(d)
     return StepShape(
-        dense_weight_s=dense / n / bw, weight_s_per_token=per_token / n / bw,
+        dense_weight_s=dense / ta / bw, weight_s_per_token=per_token / ta / bw / dp,
         expert_weight_s=expert / n / bw if m.is_moe else 0.0,
-        dense16_weight_s=dense16 / n / bw, expert16_weight_s=expert16 / n / bw if m.is_moe
+        dense16_weight_s=dense16 / ta / bw, expert16_weight_s=expert16 / n / bw if m.is_moe
         else 0.0,
         top_k=m.num_experts_per_tok if m.is_moe else 0,
         num_experts=m.num_experts if m.is_moe else 0,
@@ -492,9 +490,10 @@ def _shape_uncached(d: Deployment) -> StepShape:
         expert_gemm_s_per_token=2 * m.expert_matmul_params_per_token / n / expert_peak,
         moe_layers=m.num_moe_layers if m.is_moe else 0,
         groups=tuple(groups), comm_s_per_token=comm_per_token,
-        allreduce_calls=2 * m.num_layers * allreduce_rounds(n),
-        heads_per_gpu=max(1, -(-m.num_heads // n)), num_sms=g.num_sms,
-        num_layers=m.num_layers, weight_bits=d.weight.bits, hbm_bandwidth_bytes_s=bw)
+        allreduce_calls=rounds,
+        heads_per_gpu=max(1, -(-m.num_heads // ta)), num_sms=g.num_sms,
+        num_layers=m.num_layers, weight_bits=d.weight.bits, hbm_bandwidth_bytes_s=bw,
+        expert_parallel=d.expert_parallel if m.is_moe else 1)
 
 
 _SHAPES: dict[Any, StepShape] = {}

@@ -18,22 +18,38 @@ leave one model out, fitted from the same generic start on that engine's runs of
 GPUs only, then predicting this GPU's runs: how the engine's terms transfer to a chip whose
 runs they never saw).
 
-Runs whose attention is data parallel (`dp_attention`) are skipped: bstar prices tensor
-parallel attention only.
+Runs with expert parallel or attention data parallel (`expert_parallel`, `data_parallel`)
+are scored like the others: their deployment carries the layout and `bstar.step` prices it
+(the busiest EP rank, each DP rank's own KV, the MoE all-to-all).
+
+Speculative runs (`spec_method`, e.g. InferenceX's MTP runs) are simulated with their draft
+tokens (`bstar.sim.speculative`) at an acceptance rate that is an input, never a constant:
+the one `acceptance` given (`bstar validate --acceptance-rate`), else the row's stated
+`acceptance_rate`, else fitted leave one run out: the median of the acceptances the OTHER
+speculative runs of the same engine and draft-token count imply. A run's implied acceptance
+is the one at which its simulated TPOT equals the measured (bisection; the simulated TPOT
+falls as acceptance rises); it is printed beside each run with the acceptance used and the
+speedup bstar predicts (simulated TPOT without speculation / with it). A measured speedup
+needs a run of the same configuration without speculation (`speculative_pairs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from bstar.stages_table import Stage
 from bstar.validate_stages import DEFAULT_FIT, StagesValidation, score_stages
+from bstar.validate_stages.simulate import simulate_stage
 
 TOK_S = "output_tok_s_per_gpu"
+# The median TTFT, scored beside the means where the table gives it: a closed loop's mean
+# TTFT carries the engine's rare long first tokens (a TensorRT-LLM run's mean can be 5x its
+# median) that no steady-state step price holds.
+TTFT_MEDIAN = "ttft_median_ms"
 
 
 def tok_s_error(stage: Stage, predicted_tok_s: float) -> float | None:
@@ -50,6 +66,7 @@ class RunsValidation:
 
     stages: StagesValidation
     runs: int
+    speculative: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = self.stages.to_dict()
@@ -59,6 +76,7 @@ class RunsValidation:
         d["settings"].update({"warmup_fraction": 0.0, "runs": self.runs})
         for g, gd in zip(self.stages.groups, d["groups"], strict=True):
             _add_tok_s(g.scores, gd)
+        d["speculative"] = self.speculative
         return d
 
 
@@ -66,8 +84,10 @@ def _add_tok_s(scores: dict[str, Any], gd: dict[str, Any]) -> None:
     """Output tok/s per GPU into a group's dict: measured and predicted per run, the error,
     and each way's mean / median |error|."""
     errs: dict[str, list[float]] = {}
+    med: dict[str, list[float]] = {}
     for way, ss in scores.items():
         errs[way] = []
+        med[way] = []
         by_id = {id(sc.stage): sc for sc in ss}
         for st, sd in zip(scores["generic"], gd["stages"], strict=True):
             s = st.stage
@@ -76,6 +96,12 @@ def _add_tok_s(scores: dict[str, Any], gd: dict[str, Any]) -> None:
             sc = by_id.get(id(s))
             if sc is None or sd["predicted"].get(way) is None:
                 continue
+            if s.ttft_p50_ms:
+                sd["measured"][TTFT_MEDIAN] = s.ttft_p50_ms
+                p50 = sc.prediction.ttft_p50_ms
+                sd["predicted"][way][TTFT_MEDIAN] = p50
+                sd["predicted"][way]["errors"][TTFT_MEDIAN] = p50 / s.ttft_p50_ms - 1.0
+                med[way].append(abs(p50 / s.ttft_p50_ms - 1.0))
             tok = sc.prediction.output_tok_s / s.num_gpus
             e = tok_s_error(s, sc.prediction.output_tok_s)
             sd["predicted"][way][TOK_S] = tok
@@ -86,21 +112,133 @@ def _add_tok_s(scores: dict[str, Any], gd: dict[str, Any]) -> None:
         gd["summary"][way][TOK_S] = {
             "mean": float(np.mean(v)) if v else None,
             "median": float(np.median(v)) if v else None}
+        m = med[way]
+        if m:
+            gd["summary"][way][TTFT_MEDIAN] = {"mean": float(np.mean(m)),
+                                               "median": float(np.median(m))}
 
 
 def score_runs(runs: Sequence[Stage], fit: Sequence[str] = DEFAULT_FIT, *,
                engine: str | None = None, lomo: bool = True, logo: bool = True,
-               seed: int = 0, progress: Callable[[str], None] | None = None
-               ) -> RunsValidation:
+               seed: int = 0, progress: Callable[[str], None] | None = None,
+               acceptance: float | None = None) -> RunsValidation:
     """Every run scored per GPU x engine: generic, profile (`engine`, else each run's own)
     and, with `lomo` and two models or more, leave one model out (fitting `fit`); with
-    `logo` and the engine's runs on other GPUs, leave one GPU out (fitting `fit` on those)."""
-    usable = [r for r in runs if not r.dp_attention]
-    v = score_stages(usable, fit, engine=engine, lomo=lomo, logo=logo, seed=seed,
+    `logo` and the engine's runs on other GPUs, leave one GPU out (fitting `fit` on those).
+    Speculative runs at `acceptance` if given, else as `speculation` says."""
+    spec, filled, skipped = speculation(runs, engine=engine, acceptance=acceptance,
+                                        seed=seed, progress=progress)
+    v = score_stages(filled, fit, engine=engine, lomo=lomo, logo=logo, seed=seed,
                      progress=progress)
+    v.skipped.extend(skipped)
+    return RunsValidation(v, len(runs), spec)
+
+
+ACCEPTANCE_TOL = 0.005  # the implied acceptance's bracket width
+TPOT_RTOL = 0.002  # ... or simulated TPOT within 0.2% of the measured
+
+
+def _spec_tpot_ms(run: Stage, a: float, engine: str | None, seed: int) -> float:
+    return simulate_stage(replace(run, acceptance_rate=a), engine=engine,
+                          seed=seed).tpot_mean_ms
+
+
+def implied_acceptance(run: Stage, engine: str | None = None, seed: int = 0
+                       ) -> float:
+    """The acceptance rate at which the simulated mean TPOT of the speculative `run` equals
+    the measured one, on [0, 1] (0 or 1 where even those miss it): the simulated TPOT falls
+    as acceptance rises, and the root is bracketed by false position with the Illinois
+    halving (a handful of simulations), to ACCEPTANCE_TOL or TPOT_RTOL."""
+    target = run.tpot_mean_ms
+    lo, hi = 0.0, 1.0
+    f_lo = _spec_tpot_ms(run, lo, engine, seed) - target
+    if f_lo < 0:
+        return 0.0
+    f_hi = _spec_tpot_ms(run, hi, engine, seed) - target
+    if f_hi > 0:
+        return 1.0
+    side = 0
+    a = 0.5
+    while hi - lo > ACCEPTANCE_TOL:
+        a = (lo * f_hi - hi * f_lo) / (f_hi - f_lo) if f_hi != f_lo else 0.5 * (lo + hi)
+        a = min(max(a, lo + 0.1 * ACCEPTANCE_TOL), hi - 0.1 * ACCEPTANCE_TOL)
+        f = _spec_tpot_ms(run, a, engine, seed) - target
+        if abs(f) <= TPOT_RTOL * target:
+            return a
+        if f > 0:  # too slow: the root is above a
+            lo, f_lo = a, f
+            if side == 1:
+                f_hi /= 2
+            side = 1
+        else:
+            hi, f_hi = a, f
+            if side == -1:
+                f_lo /= 2
+            side = -1
+    return 0.5 * (lo + hi)
+
+
+def speculative_pairs(runs: Sequence[Stage]) -> dict[str, Stage]:
+    """Each speculative run's measured twin without speculation: the same model, GPU,
+    engine, layout, lengths and concurrency (run name -> twin)."""
+    def key(r: Stage) -> tuple[Any, ...]:
+        return (r.model, r.gpu, r.num_gpus, r.engine, r.expert_parallel, r.data_parallel,
+                r.prompt_len, r.output_len, r.output_len_min, r.concurrency)
+    plain = {key(r): r for r in runs if not r.spec_method}
+    return {r.stage: plain[key(r)] for r in runs if r.spec_method and key(r) in plain}
+
+
+def speculation(runs: Sequence[Stage], *, engine: str | None = None,
+                acceptance: float | None = None, seed: int = 0,
+                progress: Callable[[str], None] | None = None
+                ) -> tuple[list[dict[str, Any]], list[Stage], list[dict[str, Any]]]:
+    """The speculative runs' acceptance (module docstring): per run its implied acceptance,
+    the one used and how it was had, the predicted speedup and, where a twin without
+    speculation was measured, the measured one. Returns those rows, the runs with the
+    acceptance filled in, and the runs that could not be given one (skipped)."""
+    spec_runs = [r for r in runs if r.spec_method]
+    if not spec_runs:
+        return [], list(runs), []
+    implied: dict[str, float] = {}
+    for r in spec_runs:
+        if progress is not None:
+            progress(f"implied acceptance of {r.stage}")
+        implied[r.stage] = implied_acceptance(r, engine, seed)
+    twins = speculative_pairs(runs)
+    rows, filled, skipped = [], [], []
     for r in runs:
-        if r.dp_attention:
-            v.skipped.append({"stage": r.stage, "model": r.model, "gpu": r.gpu,
-                              "reason": "attention data parallel (dp_attention): bstar "
-                                        "prices tensor-parallel attention only"})
-    return RunsValidation(v, len(runs))
+        if not r.spec_method:
+            filled.append(r)
+            continue
+        if acceptance is not None:
+            a, how = acceptance, "stated (--acceptance-rate)"
+        elif r.acceptance_rate is not None:
+            a, how = r.acceptance_rate, "stated (acceptance_rate column)"
+        else:
+            others = [implied[o.stage] for o in spec_runs if o is not r
+                      and (o.engine, o.num_speculative_tokens)
+                      == (r.engine, r.num_speculative_tokens)]
+            if not others:
+                skipped.append({"stage": r.stage, "model": r.model, "gpu": r.gpu,
+                                "reason": "speculative run with no stated acceptance and "
+                                          "no other run of its engine and draft tokens "
+                                          "to fit one on"})
+                continue
+            a = float(np.median(others))
+            how = f"fitted: median implied by {len(others)} other run(s), leave one out"
+        run = replace(r, acceptance_rate=a)
+        filled.append(run)
+        with_spec = simulate_stage(run, engine=engine, seed=seed).tpot_mean_ms
+        without = simulate_stage(replace(run, spec_method="", num_speculative_tokens=0),
+                                 engine=engine, seed=seed).tpot_mean_ms
+        twin = twins.get(r.stage)
+        rows.append({
+            "stage": r.stage, "engine": r.engine, "method": r.spec_method,
+            "num_speculative_tokens": r.num_speculative_tokens,
+            "implied_acceptance": implied[r.stage], "acceptance": a, "acceptance_basis": how,
+            "measured_tpot_ms": r.tpot_mean_ms, "predicted_tpot_ms": with_spec,
+            "predicted_plain_tpot_ms": without,
+            "predicted_speedup": without / with_spec if with_spec > 0 else None,
+            "measured_speedup": twin.tpot_mean_ms / r.tpot_mean_ms if twin else None,
+            "twin": twin.stage if twin else None})
+    return rows, filled, skipped

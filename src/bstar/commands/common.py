@@ -223,6 +223,23 @@ def add_deployment_arguments(p: argparse.ArgumentParser, *, many: bool = False) 
                        help="GPU catalog id or a GPU file (TOML/JSON) (default: a100-80gb-sxm)")
     g.add_argument("--num-gpus", "--tensor-parallel-size", dest="num_gpus", type=positive_int,
                    default=1, help="tensor-parallel degree (default: 1)")
+    g.add_argument("--data-parallel-size", dest="data_parallel_size", type=positive_int,
+                   default=1,
+                   help="attention data-parallel ranks (vLLM --data-parallel-size: "
+                        "--num-gpus is each rank's tensor-parallel size, the GPUs are "
+                        "their product; with --enable-dp-attention, SGLang's --dp: --num-gpus "
+                        "is all the GPUs and each rank takes num-gpus / dp of them; default "
+                        "1). Each rank runs its own sequences' attention and holds their KV")
+    g.add_argument("--enable-dp-attention", action="store_true",
+                   help="SGLang's spelling: attention data parallel inside --num-gpus GPUs "
+                        "(--data-parallel-size ranks, default one a GPU)")
+    g.add_argument("--expert-parallel-size", "--ep-size", dest="expert_parallel_size",
+                   type=positive_int, default=None,
+                   help="GPUs the routed experts are split over, each holding whole experts "
+                        "(SGLang --ep-size, TensorRT-LLM --ep_size; default 1: tensor-parallel "
+                        "experts)")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="vLLM's spelling: expert parallel over all the GPUs")
     g.add_argument("--assume-unmodeled", action="store_true",
                    help="read a config whose layer kind, quantization method or memory key "
                         "bstar does not model on a stated assumption (unknown layers as full "
@@ -290,8 +307,28 @@ def deployment_options(args: argparse.Namespace, model: str | None = None,
              "engine": getattr(args, "engine", None),
              "assume_unmodeled": getattr(args, "assume_unmodeled", None),
              "enforce_eager": getattr(args, "enforce_eager", None),
-             "cuda_graph_max_tokens": getattr(args, "cuda_graph_max_tokens", None)}
+             "cuda_graph_max_tokens": getattr(args, "cuda_graph_max_tokens", None),
+             **parallel_layout(args)}
     return DeploymentOptions.from_dict(flags)
+
+
+def parallel_layout(args: argparse.Namespace) -> dict[str, int | None]:
+    """num_gpus, expert_parallel and data_parallel from the engines' spellings
+    (`add_deployment_arguments`): vLLM's --data-parallel-size multiplies the GPUs;
+    SGLang's --enable-dp-attention splits --num-gpus into ranks; --enable-expert-parallel
+    spreads the experts over all of them."""
+    tp = getattr(args, "num_gpus", None)
+    dp = getattr(args, "data_parallel_size", None) or 1
+    if tp is None:
+        return {}
+    if getattr(args, "enable_dp_attention", False):
+        total, ranks = tp, dp if dp > 1 else tp
+    else:
+        total, ranks = tp * dp, dp
+    ep = getattr(args, "expert_parallel_size", None)
+    if ep is None:
+        ep = total if getattr(args, "enable_expert_parallel", False) else 1
+    return {"num_gpus": total, "data_parallel": ranks, "expert_parallel": ep}
 
 
 def _single(value: object) -> str | None:
@@ -382,101 +419,3 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
 
 
 # ---- the traffic flags `bstar simulate` and `bstar search` share --------------------------
-DEFAULT_LENGTHS = ("512", "256")  # --input-len, --output-len  (simulate, search)
-
-
-def add_prompt_sharing_arguments(t: Any) -> None:
-    """Which prompts share which tokens (bstar.sim.prefix), and the engine's cache switch."""
-    t.add_argument("--shared-prefix-tokens", type=int, default=0, metavar="N",
-                   help="every prompt starts with its group's N-token system prompt, on top "
-                        "of its --input-len draw; the prefix cache finds the hits (default 0)")
-    t.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
-                   help="G distinct system prompts, request i in group i mod G (default 1)")
-    t.add_argument("--distinct-prompts", type=int, default=0, metavar="K",
-                   help="send K prompts in turn: request i repeats prompt i mod K, lengths "
-                        "and all (default 0: every prompt its own)")
-    t.add_argument("--multi-turn", type=int, default=0, metavar="T",
-                   help="T-turn conversations: each turn's prompt is the previous prompt, its "
-                        "answer and a new --input-len question (default 0: single turn)")
-    t.add_argument("--no-prefix-caching", action="store_true",
-                   help="simulate the engine with prefix caching off (vLLM's flag)")
-
-
-def add_from_run_arguments(t: Any) -> None:
-    t.add_argument("--from-run", default=None, metavar="RUN",
-                   help="the traffic a stored sweep measured: its prompt and output lengths "
-                        "and its prefix-cache hit rate (docs/simulate.md)")
-    t.add_argument("--runs-db", default=None, metavar="FILE",
-                   help="the sweep results DB --from-run reads (default: bstar sweep's)")
-
-
-def prompt_shape(args: argparse.Namespace) -> Any:
-    """The prompt-sharing flags as `bstar.sim.prefix.PromptShape` (None: none given)."""
-    from bstar.sim.prefix import PromptShape
-
-    shape = PromptShape(*(getattr(args, k, d) for k, d in (
-        ("shared_prefix_tokens", 0), ("prefix_groups", 1), ("distinct_prompts", 0),
-        ("multi_turn", 0))))
-    return shape if shape.active else None
-
-
-def given_lengths(args: argparse.Namespace) -> tuple[str, str]:
-    """(--input-len, --output-len) as given, else their defaults. With --trace a given one
-    is refused, not ignored: the trace says each request's lengths, and a flag that changes
-    nothing would let the user believe the run used it (issue 40). Refused rather than a
-    note, because a note scrolls past in a script and the run would still not be what was
-    asked for."""
-    from bstar.errors import BstarError
-
-    given = [flag for flag, v in (("--input-len", args.input_len),
-                                  ("--output-len", args.output_len)) if v is not None]
-    if getattr(args, "trace", None) and given:
-        raise BstarError(f"{' and '.join(given)} with --trace: the trace gives every "
-                         f"request's lengths; drop {' and '.join(given)} or --trace")
-    return (args.input_len if args.input_len is not None else DEFAULT_LENGTHS[0],
-            args.output_len if args.output_len is not None else DEFAULT_LENGTHS[1])
-
-
-def profile_traffic(args: argparse.Namespace, profile: str | None) -> Any:
-    """The [workload] table of calibration profile `profile` (the sweep `bstar calibrate`
-    read), when the flags give no workload: no --trace, --prefix-cached-tokens or
-    prompt-sharing flag, and neither --input-len nor --output-len given (an explicit
-    `--input-len 512` counts, though it is the default's value). None otherwise."""
-    if not profile or getattr(args, "trace", None) or args.prefix_cached_tokens \
-            or prompt_shape(args) is not None \
-            or args.input_len is not None or args.output_len is not None:
-        return None
-    from bstar.loadgen.measured import traffic_from_profile
-
-    return traffic_from_profile(profile)
-
-
-def measured_from_args(args: argparse.Namespace, profile: str | None) -> Any:
-    """The stored sweep --from-run names (`bstar.loadgen.measured`), else the traffic
-    calibration profile `profile` recorded when no workload is given (`profile_traffic`),
-    or None."""
-    if not getattr(args, "from_run", None):
-        return profile_traffic(args, profile)
-    if getattr(args, "trace", None):
-        from bstar.errors import BstarError
-
-        raise BstarError("--from-run with --trace: both say what the requests are (the "
-                         "run's measured lengths and sharing, or the trace's); drop one")
-    from bstar.loadgen.measured import measured_traffic
-
-    return measured_traffic(getattr(args, "runs_db", None), args.from_run)
-
-
-def traffic_from_args(args: argparse.Namespace, profile: str | None
-                      ) -> tuple[str, str, Any, Any]:
-    """(input lengths, output lengths, PromptShape or None, MeasuredTraffic or None): the
-    lengths and prompt sharing the flags give, replaced by the measured traffic's
-    (`measured_from_args`) when there is one; its prompt shape only with prefix caching on."""
-    shape = prompt_shape(args)
-    caching = not getattr(args, "no_prefix_caching", False)
-    input_len, output_len = given_lengths(args)
-    measured = measured_from_args(args, profile)
-    if measured is not None:
-        input_len, output_len = measured.lengths(shared=caching and shape is None)
-        shape = shape or (measured.prompt_shape() if caching else None)
-    return input_len, output_len, shape, measured

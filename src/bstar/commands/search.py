@@ -11,8 +11,6 @@ from typing import Any
 from bstar.commands.common import (
     add_electricity_argument,
     add_force_argument,
-    add_from_run_arguments,
-    add_prompt_sharing_arguments,
     command_line,
     gib_amount,
     int_list,
@@ -24,8 +22,12 @@ from bstar.commands.common import (
     seed_int,
     step_ms,
     str_list,
-    traffic_from_args,
     warn,
+)
+from bstar.commands.traffic_flags import (
+    add_from_run_arguments,
+    add_prompt_sharing_arguments,
+    traffic_from_args,
 )
 from bstar.engine_defaults import BLOCK_SIZE, DEFAULT_RESERVE_GIB, GPU_MEMORY_UTILIZATION
 from bstar.units import GiB
@@ -50,6 +52,19 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--num-gpus", type=positive_int_list, default=None,
                    help="GPUs per instance, comma-separated (default 1,2,4,8); each runs "
                         "num_gpus/tp replicas for every valid tensor parallel size tp")
+    c.add_argument("--expert-parallel-size", "--ep-size", dest="expert_parallel_size",
+                   type=positive_int, default=None,
+                   help="each replica's routed experts split over this many of its GPUs "
+                        "(default 1: tensor-parallel experts)")
+    c.add_argument("--enable-expert-parallel", action="store_true",
+                   help="vLLM's spelling: expert parallel over all of each replica's GPUs")
+    c.add_argument("--data-parallel-size", dest="data_parallel_size", type=positive_int,
+                   default=None,
+                   help="attention data-parallel ranks inside each replica of tp GPUs "
+                        "(default 1; replicas of num_gpus / tp are counted apart)")
+    c.add_argument("--enable-dp-attention", action="store_true",
+                   help="SGLang's spelling: attention data parallel, one rank a GPU of each "
+                        "replica")
     c.add_argument("--max-num-seqs", type=positive_int_list, default=None,
                    help="engine limits to try (default: around the predicted knee and B_mem "
                         "of each GPU x tp)")
@@ -206,7 +221,10 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         max_utilization=args.max_utilization,
         num_speculative_tokens=tuple(sorted(set(args.num_speculative_tokens or ()))),
         acceptance_rate=args.acceptance_rate, drafter=args.drafter,
-        engine="ideal" if opts.ideal else _engine_name(opts.engine))
+        engine="ideal" if opts.ideal else _engine_name(opts.engine),
+        expert_parallel=args.expert_parallel_size or (0 if args.enable_expert_parallel
+                                                       else 1),
+        attention_dp=args.data_parallel_size or (0 if args.enable_dp_attention else 1))
 
 
 def _engine_name(name: str) -> str:

@@ -7,17 +7,13 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import (
-    DEFAULT_LENGTHS,
     add_deployment_arguments,
     add_electricity_argument,
     add_force_argument,
-    add_from_run_arguments,
-    add_prompt_sharing_arguments,
     add_speculative_arguments,
     build_deployment,
     command_line,
     gib_amount,
-    measured_from_args,
     non_negative_float,
     positive_float,
     positive_int,
@@ -25,9 +21,15 @@ from bstar.commands.common import (
     report_written,
     seed_int,
     speculative_from_args,
-    traffic_from_args,
 )
 from bstar.commands.emit import emit
+from bstar.commands.traffic_flags import (
+    DEFAULT_LENGTHS,
+    add_from_run_arguments,
+    add_prompt_sharing_arguments,
+    measured_from_args,
+    traffic_from_args,
+)
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:

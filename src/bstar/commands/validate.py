@@ -53,6 +53,10 @@ def add_validate_arguments(p: argparse.ArgumentParser) -> None:
                    help="load stages and runs: skip the leave-one-GPU-out fit (per GPU x "
                         "engine whose engine has rows on other GPUs: fitted on those, "
                         "predicting this GPU's)")
+    p.add_argument("--acceptance-rate", type=float, default=None, metavar="A",
+                   help="runs: the per-token acceptance rate of every speculative (MTP) run "
+                        "(default: the row's acceptance_rate, else fitted leave one run "
+                        "out on the other speculative runs of its engine)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -111,7 +115,12 @@ def _run_runs(args: argparse.Namespace, text: str) -> int:
 
     runs = runs_from_csv(text, str(args.table), args.table.resolve().parent)
     fit = tuple(args.fit) if args.fit else DEFAULT_FIT
-    v = score_runs(runs, fit, engine=args.engine, lomo=not args.no_lomo,
+    a = args.acceptance_rate
+    if a is not None and not 0 <= a <= 1:
+        from bstar.errors import BstarError
+
+        raise BstarError(f"--acceptance-rate must be in [0, 1], got {a}")
+    v = score_runs(runs, fit, engine=args.engine, lomo=not args.no_lomo, acceptance=a,
                    logo=not args.no_logo, progress=_progress(args))
     return emit(args, v.to_dict, lambda: print_runs_validation(v.to_dict()))
 

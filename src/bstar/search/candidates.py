@@ -59,8 +59,11 @@ class Replica:
     @property
     def key(self) -> str:
         spec = f"|spec{self.num_speculative_tokens}" if self.speculative is not None else ""
+        d = self.deployment
+        layout = (f"|ep{d.expert_parallel}|dp{d.data_parallel}"
+                  if d.expert_parallel > 1 or d.data_parallel > 1 else "")
         return (f"{self.model}|{self.gpu}|tp{self.tp}|seqs{self.max_num_seqs}|"
-                f"tok{self.max_num_batched_tokens}{spec}")
+                f"tok{self.max_num_batched_tokens}{spec}{layout}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,17 +180,30 @@ def prune(r: Replica, w: Workload, slo: Slo) -> Pruned | None:
     return None
 
 
+def layout_size(size: int, tp: int, num_experts: int) -> int:
+    """A replica's EP or attention-DP size: `size` (0: all `tp` GPUs) where it divides tp
+    (and the experts, for EP), else 1."""
+    n = tp if size == 0 else size
+    if n <= 1 or tp % n or (num_experts and num_experts % n):
+        return 1
+    return n
+
+
 def replicas_for(model: ModelSpec, model_name: str, base: Deployment, tps: list[int],
                  w: Workload, max_num_seqs: tuple[int, ...],
                  max_num_batched_tokens: tuple[int, ...],
-                 calibrated: str | None = None) -> list[Replica]:
+                 calibrated: str | None = None, expert_parallel: int = 1,
+                 attention_dp: int = 1) -> list[Replica]:
     """Replica configurations of one model on one GPU for each tp: the engine-limit grids,
     given or by default (max_num_seqs around the predicted knee and B_mem; the token budget
     vllm serve picks on that GPU)."""
     out = []
     g = base.gpu
     for t in tps:
-        d = replace(base, model=model, num_gpus=t)
+        d = replace(base, model=model, num_gpus=t,
+                    expert_parallel=layout_size(expert_parallel, t, model.num_experts
+                                                if model.is_moe else 0),
+                    data_parallel=layout_size(attention_dp, t, 0))
         seqs = list(max_num_seqs) or default_max_num_seqs(d, w) or [1]
         # No cap above B_mem at the requests' full length: the engine runs at most that many
         # sequences, and a higher flag only lets longer requests preempt (regime 3).

@@ -159,7 +159,8 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
             valid = sorted({t for n in spec.num_gpus for t in tp_sizes(m, n)})
             reps = with_speculation(spec, replicas_for(
                 m, label, base, valid, unit, spec.max_num_seqs, spec.max_num_batched_tokens,
-                prof.path if prof is not None else None))
+                prof.path if prof is not None else None, spec.expert_parallel,
+                spec.attention_dp))
             by_tp: dict[int, list[Replica]] = {}
             for r in reps:
                 by_tp.setdefault(r.tp, []).append(r)

@@ -229,6 +229,11 @@ class SearchSpec:
     # The engine profile whose entries for each GPU's architecture and kernel path price it
     # (options.assemble); not in the search id: `eff` is.
     engine: str = ""
+    # Each replica's parallel layout inside its tp GPUs (bstar.deployment.Deployment):
+    # expert-parallel size and attention data-parallel ranks; 0: all of the replica's GPUs;
+    # a size that does not divide a replica's GPUs leaves that replica at 1.
+    expert_parallel: int = 1
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
         if not self.models or not self.gpus:

@@ -211,11 +211,15 @@ class OneStep:
         weight_s = s.dense_weight_s + s.weight_s_per_token * g  # StepShape.weight_s
         weight16_s = s.dense16_weight_s + s.weight_s_per_token * g
         if s.num_experts:
-            frac = 1.0 - (1.0 - s.top_k / s.num_experts) ** g  # expert_fraction_read
+            frac = 1.0 - (1.0 - s.top_k / s.num_experts) ** g if s.expert_parallel <= 1 \
+                else float(s.expert_read_fraction(g))  # StepShape.expert_read_fraction
             weight_s = weight_s + s.expert_weight_s * frac
             weight16_s = weight16_s + s.expert16_weight_s * frac
         weight_mem = (weight_s - weight16_s) / self.ws + weight16_s / self.ws16
         gemm_c = s.gemm_s_per_token * g / p["compute"]
+        if s.expert_parallel > 1:  # the busiest EP rank's extra routed tokens
+            gemm_c = gemm_c + float(s.expert_gemm_extra_s(g)) * (
+                1.0 / self.moe_c if self.grouped else 1.0) / p["compute"]
         if self.grouped and s.moe_layers:
             gemm_c = gemm_c + s.expert_gemm_s_per_token * t * (1.0 / self.moe_c - 1.0) \
                 / p["compute"]

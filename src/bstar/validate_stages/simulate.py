@@ -145,7 +145,9 @@ def stage_deployment(stage: Stage, engine: str | None = None,
                              weight_dtype=dtype, kv_dtype=kv,
                              gpu_util=stage.memory_fraction or GPU_MEMORY_UTILIZATION,
                              block_size=stage.block_size or BLOCK_SIZE,
-                             engine=stage.engine if engine is None else engine)
+                             engine=stage.engine if engine is None else engine,
+                             expert_parallel=stage.expert_parallel,
+                             data_parallel=stage.data_parallel)
     if stage.engine == "trt-llm":  # the run's own server: its fraction is of free memory
         opts = replace(opts, gpu_util=_trt_gpu_util(opts, stage.memory_fraction))
     key = tuple(opts.to_dict().values())
@@ -271,7 +273,8 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     else:
         n, w = len(workload.prompt_tokens), workload
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens,
-                                    decode_steps_per_schedule=stage.decode_steps_per_schedule))
+                                    decode_steps_per_schedule=stage.decode_steps_per_schedule),
+                    speculative=stage_speculation(stage, d, seed))
     run = simulate(d, cfg, w)
     r = run.requests
     warmup = WARMUP_FRACTION if stage.warmup_fraction is None else stage.warmup_fraction
@@ -303,6 +306,23 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
         ttft_growth=growth, state=predicted_state(run), preemptions=run.num_preemptions,
         truncated=run.truncated)
     return pred
+
+
+def stage_speculation(stage: Stage, d: Deployment, seed: int = 0) -> Any:
+    """The run's speculative decoding for the simulator (`bstar.sim.speculative.SpecSim`):
+    its method and draft tokens at its `acceptance_rate`, which must be stated or filled in
+    by the caller (bstar.validate_runs fits it); None for a run without speculation."""
+    if not stage.spec_method:
+        return None
+    from bstar.errors import BstarError
+    from bstar.sim.speculative import SpecSim
+    from bstar.specdec import SpecConfig, make_drafter
+
+    if stage.acceptance_rate is None:
+        raise BstarError(f"{stage.where or stage.stage}: speculative run without an "
+                         "acceptance rate (state acceptance_rate or let validate fit it)")
+    cfg = SpecConfig(stage.num_speculative_tokens, stage.acceptance_rate, stage.spec_method)
+    return SpecSim(cfg, make_drafter(d, stage.spec_method), seed)
 
 
 def first_chunk_s(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray,

@@ -61,8 +61,11 @@ def deployment_lines(plan: Plan, st: Styler) -> list[str]:
            f"  KV per token     {plan.kv_bytes_per_token:,} bytes "
            f"({plan.kv_bytes_per_token / KiB:.1f} KiB) in {d.kv.name}",
            f"  GPU memory       {fmt_bytes(g.memory_bytes)} x util {d.gpu_util:g} - weights - "
-           f"reserve {d.reserve_bytes / GiB:.2f} GiB = KV pool {fmt_bytes(plan.kv_pool_bytes)}"
-           " per GPU",
+           f"reserve {d.reserve_bytes / GiB:.2f} GiB = KV pool "
+           + (f"{fmt_bytes(plan.kv_pool_bytes)} per GPU" if d.data_parallel == 1 else
+              f"{fmt_bytes(plan.kv_pool_bytes // d.data_parallel)} per GPU x "
+              f"{d.data_parallel} attention DP ranks (each holds its own sequences)")
+           + (f"; experts over EP {d.expert_parallel}" if d.expert_parallel > 1 else ""),
            f"  HBM bandwidth    {g.hbm_bandwidth_bytes_s / 1e12:.3f} TB/s x {e.bandwidth:g}; "
            f"peak {d.weight.compute} {g.peak_flops(d.weight.compute) / 1e12:.1f} TFLOP/s x "
            f"{e.compute:g}; ridge {g.ridge_flops_per_byte:.1f} FLOP/byte; overhead "

@@ -31,7 +31,11 @@ def print_simulation(study: Study) -> None:
     inp, out = parse_lengths(args.input_len), parse_lengths(args.output_len)
     c.print(f"[bold]{mt(d.model.name)}[/] on [bold]{d.num_gpus} x {mt(d.gpu.name)}[/] "
             f"({mt(d.gpu.id)}): "
-            f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU = {first.kv_blocks:,} blocks "
+            + (f"KV pool {fmt_bytes(rl.kv_pool_bytes(d))} per GPU" if d.data_parallel == 1
+               else f"KV pool {fmt_bytes(rl.kv_pool_bytes(d) // d.data_parallel)} per GPU x "
+                    f"{d.data_parallel} attention DP ranks")
+            + (f", EP {d.expert_parallel}" if d.expert_parallel > 1 else "")
+            + f" = {first.kv_blocks:,} blocks "
             f"of {first.block_size} tokens ({first.kv_blocks * first.block_size:,} tokens)")
     lengths = "lengths from the trace" if args.trace is not None else \
         f"input {inp.describe()}, output {out.describe()}"

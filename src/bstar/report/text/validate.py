@@ -93,9 +93,35 @@ def format_stages_validation(v: dict[str, Any]) -> str:
            f"the stage or over {st['failed_limit']:.0%} of requests failed, else 'steady'"]
     for g in v["groups"]:
         out += _stage_group_lines(g)
+    out += _speculative_lines(v.get("speculative") or [])
     for s in v["skipped"]:
         out.append(f"  skipped {s['stage']} ({s['model']} on {s['gpu']}): {s['reason']}")
     return "\n".join(out)
+
+
+def _speculative_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per speculative run: the acceptance its measured TPOT implies, the one used (and how),
+    TPOT measured and predicted, the speedup predicted and, with a measured twin, measured."""
+    if not rows:
+        return []
+    out = ["", "speculative runs: acceptance implied (simulated TPOT = measured) and used; "
+               "speedup = TPOT without / with speculation",
+           f"  {'run':<56}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
+           f"{'err':>7}{'speedup pred':>14}{'meas':>7}"]
+    for r in rows:
+        meas = r["measured_speedup"]
+        out.append(f"  {r['stage'][:55]:<56}{r['num_speculative_tokens']:>3}"
+                   f"{r['implied_acceptance']:>9.3f}{r['acceptance']:>7.3f}"
+                   f"{r['measured_tpot_ms']:>9.1f}{r['predicted_tpot_ms']:>7.1f}"
+                   f"{signed_pct(r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1):>7}"
+                   f"{r['predicted_speedup'] or 0:>13.2f}x"
+                   + (f"{meas:>6.2f}x" if meas else f"{'-':>7}"))
+    bases = sorted({r["acceptance_basis"] for r in rows})
+    out += [f"  acceptance used: {b}" for b in bases]
+    if not any(r["measured_speedup"] for r in rows):
+        out.append("  no speculative run has a measured twin without speculation (same "
+                   "engine, layout, lengths and concurrency): no measured speedup")
+    return out
 
 
 def _stage_group_lines(g: dict[str, Any]) -> list[str]:
@@ -202,7 +228,10 @@ def format_runs_validation(v: dict[str, Any]) -> str:
             sm = g["summary"][k]
             out.append(f"    {name:<9}" + "".join(
                 f"  {m} {pct(sm[key]['mean']).strip()} / {pct(sm[key]['median']).strip()}"
-                for key, m in RUN_METRICS))
+                for key, m in RUN_METRICS)
+                + (f"  TTFT p50 {pct(sm['ttft_median_ms']['mean']).strip()} / "
+                   f"{pct(sm['ttft_median_ms']['median']).strip()}"
+                   if "ttft_median_ms" in sm else ""))
         if len(g["models"]) > 1:
             out += _run_model_lines(g, ways)
         for m, e in g["lomo_eff"].items():
@@ -210,9 +239,35 @@ def format_runs_validation(v: dict[str, Any]) -> str:
                                                          for k, x in e.items()))
         out += _logo_lines(g)
         out += [f"    note: {n}" for n in g["notes"]]
+    out += _speculative_lines(v.get("speculative") or [])
     for s in v["skipped"]:
         out.append(f"  skipped {s['stage']} ({s['model']} on {s['gpu']}): {s['reason']}")
     return "\n".join(out)
+
+
+def _speculative_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per speculative run: the acceptance its measured TPOT implies, the one used (and how),
+    TPOT measured and predicted, the speedup predicted and, with a measured twin, measured."""
+    if not rows:
+        return []
+    out = ["", "speculative runs: acceptance implied (simulated TPOT = measured) and used; "
+               "speedup = TPOT without / with speculation",
+           f"  {'run':<56}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
+           f"{'err':>7}{'speedup pred':>14}{'meas':>7}"]
+    for r in rows:
+        meas = r["measured_speedup"]
+        out.append(f"  {r['stage'][:55]:<56}{r['num_speculative_tokens']:>3}"
+                   f"{r['implied_acceptance']:>9.3f}{r['acceptance']:>7.3f}"
+                   f"{r['measured_tpot_ms']:>9.1f}{r['predicted_tpot_ms']:>7.1f}"
+                   f"{signed_pct(r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1):>7}"
+                   f"{r['predicted_speedup'] or 0:>13.2f}x"
+                   + (f"{meas:>6.2f}x" if meas else f"{'-':>7}"))
+    bases = sorted({r["acceptance_basis"] for r in rows})
+    out += [f"  acceptance used: {b}" for b in bases]
+    if not any(r["measured_speedup"] for r in rows):
+        out.append("  no speculative run has a measured twin without speculation (same "
+                   "engine, layout, lengths and concurrency): no measured speedup")
+    return out
 
 
 def _logo_heading(g: dict[str, Any]) -> str:
