@@ -285,12 +285,15 @@ def tp_forms_report() -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("\nTensor parallel: the all-reduce latency's growth with N, leave one model out on "
           "LMDeploy's A100 rows (ITL / throughput)")
-    keep = step.allreduce_rounds
+    import bstar.parallel as parallel
+
+    keep = parallel.allreduce_rounds
     try:
         for name, f in forms.items():
-            # The one price of a step reads it from bstar.step when it builds a deployment's
-            # shape: swap it there and drop the shapes already built.
-            step.allreduce_rounds = f
+            # The one price of a step reads it from bstar.parallel (the all-reduce rounds of
+            # TP and attention DP) when it builds a deployment's shape: swap it there and
+            # drop the shapes already built.
+            parallel.allreduce_rounds = f
             step._SHAPES.clear()
             (g,) = vc.score_curves(rows).groups
             out[name] = g.model_lomo
@@ -300,7 +303,7 @@ def tp_forms_report() -> dict[str, Any]:
                 f"{m} (TP {2 if 'internlm' in m else 4}) {pct(e['step_ms'] or math.nan)} / "
                 f"{pct(e['throughput_tok_s'] or math.nan)}" for m, e in tp.items()))
     finally:
-        step.allreduce_rounds = keep
+        parallel.allreduce_rounds = keep
         step._SHAPES.clear()
     return out
 
