@@ -316,9 +316,13 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
     out = tmp_path / "demo"
     log = out / "llamacpp.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    # The levels after the first must outlast the test's read of the first level's line on a
+    # loaded machine: at 8 requests of 32 tokens the whole demo once finished (exit 0, report
+    # written) before the signal came, in the full suite beside other work. 128 tokens make
+    # levels 2 and 4 about four times as long; the signal still lands after level 1.
     p = subprocess.Popen([sys.executable, "-m", "bstar", "demo", "-o", str(out),
                           "--concurrency", "1,2,4", "--num-requests", "8", "--output-len",
-                          "32", "--threads", "1"], env=env, text=True,
+                          "128", "--threads", "1"], env=env, text=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert p.stderr is not None
     seen: list[str] = []
@@ -333,6 +337,7 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
                 if "tok/s" in line:
                     break
             assert _servers_logging_to(log), seen
+        assert p.poll() is None, "the demo ended before the signal: lengthen its sweep"
         p.send_signal(sig)
         err = p.stderr.read()
         assert p.wait(timeout=120) == 130, [*seen[-5:], err[-2000:]]

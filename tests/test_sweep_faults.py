@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import sqlite3
@@ -21,11 +20,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bstar.cli import main
 from bstar.loadgen.sweep import SweepConfig, load_result, run_sweep
 from bstar.servers import free_port
+from bstar.stats import poisson_gaps_s
 
 pytest.importorskip("aiohttp", reason="needs aiohttp (a base dependency)")
 
@@ -284,8 +285,10 @@ def test_open_loop_rate_levels(tmp_path: Path) -> None:
     # measured spread of starts is at least the scheduled one (and not wildly more).
     con = sqlite3.connect(tmp_path / "r.db")
     for lv, rate in zip(res.levels, (20.0, 80.0), strict=True):
-        rng = random.Random((lv.stats or {})["prompt_seed"])
-        scheduled_s = sum(rng.expovariate(rate) for _ in range(39))
+        # The live worker draws its gaps from stats.poisson_gaps_s, one per request sent,
+        # seeded with the level's prompt seed (loadgen/worker.drive).
+        rng = np.random.default_rng((lv.stats or {})["prompt_seed"])
+        scheduled_s = sum(float(poisson_gaps_s(rate, rng, 1)[0]) for _ in range(39))
         starts = [r for (r,) in con.execute(
             "SELECT start_s FROM requests r JOIN levels l ON r.level_id = l.id "
             "WHERE l.idx = ? AND NOT r.warmup ORDER BY start_s", (lv.idx,))]
