@@ -218,6 +218,7 @@ def policy_energy(d: Any, power_w_at_rate: float | None, rate_req_s: float,
     idle power. `energy_kwh`, `joules_per_output_token` and `energy_cost` at the stated
     price; all None without a power model for the GPU or a simulated power figure."""
     from bstar.energy import power_model
+    from bstar.search.rank import fleet_energy
 
     pm = power_model(d.gpu)
     none = {"energy_kwh": None, "joules_per_output_token": None, "energy_cost": None,
@@ -228,8 +229,10 @@ def policy_energy(d: Any, power_w_at_rate: float | None, rate_req_s: float,
     tokens = 0.0
     for iv in intervals:
         ready, paid, demand = iv["ready_replicas"], iv["replicas"], iv["demand_req_s"]
-        load = min(1.0, demand / (ready * rate_req_s)) if ready > 0 else 0.0
-        busy_w = pm.idle_w + (power_w_at_rate - pm.idle_w) * load
+        # No demand or no replica ready: every paid GPU idles.
+        fleet = fleet_energy(d, power_w_at_rate, rate_req_s, demand, ready,
+                             mean_output_tokens) if ready > 0 else None
+        busy_w = pm.idle_w if fleet is None else fleet[0]
         watts = (ready * busy_w + max(paid - ready, 0) * pm.idle_w) * d.num_gpus
         joules += watts * interval_s
         tokens += demand * interval_s * mean_output_tokens

@@ -148,11 +148,12 @@ def stage_deployment(stage: Stage, engine: str | None = None,
                              engine=stage.engine if engine is None else engine,
                              expert_parallel=stage.expert_parallel,
                              data_parallel=stage.data_parallel)
-    if stage.engine == "trt-llm":  # the run's own server: its fraction is of free memory
-        opts = replace(opts, gpu_util=_trt_gpu_util(opts, stage.memory_fraction))
-    key = tuple(opts.to_dict().values())
+    trt = stage.engine == "trt-llm"  # the run's own server: its fraction is of free memory
+    key = (*opts.to_dict().values(), trt)
     d = _DEPLOYMENTS.get(key)
     if d is None:
+        if trt:
+            opts = replace(opts, gpu_util=_trt_gpu_util(opts, stage.memory_fraction))
         d = _DEPLOYMENTS[key] = opts.build()
     d = d if eff is None else d.with_eff(eff)
     d = d.with_eff(graph_settings(stage, d.eff))

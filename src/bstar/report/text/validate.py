@@ -245,31 +245,6 @@ def format_runs_validation(v: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _speculative_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Per speculative run: the acceptance its measured TPOT implies, the one used (and how),
-    TPOT measured and predicted, the speedup predicted and, with a measured twin, measured."""
-    if not rows:
-        return []
-    out = ["", "speculative runs: acceptance implied (simulated TPOT = measured) and used; "
-               "speedup = TPOT without / with speculation",
-           f"  {'run':<56}{'K':>3}{'implied':>9}{'used':>7}{'TPOT ms':>9}{'pred':>7}"
-           f"{'err':>7}{'speedup pred':>14}{'meas':>7}"]
-    for r in rows:
-        meas = r["measured_speedup"]
-        out.append(f"  {r['stage'][:55]:<56}{r['num_speculative_tokens']:>3}"
-                   f"{r['implied_acceptance']:>9.3f}{r['acceptance']:>7.3f}"
-                   f"{r['measured_tpot_ms']:>9.1f}{r['predicted_tpot_ms']:>7.1f}"
-                   f"{signed_pct(r['predicted_tpot_ms'] / r['measured_tpot_ms'] - 1):>7}"
-                   f"{r['predicted_speedup'] or 0:>13.2f}x"
-                   + (f"{meas:>6.2f}x" if meas else f"{'-':>7}"))
-    bases = sorted({r["acceptance_basis"] for r in rows})
-    out += [f"  acceptance used: {b}" for b in bases]
-    if not any(r["measured_speedup"] for r in rows):
-        out.append("  no speculative run has a measured twin without speculation (same "
-                   "engine, layout, lengths and concurrency): no measured speedup")
-    return out
-
-
 def _logo_heading(g: dict[str, Any]) -> str:
     """The heading's words for the leave-one-GPU-out way, where the group has it."""
     if "logo" not in g["summary"]:
