@@ -516,3 +516,33 @@ def test_a_dead_raylet_is_one_line_not_rays_log_dump(capfd: pytest.CaptureFixtur
     assert "LocalRayletDiedError" in e.value.why and "\n" not in e.value.why
     out, err = capfd.readouterr()
     assert "(raylet)" not in out + err and "state-dump" not in out + err
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a local Ray head and one actor: about 15 s
+def test_sweep_ray_actor_lost_is_one_line_and_raylet_reports_held() -> None:
+    """Issue 40: `sweep --ray`'s load actors now hold Ray's raylet reports as `search --ray`
+    does, and an actor Ray lost (killed) ends the sweep with one BstarError line naming what
+    Ray said, not an ActorDiedError traceback. Closing the pool gives Ray its printer back."""
+    pytest.importorskip("ray")
+    import asyncio
+
+    import ray._private.worker as rw
+
+    from bstar.errors import BstarError
+    from bstar.loadgen.workers import LoadPool
+
+    original = rw.print_to_stdstream
+    pool = LoadPool(1, ray="local")
+    pool.start()
+    try:
+        assert getattr(rw.print_to_stdstream, "_bstar_held", False)
+        handle = pool._handles[0]
+        pool._ray.kill(handle.actor, no_restart=True)
+        with pytest.raises(BstarError) as e:
+            asyncio.run(handle.call("drain"))
+    finally:
+        pool.close()
+    assert "load worker lost on Ray" in str(e.value) and "\n" not in str(e.value)
+    assert "Actor" in str(e.value)
+    assert rw.print_to_stdstream is original

@@ -315,12 +315,24 @@ class _ProcessHandle:
 
 
 class _RayHandle:
-    def __init__(self, ray: Any, actor: Any) -> None:
+    def __init__(self, ray: Any, actor: Any, pool: LoadPool) -> None:
         self.ray = ray
         self.actor = actor
+        self.pool = pool
 
     async def call(self, method: str, *args: Any) -> Any:
-        return await getattr(self.actor, method).remote(*args)
+        """Ray's own failures (an actor killed, a dead raylet, a node lost) end the sweep
+        with one line naming what Ray said, as `search --ray` does (issue 40); an error
+        the worker's method raised is the method's, raised as it is."""
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except self.ray.exceptions.RayError as e:
+            if isinstance(e, self.ray.exceptions.RayTaskError):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            said = f"; Ray said: {self.pool.raylet_report}" if self.pool.raylet_report else ""
+            raise BstarError(f"load worker lost on Ray ({type(e).__name__}: {first}){said}"
+                             ) from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -349,6 +361,8 @@ class LoadPool:
         self._handles: list[Any] = []
         self._ray: Any = None
         self._started_ray = False
+        self.raylet_report = ""  # the cluster's last report about itself
+        self._unhold: Any = None
         self._stop_requested = False
         self._level: list[Any] = []
         self.outcome = LevelOutcome()
@@ -390,9 +404,12 @@ class LoadPool:
                          configure_logging=False,
                          runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
             self._started_ray = True
+        from bstar.search.backends import hold_raylet_reports
+
+        self._unhold = hold_raylet_reports(lambda line: setattr(self, "raylet_report", line))
         actor_cls = ray.remote(num_cpus=1, max_concurrency=1000)(LoadWorker)
         self._handles = [
-            _RayHandle(ray, actor_cls.options(scheduling_strategy="SPREAD").remote())
+            _RayHandle(ray, actor_cls.options(scheduling_strategy="SPREAD").remote(), self)
             for _ in range(self.workers)]
 
     def close(self) -> None:
@@ -403,6 +420,9 @@ class LoadPool:
             with contextlib.suppress(Exception):
                 self._ray.shutdown()
         self._ray = None
+        unhold, self._unhold = self._unhold, None
+        if unhold is not None:
+            unhold()
 
     def __enter__(self) -> LoadPool:
         self.start()

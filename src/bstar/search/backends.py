@@ -215,7 +215,7 @@ class RayBackend(Backend):
         self.start_s = 0.0
         self._ray: Any = None
         self._remote: dict[Fn, Any] = {}
-        self.raylet_report = ""  # the cluster's last report about itself (_hold_raylet_reports)
+        self.raylet_report = ""  # the cluster's last report about itself (hold_raylet_reports)
         self._unhold: Callable[[], None] | None = None
 
     def start(self) -> None:
@@ -235,7 +235,7 @@ class RayBackend(Backend):
             ray_reachable(self.address)
             ray.init(address=self.address, log_to_driver=False, configure_logging=False,
                      runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
-        self._hold_raylet_reports()
+        self._unhold = hold_raylet_reports(lambda line: setattr(self, "raylet_report", line))
         self.workers = int(ray.cluster_resources().get("CPU", 1))
         warm = ray.remote(num_cpus=1)(_warm)
         ray.get([warm.remote(i) for i in range(self.workers)])
@@ -277,35 +277,6 @@ class RayBackend(Backend):
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
 
-    def _hold_raylet_reports(self) -> None:
-        """Ray's driver prints what the cluster reports about itself, a dead raylet's last
-        20 log lines first, from a background thread (Ray 2.60: `ray._private.worker.
-        listen_error_messages` calls the module's `print_to_stdstream` with pid "raylet"),
-        whatever `log_to_driver` says: about 40 lines around bstar's own one-line error
-        (issue 40). They are kept, not printed: the first line of the last one joins the
-        TaskFailed error, and Ray's own logs hold the rest. Ray's private name is looked up,
-        not required: a Ray without it prints as before."""
-        import importlib
-
-        try:
-            rw = importlib.import_module("ray._private.worker")
-        except ImportError:
-            return
-        original = getattr(rw, "print_to_stdstream", None)
-        if original is None or getattr(original, "_bstar_held", False):
-            return
-
-        def held(data: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(data, dict) and data.get("pid") == "raylet":
-                lines = data.get("lines") or [""]
-                self.raylet_report = (str(lines[0]).strip().splitlines() or [""])[0]
-                return None
-            return original(data, *args, **kwargs)
-
-        held._bstar_held = True  # type: ignore[attr-defined]
-        rw.print_to_stdstream = held
-        self._unhold = lambda: setattr(rw, "print_to_stdstream", original)
-
     def close(self) -> None:
         if self._ray is not None:
             self._ray.shutdown()
@@ -327,3 +298,35 @@ def make_backend(jobs: int | None = None, ray: str | None = None) -> Backend:
             ray_address(ray)  # a malformed address fails now, before any work
         return RayBackend(None if ray == "local" else ray, jobs if ray == "local" else None)
     return ProcessPool(jobs) if jobs and jobs > 1 else InProcess()
+
+
+def hold_raylet_reports(on_report: Callable[[str], None]) -> Callable[[], None] | None:
+    """Ray's driver prints what the cluster reports about itself, a dead raylet's last
+    20 log lines first, from a background thread (Ray 2.60: `ray._private.worker.
+    listen_error_messages` calls the module's `print_to_stdstream` with pid "raylet"),
+    whatever `log_to_driver` says: about 40 lines around bstar's own one-line error
+    (issue 40). They are kept, not printed: `on_report` gets the first line of each, for
+    the caller's one-line error, and Ray's own logs hold the rest. Returns the call that
+    restores Ray's printer (None when nothing was replaced). Ray's private name is looked
+    up, not required: a Ray without it prints as before. Used by `search --ray` and by
+    `sweep --ray`'s load actors (loadgen/workers.py)."""
+    import importlib
+
+    try:
+        rw = importlib.import_module("ray._private.worker")
+    except ImportError:
+        return None
+    original = getattr(rw, "print_to_stdstream", None)
+    if original is None or getattr(original, "_bstar_held", False):
+        return None
+
+    def held(data: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, dict) and data.get("pid") == "raylet":
+            lines = data.get("lines") or [""]
+            on_report((str(lines[0]).strip().splitlines() or [""])[0])
+            return None
+        return original(data, *args, **kwargs)
+
+    held._bstar_held = True  # type: ignore[attr-defined]
+    rw.print_to_stdstream = held
+    return lambda: setattr(rw, "print_to_stdstream", original)
