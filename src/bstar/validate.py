@@ -98,16 +98,17 @@ def rows_from_csv(text: str, where: str = "table") -> list[Row]:
 
 
 def deployment_for(row: Row, eff: Efficiency | None = None) -> Deployment:
+    from bstar.options import assemble
     from bstar.specs.gpu import get_gpu
     from bstar.specs.precision import kv_dtype_for, weight_dtype_for
     from bstar.specs.presets import get_model
 
     try:
         m = get_model(row.model)
-        return Deployment(m, get_gpu(row.gpu), num_gpus=row.num_gpus,
-                          weight_dtype=weight_dtype_for(row.dtype, m.default_dtype, "dtype"),
-                          kv_dtype=kv_dtype_for(row.kv_dtype, "bf16", "kv_dtype"),
-                          eff=eff or Efficiency())
+        return assemble(m, get_gpu(row.gpu), num_gpus=row.num_gpus,
+                        weight_dtype=weight_dtype_for(row.dtype, m.default_dtype, "dtype"),
+                        kv_dtype=kv_dtype_for(row.kv_dtype, "bf16", "kv_dtype"),
+                        eff=eff or Efficiency())
     except BstarError as e:
         raise BstarError(f"{row.where}: {e}") from None
 

@@ -71,17 +71,18 @@ def deployment_for(row: CurveRow, eff: Efficiency, model: Any = None,
                    gpu: Any = None) -> Deployment:
     """The row's deployment at `eff` (`model` and `gpu`, when given, are the row's specs
     already read: a fit builds thousands of deployments)."""
+    from bstar.options import assemble
     from bstar.specs.gpu import get_gpu
     from bstar.specs.precision import kv_dtype_for, weight_dtype_for
 
     m = model or model_for(row)
     where = f"{row.where}: " if getattr(row, "where", "") else ""
     weight = weight_dtype_for(row.dtype, m.default_dtype, f"{where}dtype")
-    return Deployment(m, gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
-                      num_gpus=row.num_gpus, weight_dtype=weight,
-                      kv_dtype=kv_dtype_for(row.kv_dtype, "fp32" if (weight or m.default_dtype)
-                                            == "fp32" else "bf16", f"{where}kv_dtype"),
-                      eff=eff)
+    return assemble(m, gpu or get_gpu(_resolve(row.gpu, row.base_dir)),
+                    num_gpus=row.num_gpus, weight_dtype=weight,
+                    kv_dtype=kv_dtype_for(row.kv_dtype, "fp32" if (weight or m.default_dtype)
+                                          == "fp32" else "bf16", f"{where}kv_dtype"),
+                    eff=eff)
 
 
 def measured(row: CurveRow) -> dict[str, float]:

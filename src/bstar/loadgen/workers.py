@@ -19,11 +19,10 @@ worker's (each measured from the common start on the same clock), its percentile
 computed by the sweep over all workers' records. A Ray actor on another machine converts
 the start instant through the wall clock (NTP-synchronised hosts: off by their skew).
 
-Each worker sends its records back in small batches while the level runs (the sweep
-stores them as they come, as it does its own); a stop (the error-rate rule) ends the
-workers' new requests, and an abort (Ctrl-C) cancels requests in flight and returns every
-record already finished. A worker process exits when the sweep's process does (it watches
-its parent) and ignores SIGINT, which its parent handles.
+Each worker sends its records back in small batches while the level runs (stored as they
+come); a stop (the error-rate rule) ends the workers' new requests, and an abort (Ctrl-C)
+cancels requests in flight and returns every record already finished. A worker process
+exits with the sweep's process (it watches its parent) and ignores SIGINT.
 
 The API key travels to the workers in the job (process pipe or Ray's object store), is
 held in their client's header only, and is never logged or stored.
@@ -321,18 +320,16 @@ class _RayHandle:
         self.pool = pool
 
     async def call(self, method: str, *args: Any) -> Any:
-        """Ray's own failures (an actor killed, a dead raylet, a node lost) end the sweep
-        with one line naming what Ray said, as `search --ray` does (issue 40); an error
-        the worker's method raised is the method's, raised as it is."""
+        """Ray's own failures (an actor lost, a dead raylet) end the sweep with one line, as
+        in `search --ray`; an error the worker's method raised is raised as it is."""
         try:
             return await getattr(self.actor, method).remote(*args)
         except self.ray.exceptions.RayError as e:
             if isinstance(e, self.ray.exceptions.RayTaskError):
                 raise
-            first = (str(e).strip().splitlines() or [""])[0][:200]
             said = f"; Ray said: {self.pool.raylet_report}" if self.pool.raylet_report else ""
-            raise BstarError(f"load worker lost on Ray ({type(e).__name__}: {first}){said}"
-                             ) from None
+            raise BstarError(f"load worker lost on Ray ({type(e).__name__}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:200]}){said}") from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -386,26 +383,13 @@ class LoadPool:
             import ray
         except ImportError:
             raise BstarError("--ray needs Ray: pip install 'bstar[ray]'") from None
+        from bstar.search.backends import hold_raylet_reports, init_ray
+
         self._ray = ray
         if not ray.is_initialized():
-            if self.ray_address == "local":
-                ray.init(num_cpus=max(self.workers, os.cpu_count() or 1),
-                         include_dashboard=False, _node_ip_address="127.0.0.1",
-                         log_to_driver=False, configure_logging=False)
-            else:
-                from pathlib import Path
-
-                import bstar
-                from bstar.search.backends import ray_reachable
-
-                # Ray itself retries an address nobody listens at for a minute or more.
-                ray_reachable(self.ray_address)
-                ray.init(address=self.ray_address, log_to_driver=False,
-                         configure_logging=False,
-                         runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
+            init_ray(ray, None if self.ray_address == "local" else self.ray_address,
+                     max(self.workers, os.cpu_count() or 1))
             self._started_ray = True
-        from bstar.search.backends import hold_raylet_reports
-
         self._unhold = hold_raylet_reports(lambda line: setattr(self, "raylet_report", line))
         actor_cls = ray.remote(num_cpus=1, max_concurrency=1000)(LoadWorker)
         self._handles = [

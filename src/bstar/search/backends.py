@@ -225,16 +225,7 @@ class RayBackend(Backend):
             raise BstarError("--ray needs Ray: pip install 'bstar[ray]'") from None
         self._ray = ray
         t0 = time.perf_counter()
-        if self.address is None:
-            ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=False,
-                     configure_logging=False)
-        else:
-            import bstar
-
-            ray_reachable(self.address)
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False,
-                     runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
+        init_ray(ray, self.address, self.num_cpus or os.cpu_count() or 1)
         self._unhold = hold_raylet_reports(lambda line: setattr(self, "raylet_report", line))
         self.workers = int(ray.cluster_resources().get("CPU", 1))
         warm = ray.remote(num_cpus=1)(_warm)
@@ -298,6 +289,23 @@ def make_backend(jobs: int | None = None, ray: str | None = None) -> Backend:
             ray_address(ray)  # a malformed address fails now, before any work
         return RayBackend(None if ray == "local" else ray, jobs if ray == "local" else None)
     return ProcessPool(jobs) if jobs and jobs > 1 else InProcess()
+
+
+def init_ray(ray: Any, address: str | None, num_cpus: int) -> None:
+    """Start a local Ray cluster on this machine (`address` None: `num_cpus` CPUs, no
+    dashboard, node address 127.0.0.1) or join the one at `address` (reachable first: Ray
+    itself retries an address nobody listens at for a minute or more), shipping bstar's
+    own package to its workers. Ray's log lines stay off the driver. `search --ray` and
+    `sweep --ray` both start Ray here."""
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
+        return
+    import bstar
+
+    ray_reachable(address)
+    ray.init(address=address, log_to_driver=False, configure_logging=False,
+             runtime_env={"py_modules": [str(Path(bstar.__file__).parent)]})
 
 
 def hold_raylet_reports(on_report: Callable[[str], None]) -> Callable[[], None] | None:
