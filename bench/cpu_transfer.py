@@ -22,6 +22,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,9 +94,12 @@ class TransferResult:
     db: str
     calibration: Any  # bstar.calibrate.Calibration
     cases: tuple[Case, ...]  # the calibration run itself first, then the two transfers
+    # The share of the run's wall time in which some runnable task waited for a core
+    # (Linux PSI, /proc/pressure/cpu "some"): other processes' load; None where unreadable.
+    cpu_pressure: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu_file": self.gpu_file, "db": self.db,
+        return {"gpu_file": self.gpu_file, "db": self.db, "cpu_pressure": self.cpu_pressure,
                 "calibration": self.calibration.to_dict(),
                 "cases": [{"name": c.name, "run_id": c.run_id, "model": c.model,
                            "median_abs_error": c.median_abs_error,
@@ -111,6 +115,20 @@ class TransferResult:
                           for c in self.cases]}
 
 
+def cpu_pressure_total_us() -> int | None:
+    """Linux's cumulative CPU pressure ("some" total, microseconds in which at least one
+    runnable task waited for a core), or None where the kernel does not expose it."""
+    try:
+        text = Path("/proc/pressure/cpu").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("some "):
+            fields_ = dict(kv.split("=", 1) for kv in line.split()[1:])
+            return int(fields_["total"]) if "total" in fields_ else None
+    return None
+
+
 def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
                  log: Callable[[str], None] = lambda s: None) -> TransferResult:
     from bstar import calibrate as cal
@@ -122,6 +140,7 @@ def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
     from bstar.tinymodel import default_tiny_dir
 
     cfg = cfg or TransferConfig()
+    t0_s, p0_us = time.monotonic(), cpu_pressure_total_us()
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     gpu_file = work / "probe.toml"
@@ -175,7 +194,10 @@ def run_transfer(workdir: str | Path, cfg: TransferConfig | None = None,
                           cal.check(deployment(model), c.eff, points(run),
                                     c.bandwidth_scale, c.compute_scale)))
     (work / "profile.toml").write_text(cal.profile_toml(c))
-    return TransferResult(str(gpu_file), str(db), c, tuple(cases))
+    p1_us = cpu_pressure_total_us()
+    pressure = None if p0_us is None or p1_us is None else \
+        (p1_us - p0_us) / 1e6 / max(time.monotonic() - t0_s, 1e-9)
+    return TransferResult(str(gpu_file), str(db), c, tuple(cases), pressure)
 
 
 def format_result(r: TransferResult) -> str:
@@ -185,6 +207,9 @@ def format_result(r: TransferResult) -> str:
              f"(of the probed figures), overhead {c.eff.overhead_s * 1e3:.3f} ms + "
              f"{c.eff.overhead_per_seq_s * 1e6:.1f} us/seq"]
     lines += [f"  note: {n}" for n in c.notes]
+    if r.cpu_pressure is not None:
+        lines.append(f"  CPU pressure over the run: {r.cpu_pressure:.0%} of the wall time "
+                     "(a runnable task waiting for a core)")
     for case in r.cases:
         lines.append(f"{case.name} (run {case.run_id}): median |error| "
                      f"{case.median_abs_error:.1%} (max {case.max_abs_error:.1%}), "
