@@ -65,6 +65,12 @@ def _candidate_arguments(c: argparse._ArgumentGroup) -> None:
     c.add_argument("--enable-dp-attention", action="store_true",
                    help="SGLang's spelling: attention data parallel, one rank a GPU of each "
                         "replica")
+    c.add_argument("--layouts", choices=("auto", "aggregated", "disaggregated", "both"),
+                   default="auto",
+                   help="aggregated servers, disaggregated prefill/decode units (xPyD: the "
+                        "P:D ratio and each side's layout searched too), or both (default "
+                        "auto: both when a model is a mixture of experts, else aggregated; "
+                        "docs/search.md)")
     c.add_argument("--max-num-seqs", type=positive_int_list, default=None,
                    help="engine limits to try (default: around the predicted knee and B_mem "
                         "of each GPU x tp)")
@@ -208,8 +214,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
                              enforce_eager=args.enforce_eager,
                              cuda_graph_max_tokens=args.cuda_graph_max_tokens)
     eff = opts.efficiency()
+    models = tuple(args.model or ["llama-3-8b"])
     return SearchSpec(
-        models=tuple(args.model or ["llama-3-8b"]),
+        models=models,
         gpus=tuple(args.gpu or DEFAULT_GPUS.split(",")), traffic=traffic, slo=slo,
         num_gpus=tuple(sorted(set(args.num_gpus or DEFAULT_NUM_GPUS))),
         max_num_seqs=tuple(sorted(set(args.max_num_seqs or ()))),
@@ -224,7 +231,18 @@ def spec_from_args(args: argparse.Namespace) -> Any:
         engine="ideal" if opts.ideal else _engine_name(opts.engine),
         expert_parallel=args.expert_parallel_size or (0 if args.enable_expert_parallel
                                                        else 1),
-        attention_dp=args.data_parallel_size or (0 if args.enable_dp_attention else 1))
+        attention_dp=args.data_parallel_size or (0 if args.enable_dp_attention else 1),
+        layouts=_layouts(args.layouts, models))
+
+
+def _layouts(given: str, models: tuple[str, ...]) -> str:
+    """--layouts auto: both layouts when a model is a mixture of experts (the models served
+    disaggregated at scale), else aggregated."""
+    if given != "auto":
+        return given
+    from bstar.specs.presets import get_model
+
+    return "both" if any(get_model(m).is_moe for m in models) else "aggregated"
 
 
 def _engine_name(name: str) -> str:

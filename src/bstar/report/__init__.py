@@ -113,7 +113,7 @@ def save_search_plot(search: dict[str, Any], path: str | Path) -> Path:
 
 def write_search_report(search: dict[str, Any], path: str | Path, command: str = "") -> Path:
     """`search` is the search JSON contract (`bstar search --json`)."""
-    from bstar.report.build import search_report
+    from bstar.report.build_search import search_report
     from bstar.report.html import write_html
 
     return write_html(search_report(search, command), path)

@@ -52,6 +52,13 @@ class Replica:
     calibrated: str | None = None  # profile path when calibrated terms apply
     speculative: Any = None  # bstar.sim.speculative.SpecSim; None: plain decode
 
+    layout = "aggregated"  # a disaggregated unit: bstar.search.disagg.DisaggReplica
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs one replica runs on (its rate's divisor for throughput per GPU)."""
+        return self.tp
+
     @property
     def num_speculative_tokens(self) -> int:
         return 0 if self.speculative is None else int(self.speculative.k)
@@ -68,12 +75,13 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    replica: Replica
-    num_gpus: int  # GPUs per instance
+    replica: Any  # Replica, or a disaggregated unit (bstar.search.disagg.DisaggReplica)
+    num_gpus: int  # GPUs per instance (a disaggregated unit: all its GPUs)
 
     @property
     def data_parallel(self) -> int:
-        return self.num_gpus // self.replica.tp
+        """Replicas per instance (a disaggregated unit is one)."""
+        return self.num_gpus // self.replica.replica_gpus
 
 
 @dataclass(frozen=True, slots=True)

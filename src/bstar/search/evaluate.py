@@ -28,18 +28,15 @@ The binding limit is what failed at `hi`:
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bstar.search.bisect import bisect_rate, timing
 from bstar.search.candidates import Replica, mean_tokens, sim_config
 from bstar.search.spec import Traffic, at_rate
 from bstar.sim import SimSummary, Slo, Workload, simulate, summarize
 from bstar.sim.capacity import capacity as sim_capacity
-
-MAX_EXPANSIONS = 16  # doublings/halvings to find the bracket (a factor of 65,536)
-MIN_RATE_REQ_S = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +73,6 @@ def failures(s: SimSummary, slo: Slo) -> list[str]:
     return out
 
 
-def _timing(t0: float, c0: float) -> dict[str, float]:
-    """Wall and CPU seconds of the task where it ran (their ratio: the CPU share it got)."""
-    return {"elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
-
-
 def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
     """`a` with each latency p99 and the failure counters the worse of the two draws."""
     def p99(x: dict[str, float | None], y: dict[str, float | None]) -> dict[str, float | None]:
@@ -96,7 +88,13 @@ def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
 
 def evaluate(task: Task) -> dict[str, Any]:
     """Capacity, then bisection on the rate below it. Returns the result row (JSON-able)
-    with `elapsed_s` apart under `_timing` (not part of the answer: backends differ)."""
+    with `elapsed_s` apart under `_timing` (not part of the answer: backends differ). A
+    disaggregated candidate (search.disagg.DisaggReplica) is evaluated by its own two-pool
+    simulation (search.disagg.evaluate_disagg)."""
+    if getattr(task.replica, "layout", "aggregated") == "disaggregated":
+        from bstar.search.disagg import evaluate_disagg
+
+        return evaluate_disagg(task)
     t0 = time.perf_counter()
     c0 = time.process_time()
     r, slo = task.replica, task.slo
@@ -125,19 +123,7 @@ def evaluate(task: Task) -> dict[str, Any]:
     capacity = {"capacity_req_s": cap, "running_max": sat.running_max,
                 "preemptions": sat.preemptions,
                 "kv_utilization_max": sat.kv_utilization_max}
-    lo: tuple[float, SimSummary] | None = None
-    roof = task.max_utilization * cap
-    hi: tuple[float, SimSummary | None] = (roof, None)  # None: not simulated (the roof)
-    rate = roof
-    for _ in range(MAX_EXPANSIONS):
-        ok, s = run(rate)
-        if ok:
-            lo = (rate, s)
-            break
-        hi = (rate, s)
-        rate /= 2
-        if rate < MIN_RATE_REQ_S:
-            break
+    lo, hi = bisect_rate(run, task.max_utilization * cap, task.rel_tol)
     if lo is None:
         fs = hi[1]
         assert fs is not None
@@ -145,15 +131,8 @@ def evaluate(task: Task) -> dict[str, Any]:
                 "reason": f"misses the SLO even at {hi[0]:.3g} req/s per replica: "
                           + "; ".join(failures(fs, slo)),
                 "simulations": sims, "capacity": capacity, "at_fail": _brief(fs, hi[0]),
-                "_timing": _timing(t0, c0)}
-    while hi[0] / lo[0] - 1 > task.rel_tol:
-        rate = math.sqrt(lo[0] * hi[0])
-        ok, s = run(rate)
-        if ok:
-            lo = (rate, s)
-        else:
-            hi = (rate, s)
-    return _ok(r, unit, lo, hi, capacity, sims, _timing(t0, c0), slo)
+                "_timing": timing(t0, c0)}
+    return _ok(r, unit, lo, hi, capacity, sims, timing(t0, c0), slo)
 
 
 def _ok(r: Replica, unit: Workload, lo: tuple[float, SimSummary],

@@ -43,7 +43,13 @@ def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float
         "simulations": 0, "replica_key": r.key,
         "num_speculative_tokens": r.num_speculative_tokens,
         "drafter": None if r.speculative is None else r.speculative.drafter.name,
-        "drafter_kind": None if r.speculative is None else r.speculative.drafter.kind}
+        "drafter_kind": None if r.speculative is None else r.speculative.drafter.kind,
+        "layout": r.layout}
+    if r.layout == "disaggregated":
+        row.update(r.sides(), pd_ratio=r.ratio)
+    else:  # each replica's layout inside its tp GPUs
+        row.update(expert_parallel=r.deployment.expert_parallel,
+                   attention_dp=r.deployment.data_parallel)
     price = prices.get(r.gpu) if prices is not None else None
     if price is not None:
         row["usd_per_gpu_hour"] = price.per_gpu_hour
@@ -62,7 +68,7 @@ def candidate_row(c: Candidate, ev: dict[str, Any] | Pruned, demand_req_s: float
     instances = max(1, math.ceil(demand_req_s / per_instance * (1 - 1e-9)))
     gpus = instances * c.num_gpus
     row.update(rate_per_replica_req_s=rate, instances=instances, gpus_total=gpus,
-               tok_s_per_gpu=rate * out_tok / r.tp, ttft_p99_ms=at["ttft_p99_ms"],
+               tok_s_per_gpu=rate * out_tok / r.replica_gpus, ttft_p99_ms=at["ttft_p99_ms"],
                tpot_p99_ms=at["tpot_p99_ms"], e2e_p99_ms=at["e2e_p99_ms"])
     if price is not None:
         per_hour = gpus * price.per_gpu_hour
@@ -108,7 +114,8 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 math.inf if x["gpus_total"] is None else x["gpus_total"],
                 -(x["tok_s_per_gpu"] or 0.0), x["model"], x["gpu"], x["num_gpus"],
                 x["tensor_parallel"], x["max_num_seqs"], x["max_num_batched_tokens"],
-                x.get("num_speculative_tokens", 0))
+                x.get("num_speculative_tokens", 0), x.get("layout", "aggregated"),
+                x["replica_key"])
 
     out = sorted(rows, key=key)
     n: dict[str, int] = {}
@@ -149,14 +156,23 @@ def winner_flags(row: dict[str, Any], gpu_util: float, context_tokens: int,
     """The winner's engine settings: vLLM's full command line, and the cap in the other
     engines' words."""
     tp, dp = row["tensor_parallel"], row["data_parallel"]
+    ep, adp = row.get("expert_parallel") or 1, row.get("attention_dp") or 1
     vllm = (f"vllm serve {served} --max-num-seqs {row['max_num_seqs']} "
             f"--max-num-batched-tokens {row['max_num_batched_tokens']} "
             f"--gpu-memory-utilization {gpu_util:g}")
-    if tp > 1:
-        vllm += f" --tensor-parallel-size {tp}"
-    if dp > 1:
-        vllm += f" --data-parallel-size {dp}"
+    # vLLM runs attention DP as data-parallel ranks of tp / adp GPUs each, the experts
+    # spread over all of them; SGLang as --enable-dp-attention inside --tp.
+    if tp // adp > 1:
+        vllm += f" --tensor-parallel-size {tp // adp}"
+    if dp * adp > 1:
+        vllm += f" --data-parallel-size {dp * adp}"
+    if ep > 1:
+        vllm += " --enable-expert-parallel"
     flags = engine_flags(row["max_num_seqs"], gpu_util, tp, context_tokens)
+    if adp > 1:
+        flags["sglang"] += f" --enable-dp-attention --dp-size {adp}"
+    if ep > 1:
+        flags["sglang"] += f" --ep-size {ep}"
     k = row.get("num_speculative_tokens") or 0
     if k:
         from bstar.specdec import Drafter, SpecConfig

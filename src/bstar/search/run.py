@@ -63,9 +63,33 @@ class SearchResult:
                 w = dict(r)
                 if r.get("num_speculative_tokens"):
                     w["acceptance_rate"] = self.spec.acceptance_rate
-                w["flags"] = winner_flags(w, self.spec.memory.gpu_util, self.context_tokens,
-                                          _served_name(r["model"]))
+                served = _served_name(r["model"])
+                if r.get("layout") == "disaggregated":
+                    from bstar.search.disagg import side_flags
+
+                    w["flags"] = {side: side_flags(side, r[side], self.spec.memory.gpu_util,
+                                                   served) for side in ("prefill", "decode")}
+                else:
+                    w["flags"] = winner_flags(w, self.spec.memory.gpu_util,
+                                              self.context_tokens, served)
                 out[r["model"]] = w
+        return out
+
+    def layouts(self) -> dict[str, Any]:
+        """Per model, with both layouts searched: the cheapest of each, the winner, the
+        runner-up (the second-ranked candidate) and why the winner wins."""
+        out: dict[str, Any] = {}
+        for m in dict.fromkeys(x["model"] for x in self.rows):
+            ok = [x for x in self.rows if x["model"] == m and x["status"] == "ok"]
+            best = {lay: next((x for x in ok if x.get("layout", "aggregated") == lay), None)
+                    for lay in ("aggregated", "disaggregated")}
+            win = ok[0] if ok else None
+            out[m] = {"aggregated": _layout_brief(best["aggregated"]),
+                      "disaggregated": _layout_brief(best["disaggregated"]),
+                      "winner": None if win is None else win.get("layout", "aggregated"),
+                      "runner_up": _layout_brief(ok[1] if len(ok) > 1 else None),
+                      "why": _layout_why(best["aggregated"], best["disaggregated"],
+                                         self.prices is not None)}
         return out
 
     def counts(self) -> dict[str, int]:
@@ -93,7 +117,55 @@ class SearchResult:
                 "candidates": self.rows, "spec": s.to_dict(), "timing": self.timing,
                 "warnings": self.warnings} | (
                     {} if not s.num_speculative_tokens
-                    else {"speculative": speculation_effect(self.rows)})
+                    else {"speculative": speculation_effect(self.rows)}) | (
+                    {} if s.layouts == "aggregated" else {"layouts": self.layouts()})
+
+
+def _layout_brief(x: dict[str, Any] | None) -> dict[str, Any] | None:
+    if x is None:
+        return None
+    keys = ("layout", "rank", "gpu", "num_gpus", "tensor_parallel", "data_parallel",
+            "expert_parallel", "attention_dp", "max_num_seqs", "pd_ratio", "gpus_total",
+            "instances", "cost_per_mtok", "tok_s_per_gpu", "ttft_p99_ms", "tpot_p99_ms",
+            "limit", "reason")
+    out = {k: x.get(k) for k in keys}
+    out["layout"] = x.get("layout", "aggregated")
+    for side in ("prefill", "decode"):
+        if side in x:
+            out[side] = x[side]
+    return out
+
+
+def _layout_why(agg: dict[str, Any] | None, dis: dict[str, Any] | None,
+                priced: bool) -> str:
+    """One sentence: which layout needs less at the SLO, by what, and what binds each."""
+    if agg is None and dis is None:
+        return "neither layout meets the SLO"
+    if agg is None or dis is None:
+        only, other = ("aggregated", "disaggregated") if dis is None else \
+            ("disaggregated", "aggregated")
+        x = agg or dis
+        assert x is not None
+        return (f"only {only} meets the SLO ({x['gpus_total']} GPUs; binding: "
+                f"{x['limit']}); no {other} candidate does")
+
+    def what(x: dict[str, Any]) -> str:
+        lay = x.get("layout", "aggregated")
+        if lay == "disaggregated":
+            shape = f"{x['pd_ratio']} units"
+        else:
+            ep, adp = x.get("expert_parallel") or 1, x.get("attention_dp") or 1
+            shape = (f"replicas of TP {x['tensor_parallel']}"
+                     + (f", EP {ep}" if ep > 1 else "")
+                     + (f", attention DP {adp}" if adp > 1 else ""))
+        cost = (f", {x['cost_per_mtok']:.3f} per Mtok" if priced and
+                x.get("cost_per_mtok") is not None else "")
+        return (f"{lay} ({shape}) needs {x['gpus_total']} GPUs{cost} at "
+                f"{x['tok_s_per_gpu']:,.0f} output tok/s per GPU within the SLO, bound by "
+                f"{x['limit']}")
+
+    first, second = (agg, dis) if agg["rank"] < dis["rank"] else (dis, agg)
+    return f"{what(first)}; {what(second)}"
 
 
 def _served_name(model: str) -> str:
@@ -104,7 +176,7 @@ def _served_name(model: str) -> str:
     return info.hf_repo if info is not None else model
 
 
-def _task_key(r: Replica, spec: SearchSpec) -> str:
+def _task_key(r: Any, spec: SearchSpec) -> str:
     """The replica's key plus a hash of every input that decides its result."""
     parts: list[Any] = [repr(r.deployment), r.max_num_seqs, r.max_num_batched_tokens,
                         spec.traffic.to_dict(), spec.slo.to_dict(), spec.rel_tol,
@@ -112,6 +184,8 @@ def _task_key(r: Replica, spec: SearchSpec) -> str:
     if r.speculative is not None:  # absent for plain replicas: their stored keys hold
         sp = r.speculative
         parts.append([sp.k, sp.config.acceptance_rate, sp.drafter.name, sp.seed])
+    if r.layout == "disaggregated":
+        parts.append(r.task_parts())
     text = json.dumps(parts, sort_keys=True)
     return f"{r.key}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
@@ -157,30 +231,60 @@ def plan_candidates(spec: SearchSpec) -> tuple[list[Candidate], dict[str, Pruned
                             block_size=mem.block_size, eff=spec.eff, engine=spec.engine,
                             behaviour=spec.behaviour, profile=prof)
             valid = sorted({t for n in spec.num_gpus for t in tp_sizes(m, n)})
-            reps = with_speculation(spec, replicas_for(
-                m, label, base, valid, unit, spec.max_num_seqs, spec.max_num_batched_tokens,
-                prof.path if prof is not None else None, spec.expert_parallel,
-                spec.attention_dp))
-            by_tp: dict[int, list[Replica]] = {}
-            for r in reps:
-                by_tp.setdefault(r.tp, []).append(r)
-                # Every draw must meet the SLO: a draw that cannot prunes the replica.
-                p = next((x for x in (prune(r, u, spec.slo) for u in units) if x), None)
-                if p is not None:
-                    pruned[r.key] = p
-            for n in sorted(set(spec.num_gpus)):
-                for t in range(1, n + 1):
-                    if n % t:
-                        continue
-                    if t in by_tp:
-                        cands += [Candidate(r, n) for r in by_tp[t]]
-                    else:
-                        err = tp_split_error(m, t) or "no engine limits"
-                        r = Replica(label, g.id, t, 0, 0, replace(base, num_gpus=t),
-                                    prof.path if prof is not None else None)
-                        pruned[r.key] = Pruned("tp", err)
-                        cands.append(Candidate(r, n))
+            cal = prof.path if prof is not None else None
+            if spec.aggregated:
+                cands += _aggregated(spec, m, label, g.id, base, valid, units, cal, pruned)
+            if spec.disaggregated:
+                from bstar.search.disagg import disagg_replicas
+
+                units_d, pruned_d = disagg_replicas(
+                    m, label, base, valid, units, spec.slo, spec.max_num_seqs,
+                    spec.max_num_batched_tokens, cal)
+                pruned.update(pruned_d)
+                cands += [Candidate(r, r.replica_gpus) for r in units_d]
+                if not units_d:
+                    warnings.append(f"{label} on {g.id}: no disaggregated unit fits (no "
+                                    "tensor-parallel size of --num-gpus holds the weights "
+                                    "and the longest request)")
     return cands, pruned, warnings, unit
+
+
+def _aggregated(spec: SearchSpec, m: ModelSpec, label: str, gpu: str, base: Any,
+                valid: list[int], units: list[Any], cal: str | None,
+                pruned: dict[str, Pruned]) -> list[Candidate]:
+    """The aggregated candidates of one model on one GPU; the replicas pruned before
+    simulating go into `pruned`. A search that also tries disaggregated units tries a
+    mixture of experts aggregated with wide expert parallel and attention DP too (as its
+    decode workers run), unless the flags chose the layout: the two layouts then compete on
+    the same parallelism."""
+    reps = with_speculation(spec, replicas_for(
+        m, label, base, valid, units[0], spec.max_num_seqs, spec.max_num_batched_tokens,
+        cal, spec.expert_parallel, spec.attention_dp))
+    if spec.disaggregated and m.is_moe and spec.expert_parallel == spec.attention_dp == 1:
+        seen = {r.key for r in reps}
+        reps += [r for r in with_speculation(spec, replicas_for(
+            m, label, base, valid, units[0], spec.max_num_seqs,
+            spec.max_num_batched_tokens, cal, 0, 0)) if r.key not in seen]
+    cands: list[Candidate] = []
+    by_tp: dict[int, list[Replica]] = {}
+    for r in reps:
+        by_tp.setdefault(r.tp, []).append(r)
+        # Every draw must meet the SLO: a draw that cannot prunes the replica.
+        p = next((x for x in (prune(r, u, spec.slo) for u in units) if x), None)
+        if p is not None:
+            pruned[r.key] = p
+    for n in sorted(set(spec.num_gpus)):
+        for t in range(1, n + 1):
+            if n % t:
+                continue
+            if t in by_tp:
+                cands += [Candidate(r, n) for r in by_tp[t]]
+            else:
+                err = tp_split_error(m, t) or "no engine limits"
+                r = Replica(label, gpu, t, 0, 0, replace(base, num_gpus=t), cal)
+                pruned[r.key] = Pruned("tp", err)
+                cands.append(Candidate(r, n))
+    return cands
 
 
 def with_speculation(spec: SearchSpec, reps: list[Replica]) -> list[Replica]:

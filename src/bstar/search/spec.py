@@ -25,6 +25,7 @@ from bstar.units import GiB
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 DEFAULT_NUM_REQUESTS = 400
+LAYOUTS = ("aggregated", "disaggregated", "both")
 MAX_NUM_REQUESTS = 100_000
 
 
@@ -234,8 +235,14 @@ class SearchSpec:
     # a size that does not divide a replica's GPUs leaves that replica at 1.
     expert_parallel: int = 1
     attention_dp: int = 1
+    # Which layouts are candidates: "aggregated" (one engine serves both phases),
+    # "disaggregated" (prefill and decode workers apart, bstar.search.disagg) or "both".
+    layouts: str = "aggregated"
 
     def __post_init__(self) -> None:
+        if self.layouts not in LAYOUTS:
+            raise BstarError(f"--layouts must be one of {', '.join(LAYOUTS)}, got "
+                             f"{self.layouts!r}")
         if not self.models or not self.gpus:
             raise BstarError("give at least one --model and one --gpu")
         if not self.num_gpus or min(self.num_gpus) < 1 or max(self.num_gpus) > 64:
@@ -275,7 +282,17 @@ class SearchSpec:
                 "max_utilization": self.max_utilization} | (
                     {} if not self.num_speculative_tokens else
                     {"num_speculative_tokens": list(self.num_speculative_tokens),
-                     "acceptance_rate": self.acceptance_rate, "drafter": self.drafter})
+                     "acceptance_rate": self.acceptance_rate, "drafter": self.drafter}) | (
+                    # added only when not the default: stored searches keep their names
+                    {} if self.layouts == "aggregated" else {"layouts": self.layouts})
+
+    @property
+    def aggregated(self) -> bool:
+        return self.layouts in ("aggregated", "both")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.layouts in ("disaggregated", "both")
 
     def search_id(self) -> str:
         """Stable name of this question (prices excluded: they re-rank, never re-simulate)."""

@@ -109,11 +109,9 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
                            rate_req_s: float | None = None, seed: int = 0,
                            warmup_requests: int = 0, attention_tp: int | None = None,
                            max_sim_time_s: float = 7 * 24 * 3600.0) -> DisaggSimResult:
-    """Run the two pools (module docstring) and return the counted requests' times;
-    long on purpose: one event loop whose handlers share its queues and clock, as closures
-    (split apart, each would take them all as arguments).
-    Lengths are uniform integers in [min, max]; `concurrency` users in a closed loop or a
-    Poisson stream of `rate_req_s`. `attention_tp`: ways the decode side shards a
+    """Run the two pools (module docstring, `simulate_pools`) and return the counted
+    requests' times. Lengths are uniform integers in [min, max]; `concurrency` users in a
+    closed loop or a Poisson stream of `rate_req_s`. `attention_tp`: ways the decode side shards a
     sequence's KV (default its TP size; TP / attention DP with DP attention)."""
     if (concurrency is None) == (rate_req_s is None):
         raise BstarError("give a concurrency or a rate, one of them")
@@ -127,8 +125,37 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
     rng = np.random.default_rng(seed)
     prompts = rng.integers(prompt_len[0], prompt_len[1] + 1, num_requests)
     outputs = rng.integers(output_len[0], output_len[1] + 1, num_requests)
-    gaps = None if rate_req_s is None else poisson_gaps_s(rate_req_s, rng, num_requests)
+    arrival_s = None
+    if rate_req_s is not None:
+        gaps = poisson_gaps_s(rate_req_s, rng, num_requests)
+        arrival_s = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    return simulate_pools(prefill, decode, link, prompts, outputs, arrival_s=arrival_s,
+                          concurrency=concurrency, warmup_requests=warmup_requests,
+                          attention_tp=attention_tp, max_sim_time_s=max_sim_time_s)
 
+
+def simulate_pools(prefill: PoolSpec, decode: PoolSpec, link: KvLink, prompts: Any,
+                   outputs: Any, *, arrival_s: Any = None, concurrency: int | None = None,
+                   warmup_requests: int = 0, attention_tp: int | None = None,
+                   max_sim_time_s: float = 7 * 24 * 3600.0) -> DisaggSimResult:
+    """The two pools over given requests: `prompts[i]` and `outputs[i]` tokens, sent at
+    `arrival_s[i]` (an open stream, nondecreasing) or by `concurrency` users in a closed
+    loop (one of the two). `bstar search` runs its drawn workloads through this; the module
+    docstring says what is simulated. Long on purpose: one event loop whose handlers share
+    its queues and clock, as closures (split apart, each would take them all as
+    arguments)."""
+    prompts = np.asarray(prompts, dtype=np.int64)
+    outputs = np.asarray(outputs, dtype=np.int64)
+    num_requests = len(prompts)
+    if (concurrency is None) == (arrival_s is None):
+        raise BstarError("give a concurrency or arrival times, one of them")
+    if not 1 <= num_requests <= MAX_REQUESTS or len(outputs) != num_requests:
+        raise BstarError(f"requests must be in 1..{MAX_REQUESTS:,}, prompts and outputs "
+                         "alike")
+    if not 0 <= warmup_requests < num_requests:
+        raise BstarError("warm-up requests must be fewer than the requests")
+    if int(prompts.min()) < 1 or int(outputs.min()) < 1:
+        raise BstarError("every prompt and output must be at least 1 token")
     pre_c, dec_c = coefficients(prefill.d), coefficients(decode.d)
     beh = prefill.d.behaviour
     full_only = _full_attention_only(decode.d)
@@ -169,11 +196,8 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
         for u in range(min(concurrency, num_requests)):
             send(0.0, u)
     else:
-        assert gaps is not None
-        t = 0.0
-        for _ in range(num_requests):
-            send(t, -1)
-            t += float(gaps[next_id - 1])
+        for t_send in np.asarray(arrival_s, dtype=np.float64):
+            send(float(t_send), -1)
 
     prefill_queue: list[_Req] = []
     pq_head = 0

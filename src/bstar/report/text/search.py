@@ -47,6 +47,9 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
     if spec is not None:
         tab.add_column("spec\nK", justify="right")
     shown = [r for r in s["candidates"] if r["status"] == "ok" and r["rank"] <= top]
+    with_layout = "layouts" in s or any(layout_cell(r) != "aggregated" for r in shown)
+    if with_layout:
+        tab.add_column("layout")
     for r in shown:
         mark = " *" if r["pareto_cost"] or r["pareto_throughput"] else ""
         tab.add_row(f"{r['rank']}{mark}", mt(r["model"]), mt(r["gpu"]), str(r["num_gpus"]),
@@ -57,7 +60,7 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
                     num_or_dash(r["tpot_p99_ms"], 1), num_or_dash(r["cost_per_mtok"], 3),
                     r["limit"], r["terms"],
                     *([str(r.get("num_speculative_tokens") or "off")] if spec is not None
-                      else []))
+                      else []), *([layout_cell(r)] if with_layout else []))
     c.print(tab)
     rest = [r for r in s["candidates"] if r["status"] != "ok"]
     if rest:
@@ -65,19 +68,7 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
         for r in rest:
             by[f"{r['status']} ({r['limit']})"] = by.get(f"{r['status']} ({r['limit']})", 0) + 1
         c.print("  not feasible: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items())))
-    for model, w in s["winners"].items():
-        cost = (f", {num_or_dash(w['cost_per_mtok'], 3)} {s['prices']['currency']} per "
-                "million output tokens" if w["cost_per_mtok"] is not None else "")
-        c.print(f"[bold green]{mt(model)}[/]: {w['gpus_total']} x {mt(w['gpu'])} ({w['instances']} "
-                f"instance(s) of {w['num_gpus']} GPUs, TP {w['tensor_parallel']} x DP "
-                f"{w['data_parallel']}){cost}; binding: {w['limit']} - {w['reason']}")
-        if w.get("joules_per_output_token") is not None:
-            c.print(f"  energy: {w['power_w']:,.0f} W mean per GPU at the demand, "
-                    f"{w['joules_per_output_token']:.3g} J per output token, "
-                    f"${w['energy_usd_per_mtok']:.3g} per million output tokens at "
-                    f"${s.get('electricity_usd_per_kwh', 0):g}/kWh (docs/energy.md)")
-        c.print(f"  {w['flags']['vllm']}")
-        c.print(f"  sglang: {w['flags']['sglang']}")
+    _print_winners(c, s)
     for model, e in (spec or {}).items():
         c.print(speculation_line(model, e))
     if not s["winners"]:
@@ -88,6 +79,62 @@ def print_search(s: dict[str, Any], top: int = 15) -> None:
             + f"'defaults' rows rest on the stated efficiencies ({_search_eff(s)}). "
               "* = on a Pareto front (cost or tok/s per GPU vs TPOT p99). binding: what "
               "stopped a higher rate per replica (SLO, memory, compute).[/]")
+
+
+def _print_winners(c: Any, s: dict[str, Any]) -> None:
+    """Per model: the winner, its energy, its engine flags (each side's for a
+    disaggregated unit) and, with both layouts searched, which won and why."""
+    for model, w in s["winners"].items():
+        cost = (f", {num_or_dash(w['cost_per_mtok'], 3)} {s['prices']['currency']} per "
+                "million output tokens" if w["cost_per_mtok"] is not None else "")
+        shape = (f"{w['instances']} unit(s) of {layout_cell(w)}"
+                 if w.get("layout") == "disaggregated" else
+                 f"{w['instances']} instance(s) of {w['num_gpus']} GPUs, TP "
+                 f"{w['tensor_parallel']} x DP {w['data_parallel']}"
+                 + (f", {layout_cell(w)}" if layout_cell(w) != "aggregated" else ""))
+        c.print(f"[bold green]{mt(model)}[/]: {w['gpus_total']} x {mt(w['gpu'])} ({shape})"
+                f"{cost}; binding: {w['limit']} - {w['reason']}")
+        if w.get("joules_per_output_token") is not None:
+            c.print(f"  energy: {w['power_w']:,.0f} W mean per GPU at the demand, "
+                    f"{w['joules_per_output_token']:.3g} J per output token, "
+                    f"${w['energy_usd_per_mtok']:.3g} per million output tokens at "
+                    f"${s.get('electricity_usd_per_kwh', 0):g}/kWh (docs/energy.md)")
+        if w.get("layout") == "disaggregated":
+            for side in ("prefill", "decode"):
+                c.print(f"  {side} x {w[side]['workers']}: {w['flags'][side]['sglang']}")
+                c.print(f"  {side} (vLLM): {w['flags'][side]['vllm']}")
+        else:
+            c.print(f"  {w['flags']['vllm']}")
+            c.print(f"  sglang: {w['flags']['sglang']}")
+        lay = (s.get("layouts") or {}).get(model)
+        if lay is not None:
+            c.print(layouts_line(lay))
+
+
+def layout_cell(r: dict[str, Any]) -> str:
+    """A row's layout in a few words: "aggregated" (with EP and attention DP where used), or
+    a disaggregated unit's P:D and each side's parallel sizes."""
+    if r.get("layout") == "disaggregated":
+        def side(x: dict[str, Any]) -> str:
+            return f"TP {x['tp']}" + (f" EP {x['ep']}" if x["ep"] > 1 else "") + (
+                f" DP-attn {x['dp']}" if x["dp"] > 1 else "")
+
+        return (f"{r['pd_ratio']} (prefill {side(r['prefill'])}; decode "
+                f"{side(r['decode'])})")
+    ep, dp = r.get("expert_parallel") or 1, r.get("attention_dp") or 1
+    return "aggregated" + (f" EP {ep}" if ep > 1 else "") + (
+        f" DP-attn {dp}" if dp > 1 else "")
+
+
+def layouts_line(lay: dict[str, Any]) -> str:
+    """With both layouts searched: which won, the runner-up, and why."""
+    win, ru = lay["winner"], lay["runner_up"]
+    if win is None:
+        return f"  layouts: {lay['why']}"
+    runner = ("" if ru is None else
+              f"; runner-up: #{ru['rank']} {layout_cell(ru)}, {ru['gpus_total']} GPUs, "
+              f"binding {ru['limit']}")
+    return f"  layouts: {win} wins{runner}. Why: {lay['why']}"
 
 
 def speculation_line(model: str, e: dict[str, Any]) -> str:
