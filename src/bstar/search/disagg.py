@@ -308,7 +308,9 @@ def evaluate_disagg(task: Any) -> dict[str, Any]:
         return True, worst
 
     try:
-        lo, hi = bisect_rate(run, task.max_utilization * cap, task.rel_tol)
+        lo, hi = bisect_rate(run, task.max_utilization * cap, task.rel_tol,
+                             lambda x: max((x.p99_ms[k] / v for k, v in slo.to_dict().items()),
+                                           default=None))
     except BstarError as e:
         return {"status": "infeasible", "limit": "SLO", "reason": str(e), "simulations": sims,
                 "capacity": capacity, "at_fail": None, "_timing": timing(t0, c0)}

@@ -73,6 +73,21 @@ def failures(s: SimSummary, slo: Slo) -> list[str]:
     return out
 
 
+def slo_score(s: SimSummary, slo: Slo) -> float | None:
+    """The worst p99 / target over the SLO's terms (below 1: met); None when not known (a run
+    left unfinished, a term with no value). Places the rate search's probes
+    (search.bisect)."""
+    if s.truncated:
+        return None
+    ratios = []
+    for key, target in slo.to_dict().items():
+        v = getattr(s, key)["p99"]
+        if v is None:
+            return None
+        ratios.append(v / target)
+    return max(ratios) if ratios else None
+
+
 def _worst(a: SimSummary, b: SimSummary) -> SimSummary:
     """`a` with each latency p99 and the failure counters the worse of the two draws."""
     def p99(x: dict[str, float | None], y: dict[str, float | None]) -> dict[str, float | None]:
@@ -123,7 +138,8 @@ def evaluate(task: Task) -> dict[str, Any]:
     capacity = {"capacity_req_s": cap, "running_max": sat.running_max,
                 "preemptions": sat.preemptions,
                 "kv_utilization_max": sat.kv_utilization_max}
-    lo, hi = bisect_rate(run, task.max_utilization * cap, task.rel_tol)
+    lo, hi = bisect_rate(run, task.max_utilization * cap, task.rel_tol,
+                         lambda x: slo_score(x, slo))
     if lo is None:
         fs = hi[1]
         assert fs is not None
