@@ -53,8 +53,11 @@ def llamacpp_server(tiny_model: Any,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
     pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
     log = tmp_path_factory.mktemp("llamacpp") / "server.log"
+    # One thread: llama.cpp's threads meet at a barrier per graph node, and beside a
+    # CPU-bound process a second thread waits a scheduler slice at each one (a 32-token
+    # request at one stream took 21 s in the suite beside a busy loop, against 0.3 s quiet).
     with LlamaCppServer(tiny_model.gguf_path, n_parallel=LLAMACPP_SLOTS, ctx_per_slot=512,
-                        timeout_s=60, log_path=log) as srv:
+                        timeout_s=60, log_path=log, threads=1) as srv:
         yield srv
 
 

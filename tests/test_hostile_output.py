@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -313,6 +314,19 @@ def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
 def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: int,
                                                            phase: str) -> None:
     pytest.importorskip("xllamacpp", reason="demo needs the extra bstar[llamacpp]")
+    # A demo that finished before the signal landed (exit 0, report written: this test's
+    # reader starved behind a busy machine read level 1's line after the sweep had ended)
+    # did not test anything: it runs once more. A signal that lands and is lost fails.
+    assert (_signal_demo(tmp_path / "try1", sig, phase)
+            or _signal_demo(tmp_path / "try2", sig, phase)), (
+        "the demo finished before the signal twice: lengthen its sweep")
+
+
+LEVEL_LINE = re.compile(r"^\[\s*[\d.]+s\]   \S+: ")  # demo's line as a level of the sweep ends
+
+
+def _signal_demo(tmp_path: Path, sig: int, phase: str) -> bool:
+    """One demo, signalled in `phase`; False when it had finished before the signal came."""
     out = tmp_path / "demo"
     log = out / "llamacpp.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -334,13 +348,16 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
         else:
             for line in p.stderr:  # the first level measured: inside the sweep
                 seen.append(line)
-                if "tok/s" in line:
+                if LEVEL_LINE.match(line):
                     break
             assert _servers_logging_to(log), seen
         assert p.poll() is None, "the demo ended before the signal: lengthen its sweep"
         p.send_signal(sig)
         err = p.stderr.read()
-        assert p.wait(timeout=120) == 130, [*seen[-5:], err[-2000:]]
+        rc = p.wait(timeout=120)
+        if rc == 0 and "report written" in err:
+            return False
+        assert rc == 130, [*seen[-5:], err[-2000:]]
         assert "Traceback" not in err, err[-2000:]
         lines = [x for x in err.splitlines() if x.startswith("bstar:")]
         assert len(lines) == 1 and "demo interrupted" in lines[0], err[-2000:]
@@ -349,6 +366,7 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
             assert "runs show" in lines[0], lines[0]
         # The server is stopped, not left to init.
         assert _wait_for(lambda: not _servers_logging_to(log), 10), _servers_logging_to(log)
+        return True
     finally:
         if p.poll() is None:
             p.kill()

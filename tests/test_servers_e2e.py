@@ -199,7 +199,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def llamacpp(tiny_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
     pytest.importorskip("xllamacpp", reason="needs the extra bstar[llamacpp]")
     log = tmp_path_factory.mktemp("logs") / "llamacpp.log"
-    with LlamaCppServer(tiny_model.gguf_path, n_parallel=4, timeout_s=60, log_path=log) as srv:
+    # One thread, as conftest.llamacpp_server: beside a CPU-bound process a second one waits
+    # a scheduler slice at each of llama.cpp's per-node barriers.
+    with LlamaCppServer(tiny_model.gguf_path, n_parallel=4, timeout_s=60, log_path=log,
+                        threads=1) as srv:
         yield srv
 
 

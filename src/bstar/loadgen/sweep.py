@@ -66,17 +66,18 @@ class Terminated(KeyboardInterrupt):
 def signals_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Terminated` while the sweep runs (once: a second signal
     during the clean-up is ignored so the clean-up finishes); the old handlers come back
-    after. Only the main thread can set handlers; elsewhere, and for a signal the process
-    ignores, nothing changes."""
+    after. A signal whose Terminated a library on the way swallowed (a callback that
+    catches everything) is raised again as the block ends: never lost. Only the main thread
+    can set handlers; elsewhere, and for a signal the process ignores, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired = False
+    fired = 0
 
     def handler(signum: int, _frame: object) -> None:
         nonlocal fired
         if not fired:
-            fired = True
+            fired = signum
             raise Terminated(signum)
 
     # A signal ignored on purpose stays ignored (`nohup bstar sweep ...`: a closed terminal
@@ -88,6 +89,8 @@ def signals_as_interrupts() -> Iterator[None]:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+    if fired:  # the body ended normally: something on the way swallowed the Terminated
+        raise Terminated(fired)
 
 
 # ---- results ----------------------------------------------------------------------------------
