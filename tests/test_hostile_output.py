@@ -315,11 +315,21 @@ def test_a_signal_stops_demo_and_its_server_in_every_phase(tmp_path: Path, sig: 
                                                            phase: str) -> None:
     pytest.importorskip("xllamacpp", reason="demo needs the extra bstar[llamacpp]")
     # A demo that finished before the signal landed (exit 0, report written: this test's
-    # reader starved behind a busy machine read level 1's line after the sweep had ended)
+    # reader, starved behind a busy machine, read level 1's line after the sweep had ended)
     # did not test anything: it runs once more. A signal that lands and is lost fails.
     assert (_signal_demo(tmp_path / "try1", sig, phase)
             or _signal_demo(tmp_path / "try2", sig, phase)), (
         "the demo finished before the signal twice: lengthen its sweep")
+
+
+def _default_signals() -> None:
+    """In the demo's process: SIGTERM and SIGHUP at their default actions. A suite started
+    under nohup (or by a runner that ignores SIGHUP) passes SIG_IGN on, and the demo rightly
+    keeps an ignored SIGHUP ignored (loadgen/sweep.signals_as_interrupts): the test would
+    send a signal the demo was told to ignore (it then finished, exit 0: this test failed
+    so in a suite started with nohup)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 LEVEL_LINE = re.compile(r"^\[\s*[\d.]+s\]   \S+: ")  # demo's line as a level of the sweep ends
@@ -337,7 +347,8 @@ def _signal_demo(tmp_path: Path, sig: int, phase: str) -> bool:
     p = subprocess.Popen([sys.executable, "-m", "bstar", "demo", "-o", str(out),
                           "--concurrency", "1,2,4", "--num-requests", "8", "--output-len",
                           "128", "--threads", "1"], env=env, text=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=_default_signals)
     assert p.stderr is not None
     seen: list[str] = []
     try:
