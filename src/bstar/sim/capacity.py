@@ -9,8 +9,9 @@ as long as the load lasts. A rate is sustained when its queue stays steady.
 `queue_grows(run)` is the test on one open-loop simulation: the time from arrival to first
 token, against arrival time, over the second half of the arrivals (after the batch has had
 time to fill). A queue that grows makes every later request wait longer by a constant
-fraction of its arrival time (1 - capacity / rate); a steady one does not. Growth is a slope
-above GROWTH_SLOPE.
+fraction of its arrival time: arriving at n / rate and served from n / capacity, it waits
+(rate / capacity - 1) x its arrival time; a steady one does not. Growth is a slope above
+GROWTH_SLOPE (so a growing rate is above capacity x 1.02).
 
 `capacity(d, cfg, unit)` is the largest rate whose queue does not grow, by bisection on the
 rate with Poisson arrivals (the seed fixed), to REL_TOL. It starts from the completion rate
@@ -142,20 +143,23 @@ def head(unit: Workload, n: int) -> Workload:
 
 
 def capacity(d: Deployment, cfg: SimConfig, unit: Workload, seed: int = 0,
-             rel_tol: float = REL_TOL) -> tuple[Capacity, SimRun]:
+             rel_tol: float = REL_TOL, num_requests: int | None = None
+             ) -> tuple[Capacity, SimRun]:
     """The deployment's capacity for requests like `unit`'s: the largest Poisson rate whose
     queue does not grow (see the module docstring), to `rel_tol`; with the run there.
 
     Every probe, the saturated one included, runs `sample_size(max_num_seqs)` of the unit's
     requests (a saturated run of 10,000 requests says what one of 1,536 does, at 6x the
-    cost). The bracket starts warm: the saturated floor is a few percent under the capacity
-    (lock-step waves), so the first rate above it is floor x (1 + 4 rel_tol), two bisections
-    from rel_tol, and only a floor that still does not grow there widens by 1.5x."""
+    cost), or `num_requests` of them (bench/capacity_noise.py: what the size does to the
+    answer). The bracket starts warm: the saturated floor is a few percent under the
+    capacity (lock-step waves), so the first rate above it is floor x (1 + 4 rel_tol), two
+    bisections from rel_tol, and only a floor that still does not grow there widens by
+    1.5x."""
     from bstar.sim.feasible import sim_pool
     from bstar.sim.metrics import summarize
 
     seqs = cfg.scheduler.max_num_seqs
-    n = sample_size(seqs)
+    n = sample_size(seqs) if num_requests is None else num_requests
     sample = head(unit, n)
     sat = simulate(d, cfg, saturated_workload(sample, seqs, sim_pool(d, cfg, sample).num_blocks,
                                               d.block_size))
