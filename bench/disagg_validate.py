@@ -5,7 +5,9 @@
 Per run: the plan at the run's concurrency and mean lengths (bstar.disagg_runs): predicted
 TPOT (decode side) and TTFT against the measured means, and the median |error| over the
 scored runs, all of them and apart for the runs without EP or attention DP (priced as tensor
-parallel until bstar.step carries those terms). MTP runs are listed as skipped. With
+parallel until bstar.step carries those terms). An MTP run is priced with a speculative
+decode side at the acceptance the OTHER MTP runs of its engine and draft count imply (leave
+one out; the acceptance it implies itself is printed beside it), by the plan only. With
 --simulate, also the two-pool simulation of each run's own closed loop (bstar.sim.disagg;
 about a minute on a laptop core).
 """
@@ -48,12 +50,15 @@ def main(argv: list[str]) -> int:
         print(f"{r.run:48s} {dp:>7s} {x.predicted_tpot_ms:6.2f} / {r.tpot_mean_ms:6.2f} "
               f"{_pct(x.tpot_error):>5s} {x.predicted_ttft_ms:7.0f} / {r.ttft_mean_ms:7.0f} "
               f"{_pct(x.ttft_error):>6s}  {x.bound}"
+              + (f"  acceptance {x.acceptance_used:.3f} (implies "
+                 f"{'-' if x.acceptance_implied is None else f'{x.acceptance_implied:.3f}'})"
+                 if x.acceptance_used is not None else "")
               + (f"  simulated TPOT {x.simulated_tpot_ms:6.2f} {_pct(x.simulated_tpot_error)}"
                  f" TTFT {x.simulated_ttft_ms:6.0f} {_pct(x.simulated_ttft_error)}"
                  if x.simulated_tpot_ms is not None else ""))
     print(f"{s['scored']} of {s['runs']} runs scored ({s['skipped']} skipped); median "
           "|predicted / measured - 1| (targets: TPOT 15%, TTFT 30%):")
-    for k in ("all", "tp_only", "with_ep_or_dp"):
+    for k in ("all", "tp_only", "with_ep_or_dp", "without_mtp", "mtp"):
         g = s[k]
         tp, tt = g["tpot_median_abs_error"], g["ttft_median_abs_error"]
         tm = g["ttft_vs_measured_median_abs_error"]

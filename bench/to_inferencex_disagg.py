@@ -19,7 +19,10 @@ SemiAnalysisAI/InferenceX benchmarks/multi_node/srt-slurm-recipes/ set these):
 - the prefill step's limits: SGLang max-prefill-tokens 8192; TensorRT-LLM max_batch_size 1
   and max_num_tokens ISL + 128 per attention rank (so DP ranks x that per worker);
 - the decode cap: concurrency / decode workers, rounded up (the recipes size each decode
-  worker's batch to its share of the concurrency), so that the cap never binds a closed loop.
+  worker's batch to its share of the concurrency), so that the cap never binds a closed loop;
+- an MTP run's draft tokens per step: the aggregated H200 MTP scripts' count for the engine
+  (bench/to_inferencex.py: SGLang 2; TensorRT-LLM 3, or 1 with attention DP on the decode
+  side), assumed, as the disaggregated recipes are not public.
 Nothing is fitted or typed per row.
 """
 
@@ -35,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bstar.disagg_runs import COLUMNS  # noqa: E402
+from to_inferencex import SGLANG_MTP_TOKENS, TRT_MTP_TOKENS  # noqa: E402
 
 SOURCE = "vngcloud/InferenceX-app@7fe6d62 packages/app/cypress/fixtures/api/benchmarks.json"
 RANGE_RATIO = 0.8  # --random-range-ratio of every run
@@ -90,6 +94,10 @@ def convert(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             "date": r["date"], "source": f"{SOURCE} {r['run_url']}"}
         for n, s in sides.items():
             row.update({f"{n}_{k}": v for k, v in s.items()})
+        if r["spec_method"] == "mtp":
+            row["num_speculative_tokens"] = (
+                SGLANG_MTP_TOKENS if engine == "sglang"
+                else TRT_MTP_TOKENS[sides["decode"]["dp"] > 1])
         out.append(row)
     return out
 

@@ -227,11 +227,10 @@ def test_the_stored_table_reads_and_scores() -> None:
     scores = score_disagg_runs([r for r in runs if r.concurrency <= 32])
     s = summary(scores)
     assert s["scored"] + s["skipped"] == s["runs"]
+    assert s["skipped"] == 0 and s["mtp"]["runs"] == 3  # SGLang's at 1, 8 and 16 users
     for x in scores:
-        if x.skipped:
-            assert x.run.spec_method == "mtp"
-        else:
-            assert x.predicted_tpot_ms and x.predicted_ttft_ms
+        assert x.predicted_tpot_ms and x.predicted_ttft_ms
+        assert (x.acceptance_used is not None) == (x.run.spec_method == "mtp")
 
 
 def test_table_refusals() -> None:
@@ -246,3 +245,123 @@ def test_table_refusals() -> None:
                source="s")
     with pytest.raises(BstarError, match="above"):
         disagg_runs_from_csv(head + "\n" + ",".join(row[c] for c in COLUMNS) + "\n")
+
+
+# ---- MTP on the decode side (issue 38 item 3) ---------------------------------------------------
+def _mtp_row(**over: str) -> dict[str, str]:
+    row = dict.fromkeys(COLUMNS, "")
+    row.update(run="r", model="deepseek-r1", gpu="h200", engine="sglang", kv_cache_dtype="fp8",
+               spec_method="mtp", num_speculative_tokens="2", prefill_workers="1",
+               prefill_tp="8", decode_workers="2", decode_tp="8", kv_link="ib-ndr",
+               concurrency="8", num_prompts="80", prompt_len_min="800",
+               prompt_len_max="1024", output_len_min="800", output_len_max="1024",
+               ttft_mean_ms="300", tpot_mean_ms="10", source="s")
+    row.update(over)
+    return row
+
+
+def _table(*rows: dict[str, str]) -> str:
+    return "\n".join([",".join(COLUMNS), *(",".join(r[c] for c in COLUMNS) for r in rows)])
+
+
+def test_a_speculative_decode_side_is_specdecs_step_over_the_tokens_it_yields() -> None:
+    from bstar import specdec as sd
+    from bstar.disaggregate import side_deployment
+    from bstar.specdec import SpecConfig
+
+    dd = DisaggregatedDeployment(DSR1, WorkerSpec(1, 8), WorkerSpec(2, 8, max_num_seqs=64))
+    plain = plan_disaggregated(dd, 1024, 1024)
+    low = plan_disaggregated(dd, 1024, 1024, speculative=SpecConfig(2, 0.3, "mtp"))
+    high = plan_disaggregated(dd, 1024, 1024, speculative=SpecConfig(2, 0.8, "mtp"))
+    d, _ = side_deployment(DSR1, dd.decode)
+    dr = sd.make_drafter(d, "mtp")
+    dec = high.decode
+    # The drafter's weights and KV leave the pool; the cap (64) is what runs.
+    assert dec.b_mem == sd.b_mem(d, dr, 2048, 2) < plain.decode.b_mem
+    assert dec.batch == 64
+    want = sd.spec_step_s(d, dr, 64, dec.context_tokens, 2)[0] / sd.expected_tokens(0.8, 2)
+    assert dec.tpot_s == pytest.approx(want, rel=1e-12)
+    assert high.decode.tpot_s < low.decode.tpot_s  # more accepted drafts, fewer steps a token
+    assert dec.to_dict()["speculative"] == {"drafter": "mtp", "num_speculative_tokens": 2,
+                                            "acceptance_rate": 0.8,
+                                            "tokens_per_step": sd.expected_tokens(0.8, 2)}
+    assert plain.decode.to_dict()["speculative"] is None
+
+
+def test_an_mtp_run_implies_the_acceptance_its_tpot_was_made_at() -> None:
+    from bstar.disagg_runs import implied_acceptance, plan_for_run
+
+    (run,) = disagg_runs_from_csv(_table(_mtp_row()))
+    made = plan_for_run(run, 0.6).at_load.tpot_s * 1e3
+    (run,) = disagg_runs_from_csv(_table(_mtp_row(tpot_mean_ms=f"{made!r}")))
+    assert implied_acceptance(run) == pytest.approx(0.6, abs=2e-4)
+    # past either end: 0 (slower than no draft accepted) or 1
+    (slow,) = disagg_runs_from_csv(_table(_mtp_row(tpot_mean_ms="1000")))
+    (fast,) = disagg_runs_from_csv(_table(_mtp_row(tpot_mean_ms="0.01")))
+    assert (implied_acceptance(slow), implied_acceptance(fast)) == (0.0, 1.0)
+
+
+def test_mtp_runs_are_priced_at_the_other_runs_acceptance_leave_one_out() -> None:
+    from bstar.disagg_runs import acceptances, plan_for_run
+
+    (base,) = disagg_runs_from_csv(_table(_mtp_row()))
+    rows = []
+    for i, a in enumerate((0.4, 0.5, 0.7)):
+        tpot = plan_for_run(base, a).at_load.tpot_s * 1e3
+        rows.append(_mtp_row(run=f"r{i}", tpot_mean_ms=f"{tpot!r}"))
+    rows.append(_mtp_row(run="k3", num_speculative_tokens="3"))  # alone at its K
+    rows.append(_mtp_row(run="none", spec_method="none", num_speculative_tokens=""))
+    runs = disagg_runs_from_csv(_table(*rows))
+    acc = acceptances(runs)
+    assert set(acc) == {"r0", "r1", "r2", "k3"}
+    assert acc["r0"][0] == pytest.approx((0.5 + 0.7) / 2, abs=2e-4)  # the others' median
+    assert acc["r2"][0] == pytest.approx((0.4 + 0.5) / 2, abs=2e-4)
+    assert acc["r1"][1] == pytest.approx(0.5, abs=2e-4)  # what it implies, beside
+    assert acc["k3"][0] is None and "no other sglang MTP run at K 3" in acc["k3"][2]
+    scores = {s.run.run: s for s in score_disagg_runs(runs)}
+    assert scores["k3"].skipped.startswith("speculative decoding (MTP): no other")
+    r0 = scores["r0"]
+    assert not r0.skipped and r0.acceptance_used == pytest.approx(0.6, abs=2e-4)
+    assert r0.predicted_tpot_ms == pytest.approx(plan_for_run(runs[0], r0.acceptance_used)
+                                                 .at_load.tpot_s * 1e3)
+    assert r0.to_dict()["acceptance"]["num_speculative_tokens"] == 2
+    assert scores["none"].acceptance_used is None and not scores["none"].skipped
+    stated = {s.run.run: s for s in score_disagg_runs(runs, acceptance=0.55)}
+    assert stated["k3"].acceptance_used == 0.55 and stated["k3"].acceptance_basis == "stated"
+    s = summary(list(scores.values()))
+    assert (s["mtp"]["runs"], s["without_mtp"]["runs"]) == (3, 1)
+
+
+def test_an_mtp_row_needs_its_draft_count_and_the_converter_states_it() -> None:
+    with pytest.raises(BstarError, match="num_speculative_tokens"):
+        disagg_runs_from_csv(_table(_mtp_row(num_speculative_tokens="")))
+    sys.path.insert(0, str(ROOT / "bench"))
+    import to_inferencex_disagg as conv
+
+    sg = dict(SHARED_ROW, framework="dynamo-sglang", spec_method="mtp")
+    trt = dict(SHARED_ROW, spec_method="mtp")  # decode without attention DP
+    trt_dp = dict(trt, decode_dp_attention="True")
+    got = [r["num_speculative_tokens"] for r in conv.convert([sg, trt, trt_dp])]
+    assert got == [conv.SGLANG_MTP_TOKENS, conv.TRT_MTP_TOKENS[False],
+                   conv.TRT_MTP_TOKENS[True]]
+    assert "num_speculative_tokens" not in conv.convert([SHARED_ROW])[0]
+
+
+def test_plan_disaggregate_prices_a_speculative_decode_side() -> None:
+    base = ["plan", "--disaggregate", "--model", "deepseek-r1", "--gpu", "h200", "--engine",
+            "sglang", "--kv-dtype", "fp8", "--prefill-tp", "8", "--decode-tp", "8",
+            "--concurrency", "32", "--json"]
+    plain = json.loads(_bstar(*base).stdout)
+    out = _bstar(*base, "--num-speculative-tokens", "2", "--acceptance-rate", "0.6")
+    assert out.returncode == 0, out.stderr
+    spec = json.loads(out.stdout)
+    assert plain["decode"]["speculative"] is None
+    assert spec["decode"]["speculative"]["num_speculative_tokens"] == 2
+    assert spec["decode"]["b_mem"] < plain["decode"]["b_mem"]  # the drafter's share
+    assert spec["at_load"]["tpot_ms"] < plain["at_load"]["tpot_ms"]
+    bad = _bstar(*base, "--num-speculative-tokens", "2", "--drafter", "llama-3-8b")
+    assert bad.returncode != 0 and "draft model" in bad.stderr and "Traceback" not in bad.stderr
+    sim = _bstar("simulate", "--disaggregate", "--model", "deepseek-r1", "--gpu", "h200",
+                 "--prefill-tp", "8", "--decode-tp", "8", "--concurrency", "4",
+                 "--num-speculative-tokens", "2")
+    assert sim.returncode != 0 and "no speculative decode step" in sim.stderr

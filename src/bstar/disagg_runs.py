@@ -13,14 +13,24 @@ decode_tp, concurrency, num_prompts, prompt_len_min, prompt_len_max, output_len_
 output_len_max, ttft_mean_ms, tpot_mean_ms, source. Optional (blank: 1 for a layout, the
 engine's default for a limit): each side's `_ep`, `_dp`, `_max_num_seqs`,
 `_max_num_batched_tokens`; `kv_cache_dtype`, `dtype`, `kv_link`, `spec_method` (`none` or
-`mtp`), and the measured medians, E2E and output tokens/s per GPU.
+`mtp`) with `num_speculative_tokens` (draft tokens a step; required for `mtp`), and the
+measured medians, E2E and output tokens/s per GPU.
 
 Scoring (`score_disagg_runs`): the plan at the run's mean prompt and output lengths and its
 concurrency (`plan_disaggregated(..., concurrency=N)`): TPOT from the decode side, TTFT =
 request overhead + prefill queue + prefill + transfer + first decode step (+ decode wait),
-each against the measured mean, |predicted / measured - 1|; medians of those. Runs with
-speculative decoding (MTP) are skipped, with the reason: their acceptance is not in the
-rows.
+each against the measured mean, |predicted / measured - 1|; medians of those.
+
+An MTP run's decode side is priced as `bstar.specdec` prices a speculative step (the
+DeepSeek MTP layer as the drafter, K = `num_speculative_tokens` drafts, verify + draft
+passes, the drafter's weights and KV out of the pool) over the tokens a step yields at the
+acceptance rate a. The rows state no acceptance, so a is an input, never a constant, by the
+rule `bstar validate` applies to aggregated runs (bstar.validate_runs): the `acceptance`
+given, else fitted leave one run out, the median of the acceptances the OTHER MTP runs of
+the same engine and K imply (`implied_acceptance`: the a at which the plan's TPOT equals
+the measured mean). A run with no such other run is skipped, with the reason. Each MTP
+run's implied acceptance is printed beside it. The two-pool simulation (`--simulate`) has
+no speculative decode step: MTP runs are scored by the plan only.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import numpy as np
 
 from bstar.errors import BstarError
 from bstar.fit.points import read_columns
+from bstar.specdec import MAX_SPECULATIVE_TOKENS
 from bstar.stages_table import _float, _int
 
 REQUIRED = ("run", "model", "gpu", "engine", "prefill_workers", "prefill_tp",
@@ -43,13 +54,14 @@ REQUIRED = ("run", "model", "gpu", "engine", "prefill_workers", "prefill_tp",
 SIDE_COLUMNS = ("workers", "tp", "ep", "dp", "max_num_seqs", "max_num_batched_tokens")
 # Every column, in the order bench/to_inferencex_disagg.py writes them.
 COLUMNS = ("run", "model", "gpu", "engine", "engine_version", "dtype", "kv_cache_dtype",
-           "spec_method",
+           "spec_method", "num_speculative_tokens",
            *(f"prefill_{c}" for c in SIDE_COLUMNS), *(f"decode_{c}" for c in SIDE_COLUMNS),
            "kv_link", "concurrency", "num_prompts", "prompt_len_min", "prompt_len_max",
            "output_len_min", "output_len_max", "ttft_mean_ms", "ttft_median_ms",
            "tpot_mean_ms", "tpot_median_ms", "e2e_mean_ms", "output_tok_s_per_gpu", "date",
            "source")
 SPEC_METHODS = ("", "none", "mtp")
+ACCEPTANCE_TOL = 1e-4  # the implied acceptance's bracket width
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +85,7 @@ class DisaggRun:
     dtype: str = ""
     kv_cache_dtype: str = ""
     spec_method: str = "none"
+    num_speculative_tokens: int | None = None
     kv_link: str = ""
     ttft_median_ms: float | None = None
     tpot_median_ms: float | None = None
@@ -119,6 +132,10 @@ def disagg_runs_from_csv(text: str, where: str = "table") -> list[DisaggRun]:
         spec = r.get("spec_method", "").lower()
         if spec not in SPEC_METHODS:
             raise BstarError(f"{at}: spec_method {r['spec_method']!r} is not none or mtp")
+        k = _int(r, "num_speculative_tokens", at, maximum=MAX_SPECULATIVE_TOKENS)
+        if spec == "mtp" and k is None:
+            raise BstarError(f"{at}: an mtp run needs num_speculative_tokens (draft tokens a "
+                             "step)")
         link = r.get("kv_link", "")
         if link and link not in LINK_KINDS:
             raise BstarError(f"{at}: kv_link {link!r} is not one of {', '.join(LINK_KINDS)}")
@@ -131,7 +148,8 @@ def disagg_runs_from_csv(text: str, where: str = "table") -> list[DisaggRun]:
             tpot_mean_ms=_float(r, "tpot_mean_ms", at, required=True) or 0.0,
             source=r["source"], where=at, engine_version=r.get("engine_version", ""),
             dtype=r.get("dtype", ""), kv_cache_dtype=r.get("kv_cache_dtype", ""),
-            spec_method=spec or "none", kv_link=link,
+            spec_method=spec or "none", num_speculative_tokens=k if spec == "mtp" else None,
+            kv_link=link,
             ttft_median_ms=_float(r, "ttft_median_ms", at),
             tpot_median_ms=_float(r, "tpot_median_ms", at),
             e2e_mean_ms=_float(r, "e2e_mean_ms", at),
@@ -175,6 +193,10 @@ class DisaggScore:
     simulated_tpot_ms: float | None = None
     simulated_ttft_ms: float | None = None
     simulated_ttft_median_ms: float | None = None
+    # MTP runs: the acceptance priced, the one the run implies, and how the first was chosen
+    acceptance_used: float | None = None
+    acceptance_implied: float | None = None
+    acceptance_basis: str = ""
 
     @property
     def tpot_error(self) -> float | None:
@@ -235,6 +257,10 @@ class DisaggScore:
                     "errors": {"tpot": self.simulated_tpot_error,
                                "ttft": self.simulated_ttft_error,
                                "ttft_median": self.simulated_ttft_median_error}},
+                "acceptance": None if r.spec_method != "mtp" else {
+                    "used": self.acceptance_used, "implied": self.acceptance_implied,
+                    "basis": self.acceptance_basis,
+                    "num_speculative_tokens": r.num_speculative_tokens},
                 "skipped": self.skipped or None}
 
 
@@ -251,7 +277,9 @@ def summary(scores: Sequence[DisaggScore]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": len(scores), "scored": len(scored),
                            "skipped": len(scores) - len(scored)}
     for name, group in (("all", scored), ("tp_only", tp_only),
-                        ("with_ep_or_dp", [s for s in scored if s.run.has_dp_or_ep])):
+                        ("with_ep_or_dp", [s for s in scored if s.run.has_dp_or_ep]),
+                        ("without_mtp", [s for s in scored if s.run.spec_method != "mtp"]),
+                        ("mtp", [s for s in scored if s.run.spec_method == "mtp"])):
         out[name] = {"runs": len(group),
                      "tpot_median_abs_error": _median_abs([s.tpot_error for s in group]),
                      "ttft_median_abs_error": _median_abs([s.ttft_error for s in group]),
@@ -266,28 +294,100 @@ def summary(scores: Sequence[DisaggScore]) -> dict[str, Any]:
     return out
 
 
-def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
-                      seed: int = 0) -> list[DisaggScore]:
-    """Each run against the plan at its concurrency (module docstring); MTP runs skipped.
-    With `simulate`, also against `bstar.sim.disagg` running the run's own closed loop (its
-    users all starting at t = 0, its requests and length ranges, every request counted)."""
+def plan_for_run(r: DisaggRun, acceptance: float | None = None) -> Any:
+    """The plan at the run's concurrency and mean lengths; an MTP run's decode side
+    speculative at `acceptance`."""
     from bstar.disaggregate import plan_disaggregated
+    from bstar.specdec import SpecConfig
 
-    out = []
+    spec = (None if r.spec_method != "mtp" or acceptance is None
+            else SpecConfig(r.num_speculative_tokens or 1, acceptance, "mtp"))
+    return plan_disaggregated(run_deployment(r), r.prompt_tokens, r.output_tokens,
+                              concurrency=r.concurrency, speculative=spec)
+
+
+def implied_acceptance(r: DisaggRun) -> float | None:
+    """The acceptance rate at which the plan's TPOT equals the run's measured mean (TPOT
+    falls as acceptance rises: bisection to ACCEPTANCE_TOL); 0 or 1 when the measurement
+    lies past either end; None for a run without speculation."""
+    if r.spec_method != "mtp":
+        return None
+
+    def tpot_ms(a: float) -> float:
+        return float(plan_for_run(r, a).at_load.tpot_s * 1e3)
+
+    if tpot_ms(0.0) <= r.tpot_mean_ms:
+        return 0.0
+    if tpot_ms(1.0) >= r.tpot_mean_ms:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > ACCEPTANCE_TOL:
+        mid = 0.5 * (lo + hi)
+        if tpot_ms(mid) > r.tpot_mean_ms:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def acceptances(runs: Sequence[DisaggRun], acceptance: float | None = None
+                ) -> dict[str, tuple[float | None, float | None, str]]:
+    """Per MTP run: (acceptance used, acceptance it implies, how the first was chosen), by
+    the module docstring's rule; the used one None when no other run gives one."""
+    implied: dict[str, float | None] = {}
     for r in runs:
         if r.spec_method == "mtp":
-            out.append(DisaggScore(r, skipped="speculative decoding (MTP): the rows state no "
-                                              "acceptance (issue 38 item 3)"))
+            try:
+                implied[r.run] = implied_acceptance(r)
+            except BstarError:
+                implied[r.run] = None
+    out: dict[str, tuple[float | None, float | None, str]] = {}
+    for r in runs:
+        if r.spec_method != "mtp":
             continue
+        if acceptance is not None:
+            out[r.run] = (acceptance, implied[r.run], "stated")
+            continue
+        others = [implied[o.run] for o in runs
+                  if o.spec_method == "mtp" and o.run != r.run and o.engine == r.engine
+                  and o.num_speculative_tokens == r.num_speculative_tokens
+                  and implied[o.run] is not None]
+        if others:
+            out[r.run] = (float(np.median(others)), implied[r.run],
+                          f"leave one out: median of {len(others)} other {r.engine} MTP "
+                          f"run(s) at K {r.num_speculative_tokens}")
+        else:
+            out[r.run] = (None, implied[r.run], f"no other {r.engine} MTP run at K "
+                                                f"{r.num_speculative_tokens} implies one")
+    return out
+
+
+def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
+                      seed: int = 0, acceptance: float | None = None) -> list[DisaggScore]:
+    """Each run against the plan at its concurrency (module docstring); an MTP run at the
+    acceptance `acceptances` gives it (skipped where none), by the plan only. With
+    `simulate`, also against `bstar.sim.disagg` running the run's own closed loop (its
+    users all starting at t = 0, its requests and length ranges, every request counted)."""
+    acc = acceptances(runs, acceptance)
+    out = []
+    for r in runs:
+        spec_fields: dict[str, Any] = {}
+        if r.spec_method == "mtp":
+            used, implied, how = acc[r.run]
+            spec_fields = {"acceptance_used": used, "acceptance_implied": implied,
+                           "acceptance_basis": how}
+            if used is None:
+                out.append(DisaggScore(r, skipped=f"speculative decoding (MTP): {how}",
+                                       **spec_fields))
+                continue
         try:
-            p = plan_disaggregated(run_deployment(r), r.prompt_tokens, r.output_tokens,
-                                   concurrency=r.concurrency)
+            p = plan_for_run(r, spec_fields.get("acceptance_used"))
         except BstarError as e:
-            out.append(DisaggScore(r, skipped=str(e)))
+            out.append(DisaggScore(r, skipped=str(e), **spec_fields))
             continue
         a = p.at_load
         sim: dict[str, float | None] = {}
-        if simulate:
+        if simulate and r.spec_method != "mtp":  # no speculative step in bstar.sim.disagg
             from bstar.sim.disagg import simulate_plan
 
             res = simulate_plan(p, num_requests=r.num_prompts, prompt_len=r.prompt_len,
@@ -297,5 +397,6 @@ def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
                    "simulated_ttft_ms": float(res.ttft_s.mean() * 1e3),
                    "simulated_ttft_median_ms": float(np.median(res.ttft_s) * 1e3)}
         out.append(DisaggScore(r, a.tpot_s * 1e3, a.ttft_s * 1e3, a.bound,
-                               "/".join(f"{k}:{v}" for k, v in p.priced_as.items()), **sim))
+                               "/".join(f"{k}:{v}" for k, v in p.priced_as.items()), **sim,
+                               **spec_fields))
     return out

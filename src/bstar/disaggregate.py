@@ -41,12 +41,14 @@ from typing import Any
 import numpy as np
 
 from bstar import roofline as rl
+from bstar import specdec as sd
 from bstar import step as _step
 from bstar.deployment import Deployment
 from bstar.disagg_load import OperatingPoint, operating_point
 from bstar.errors import BstarError
 from bstar.kv_link import LINK_KINDS, KvTransfer, default_link_kind, kv_link, kv_transfer
 from bstar.options import DeploymentOptions
+from bstar.specdec import SpecConfig
 
 __all__ = ["DEFAULT_PREFILL_BUDGET", "DecodeSide", "DisaggPlan", "DisaggregatedDeployment",
            "OperatingPoint", "PrefillSide", "WorkerSpec", "decode_side", "operating_point",
@@ -267,6 +269,8 @@ class DecodeSide:
     # TPOT on a grid of batches 1..batch (one vectorized pricing; `tpot_at` interpolates)
     grid_batch: np.ndarray = field(repr=False, compare=False)
     grid_tpot_s: np.ndarray = field(repr=False, compare=False)
+    # Speculative decoding on this side (MTP): K, acceptance, drafter, tokens a step.
+    speculative: dict[str, Any] | None = None
 
     def tpot_at(self, batch: float) -> float:
         """TPOT (the decode step) at a mean batch per worker (at least one sequence runs)."""
@@ -286,18 +290,25 @@ class DecodeSide:
                 "max_num_seqs": self.max_num_seqs, "max_num_seqs_source": self.cap_source,
                 "batch": self.batch, "tpot_ms": self.tpot_s * 1e3,
                 "req_s_per_worker": self.req_s,
-                "output_tok_s_per_worker": self.req_s * self.output_tokens}
+                "output_tok_s_per_worker": self.req_s * self.output_tokens,
+                "speculative": self.speculative}
 
 
 def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
-                output_tokens: int) -> DecodeSide:
+                output_tokens: int, speculative: SpecConfig | None = None) -> DecodeSide:
     """A decode worker's batch (min of its cap and B_mem at prompt + output) and TPOT there,
     each sequence holding prompt + output/2 on average. With attention DP, each of the dp
     ranks holds its own sequences: B_mem counts every rank's pool (the deployment carries
-    the ranks; docs/disaggregation.md)."""
+    the ranks; docs/disaggregation.md). With `speculative`, every step is a speculative one
+    (`bstar.specdec.spec_step_s`: verify + draft passes) and TPOT is that step over the
+    tokens it yields at the acceptance rate; B_mem leaves the drafter's weights and KV out
+    of the pool (`specdec.b_mem`)."""
     ctx_max = prompt_tokens + output_tokens
     ctx = prompt_tokens + output_tokens // 2
-    bm = rl.b_mem(d, ctx_max)  # with attention DP, every rank's pool (roofline.kv_pool_bytes)
+    dr = None if speculative is None else sd.make_drafter(d, speculative.drafter)
+    k = 0 if speculative is None else speculative.num_speculative_tokens
+    # with attention DP, every rank's pool (roofline.kv_pool_bytes)
+    bm = sd.b_mem(d, dr, ctx_max, k)
     if bm < 1:
         raise BstarError(f"{d.model.name} does not fit a sequence of {ctx_max} tokens on a "
                          f"decode worker of {d.num_gpus} x {d.gpu.id}")
@@ -311,9 +322,17 @@ def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
     b = max(1, min(cap, bm))
     grid = np.unique(np.concatenate([np.linspace(1.0, float(b), 257),
                                      np.arange(1.0, min(b, 64) + 1.0)]))
-    tpots = rl.decode_step(d, grid, ctx).step_s
+    if speculative is None or dr is None:
+        tpots = rl.decode_step(d, grid, ctx).step_s
+        spec_out = None
+    else:
+        tokens = speculative.expected_tokens
+        tpots = sd.spec_step_s(d, dr, grid, ctx, k) / tokens
+        spec_out = {"drafter": dr.name, "num_speculative_tokens": k,
+                    "acceptance_rate": speculative.acceptance_rate,
+                    "tokens_per_step": tokens}
     return DecodeSide(ctx, ctx_max, bm, cap, source, b, float(tpots[-1]), output_tokens,
-                      grid, tpots)
+                      grid, tpots, spec_out)
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -387,10 +406,12 @@ class DisaggPlan:
 
 def plan_disaggregated(dd: DisaggregatedDeployment, prompt_tokens: int, output_tokens: int,
                        *, concurrency: int | None = None,
-                       rate_req_s: float | None = None) -> DisaggPlan:
+                       rate_req_s: float | None = None,
+                       speculative: SpecConfig | None = None) -> DisaggPlan:
     """Each side's step, batch and rate at `prompt_tokens` in and `output_tokens` out, the KV
     transfer between them, the P:D ratio that balances them, and the deployment at one load
-    (`operating_point`)."""
+    (`operating_point`). `speculative`: the decode side decodes speculatively
+    (`decode_side`)."""
     if prompt_tokens < 1 or output_tokens < 1:
         raise BstarError("prompt and output lengths must be at least 1 token")
     if concurrency is not None and rate_req_s is not None:
@@ -402,7 +423,7 @@ def plan_disaggregated(dd: DisaggregatedDeployment, prompt_tokens: int, output_t
     check_tensor_parallel(pd)
     check_tensor_parallel(dd_)
     pre = prefill_side(pd, dd.prefill, prompt_tokens)
-    dec = decode_side(dd_, dd.decode, prompt_tokens, output_tokens)
+    dec = decode_side(dd_, dd.decode, prompt_tokens, output_tokens, speculative)
     kind = dd.link or default_link_kind(dd_.gpu, dd.num_gpus, dd.gpus_per_node)
     link = kv_link(kind, dd_.gpu)
     tr = kv_transfer(dd_.model, dd_.kv, prompt_tokens, dd.decode.attention_tp, link)

@@ -197,6 +197,9 @@ def run_disagg_simulate(args: argparse.Namespace) -> int:
         raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
     if not 0 < args.range_ratio <= 1:
         raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
+    if getattr(args, "num_speculative_tokens", None) is not None:
+        raise BstarError("bstar simulate --disaggregate has no speculative decode step yet: "
+                         "`bstar plan --disaggregate --num-speculative-tokens K` prices it")
     from bstar.commands.disagg_flags import disagg_from_args
 
     dd = disagg_from_args(args)

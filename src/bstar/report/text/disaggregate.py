@@ -28,7 +28,12 @@ def format_disagg_plan(d: dict[str, Any]) -> str:
         f"{p['req_s_per_worker']:.3g} requests/s",
         f"  decode worker:  batch {dec['batch']} at {dec['context_tokens']} tokens held, TPOT "
         f"{dec['tpot_ms']:.2f} ms -> {dec['output_tok_s_per_worker']:,.0f} output tok/s = "
-        f"{dec['req_s_per_worker']:.3g} requests/s",
+        f"{dec['req_s_per_worker']:.3g} requests/s"
+        + ("" if not dec.get("speculative") else
+           f" (speculative: {dec['speculative']['drafter']}, "
+           f"{dec['speculative']['num_speculative_tokens']} draft tokens at acceptance "
+           f"{dec['speculative']['acceptance_rate']:g}: "
+           f"{dec['speculative']['tokens_per_step']:.2f} tokens a step)"),
         f"  KV transfer:    {tr['kv_bytes'] / 1e6:,.1f} MB a prompt, "
         f"{tr['bytes_per_gpu'] / 1e6:,.1f} MB to each of {tr['receiving_gpus']} GPU(s) over "
         f"{tr['link']['kind']} "
