@@ -15,6 +15,7 @@ answer like a well-behaved server (one character per token, usage at the end, a 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -134,6 +135,17 @@ DEFAULTS: dict[str, Route] = {"/v1/models": _models, "/tokenize": _tokenize,
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: HostileServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops its connection (a pooled keep-alive socket closed at the end
+        of a run, reset while this thread waits for its next request line) is not an error
+        of the fake: socketserver would print its traceback to stderr, where a test that
+        asserts "no Traceback" in the CLI's stderr reads it (it did, once, beside a
+        CPU-bound process). Anything else still prints."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class HostileServer:
