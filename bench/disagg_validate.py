@@ -7,9 +7,9 @@ TPOT (decode side) and TTFT against the measured means, and the median |error| o
 scored runs, all of them and apart for the runs without EP or attention DP (priced as tensor
 parallel until bstar.step carries those terms). An MTP run is priced with a speculative
 decode side at the acceptance the OTHER MTP runs of its engine and draft count imply (leave
-one out; the acceptance it implies itself is printed beside it), by the plan only. With
---simulate, also the two-pool simulation of each run's own closed loop (bstar.sim.disagg;
-about a minute on a laptop core).
+one out; the acceptance it implies itself is printed beside it), in the plan and the
+simulation alike. With --simulate, also the two-pool simulation of each run's own closed
+loop (bstar.sim.disagg; about a minute on a laptop core).
 """
 
 from __future__ import annotations

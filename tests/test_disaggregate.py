@@ -362,6 +362,41 @@ def test_plan_disaggregate_prices_a_speculative_decode_side() -> None:
     bad = _bstar(*base, "--num-speculative-tokens", "2", "--drafter", "llama-3-8b")
     assert bad.returncode != 0 and "draft model" in bad.stderr and "Traceback" not in bad.stderr
     sim = _bstar("simulate", "--disaggregate", "--model", "deepseek-r1", "--gpu", "h200",
-                 "--prefill-tp", "8", "--decode-tp", "8", "--concurrency", "4",
-                 "--num-speculative-tokens", "2")
-    assert sim.returncode != 0 and "no speculative decode step" in sim.stderr
+                 "--engine", "sglang", "--kv-dtype", "fp8", "--prefill-tp", "8",
+                 "--decode-tp", "8", "--concurrency", "16", "--num-speculative-tokens", "2",
+                 "--acceptance-rate", "0.6", "--json")
+    assert sim.returncode == 0, sim.stderr
+    d = json.loads(sim.stdout)
+    # the simulated decode side draws each step's accepted drafts; its mean TPOT is the
+    # plan's (a step over the tokens it yields on average) within the draws' noise
+    assert d["decode"]["speculative"]["num_speculative_tokens"] == 2
+    assert d["simulation"]["tpot"]["mean_ms"] == pytest.approx(d["at_load"]["tpot_ms"],
+                                                               rel=0.03)
+
+
+def test_a_simulated_speculative_decode_side_gains_its_accepted_drafts() -> None:
+    from bstar import specdec as sd
+    from bstar.disaggregate import side_deployment
+    from bstar.kv_link import kv_link
+    from bstar.sim.disagg import PoolSpec, simulate_disaggregated
+    from bstar.specdec import SpecConfig
+
+    pd, _ = side_deployment(DSR1, WorkerSpec(1, 8))
+    d, _ = side_deployment(DSR1, WorkerSpec(1, 8))
+    link = kv_link("ib-ndr", d.gpu)
+    dr = sd.make_drafter(d, "mtp")
+
+    def run(spec: SpecConfig | None) -> float:
+        res = simulate_disaggregated(PoolSpec(pd, 1, 8, 8192), PoolSpec(d, 1, 8, 0, spec),
+                                     link, num_requests=4, prompt_len=(1000, 1000),
+                                     output_len=(301, 301), concurrency=1)
+        return float(res.tpot_s.mean())
+
+    # One user, every draft accepted: each step yields K + 1 = 3 tokens, so 300 tokens after
+    # the first step's 3 take 99 more steps (and the last yields 0 extra: capped at 301).
+    all_in = run(SpecConfig(2, 1.0, "mtp"))
+    step = sd.scheduled_step_s(d, dr, [1150.0], [1.0], 2)  # one step mid-way through
+    assert all_in * 300 == pytest.approx(100 * step, rel=0.02)
+    # None accepted: one token a step at the speculative step's price (slower than plain).
+    none_in = run(SpecConfig(2, 0.0, "mtp"))
+    assert none_in == pytest.approx(step, rel=0.02) and none_in > run(None)

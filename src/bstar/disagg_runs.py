@@ -29,8 +29,8 @@ rule `bstar validate` applies to aggregated runs (bstar.validate_runs): the `acc
 given, else fitted leave one run out, the median of the acceptances the OTHER MTP runs of
 the same engine and K imply (`implied_acceptance`: the a at which the plan's TPOT equals
 the measured mean). A run with no such other run is skipped, with the reason. Each MTP
-run's implied acceptance is printed beside it. The two-pool simulation (`--simulate`) has
-no speculative decode step: MTP runs are scored by the plan only.
+run's implied acceptance is printed beside it. The two-pool simulation (`--simulate`) runs
+an MTP run's decode side speculatively at the same acceptance (`bstar.sim.disagg`).
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def acceptances(runs: Sequence[DisaggRun], acceptance: float | None = None
 def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
                       seed: int = 0, acceptance: float | None = None) -> list[DisaggScore]:
     """Each run against the plan at its concurrency (module docstring); an MTP run at the
-    acceptance `acceptances` gives it (skipped where none), by the plan only. With
+    acceptance `acceptances` gives it (skipped where none). With
     `simulate`, also against `bstar.sim.disagg` running the run's own closed loop (its
     users all starting at t = 0, its requests and length ranges, every request counted)."""
     acc = acceptances(runs, acceptance)
@@ -387,7 +387,7 @@ def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
             continue
         a = p.at_load
         sim: dict[str, float | None] = {}
-        if simulate and r.spec_method != "mtp":  # no speculative step in bstar.sim.disagg
+        if simulate:
             from bstar.sim.disagg import simulate_plan
 
             res = simulate_plan(p, num_requests=r.num_prompts, prompt_len=r.prompt_len,

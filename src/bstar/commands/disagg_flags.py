@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from bstar.commands.common import deployment_options, positive_float, positive_int
+from bstar.errors import BstarError
 
 SIDE_FLAGS = (("workers", "workers of this side"),
               ("tp", "tensor-parallel size of each worker (its GPUs)"),
@@ -83,3 +84,21 @@ def disagg_from_args(args: argparse.Namespace) -> Any:
     if args.kv_link:
         data["link"] = args.kv_link
     return DisaggregatedDeployment.from_mapping(data, options, where)
+
+
+def disagg_speculative(args: argparse.Namespace) -> Any:
+    """The decode side's SpecConfig from --num-speculative-tokens, --acceptance-rate and
+    --drafter (None without the first). A disaggregated decode side prices the drafters
+    that ride on the target (eagle, mtp, ngram, auto), not a separate draft model."""
+    k = getattr(args, "num_speculative_tokens", None)
+    if k is None:
+        return None
+    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig
+
+    if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
+        raise BstarError(f"--disaggregate prices --drafter eagle, mtp, ngram or auto on the "
+                         f"decode side; a separate draft model ({args.drafter}) is not priced "
+                         "there")
+    if isinstance(args.acceptance_rate, str):
+        raise BstarError("--disaggregate takes --acceptance-rate as a number")
+    return SpecConfig(k, args.acceptance_rate, args.drafter)

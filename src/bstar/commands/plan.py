@@ -180,25 +180,13 @@ def _report_compare(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | Non
 
 
 def run_disagg_plan(args: argparse.Namespace) -> int:
-    from bstar.commands.disagg_flags import disagg_from_args
+    from bstar.commands.disagg_flags import disagg_from_args, disagg_speculative
     from bstar.disaggregate import plan_disaggregated
-    from bstar.errors import BstarError
     from bstar.report.text import print_disagg_plan
 
     dd = disagg_from_args(args)
-    spec = None
-    if getattr(args, "num_speculative_tokens", None) is not None:
-        from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig
-
-        if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
-            raise BstarError(f"--disaggregate prices --drafter eagle, mtp, ngram or auto on the "
-                             f"decode side; a separate draft model ({args.drafter}) is not "
-                             "priced there")
-        if isinstance(args.acceptance_rate, str):
-            raise BstarError("--disaggregate takes --acceptance-rate as a number")
-        spec = SpecConfig(args.num_speculative_tokens, args.acceptance_rate, args.drafter)
     plan = plan_disaggregated(dd, args.prompt_tokens or 1024, args.output_tokens or 1024,
                               concurrency=args.concurrency, rate_req_s=args.rate,
-                              speculative=spec)
+                              speculative=disagg_speculative(args))
     data = plan.to_dict()
     return emit(args, lambda: data, lambda: print_disagg_plan(data))

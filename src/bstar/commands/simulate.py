@@ -197,15 +197,13 @@ def run_disagg_simulate(args: argparse.Namespace) -> int:
         raise BstarError("bstar simulate --disaggregate needs --concurrency or --rate")
     if not 0 < args.range_ratio <= 1:
         raise BstarError(f"--range-ratio must be in (0, 1], got {args.range_ratio}")
-    if getattr(args, "num_speculative_tokens", None) is not None:
-        raise BstarError("bstar simulate --disaggregate has no speculative decode step yet: "
-                         "`bstar plan --disaggregate --num-speculative-tokens K` prices it")
-    from bstar.commands.disagg_flags import disagg_from_args
+    from bstar.commands.disagg_flags import disagg_from_args, disagg_speculative
 
     dd = disagg_from_args(args)
     prompt, output = args.prompt_tokens or 1024, args.output_tokens or 1024
     plan = plan_disaggregated(dd, prompt, output, concurrency=args.concurrency,
-                              rate_req_s=None if args.concurrency else args.rate)
+                              rate_req_s=None if args.concurrency else args.rate,
+                              speculative=disagg_speculative(args))
     n = args.num_requests or (10 * args.concurrency if args.concurrency else 1000)
 
     def rng(length: int) -> tuple[int, int]:

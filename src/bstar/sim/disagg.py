@@ -18,7 +18,11 @@ An event loop over a heap of (time, order, event). Each request:
    than its cap (min(max_num_seqs, B_mem), `bstar.disaggregate.decode_side`) and runs
    back-to-back decode steps over what it holds, each priced by `bstar.step` at the batch's
    actual context; a request's first token is the end of its first decode step (TTFT) and it
-   leaves when its output is complete.
+   leaves when its output is complete. With speculation on the decode side
+   (`PoolSpec.speculative`, MTP or EAGLE), every decode step is `bstar.specdec`'s
+   scheduled speculative step (verify k + 1 tokens a sequence, the draft passes) and each
+   sequence gains 1 + its accepted drafts (`specdec.accepted_drafts`: the leading successes
+   of k Bernoulli(a) trials, drawn from the seed), capped at its output.
 
 Scored as the benchmark client does: TTFT from the send to the first token, TPOT =
 (E2E - TTFT) / (output - 1), means over the requests after `warmup_requests`.
@@ -41,6 +45,7 @@ from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.kv_link import KvLink, kv_transfer
 from bstar.sim.steptime import coefficients
+from bstar.specdec import SpecConfig
 from bstar.stats import poisson_gaps_s
 
 MAX_REQUESTS = 2_000_000
@@ -54,6 +59,7 @@ class PoolSpec:
     workers: int
     max_num_seqs: int  # decode: the batch cap (min of the engine's and B_mem)
     max_num_batched_tokens: int  # prefill: the step's token budget (decode: unused)
+    speculative: SpecConfig | None = None  # decode: speculative decoding (module docstring)
 
 
 @dataclass(slots=True)
@@ -131,19 +137,20 @@ def simulate_disaggregated(prefill: PoolSpec, decode: PoolSpec, link: KvLink, *,
         arrival_s = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
     return simulate_pools(prefill, decode, link, prompts, outputs, arrival_s=arrival_s,
                           concurrency=concurrency, warmup_requests=warmup_requests,
-                          attention_tp=attention_tp, max_sim_time_s=max_sim_time_s)
+                          attention_tp=attention_tp, max_sim_time_s=max_sim_time_s,
+                          seed=seed)
 
 
 def simulate_pools(prefill: PoolSpec, decode: PoolSpec, link: KvLink, prompts: Any,
                    outputs: Any, *, arrival_s: Any = None, concurrency: int | None = None,
                    warmup_requests: int = 0, attention_tp: int | None = None,
-                   max_sim_time_s: float = 7 * 24 * 3600.0) -> DisaggSimResult:
+                   max_sim_time_s: float = 7 * 24 * 3600.0, seed: int = 0) -> DisaggSimResult:
     """The two pools over given requests: `prompts[i]` and `outputs[i]` tokens, sent at
     `arrival_s[i]` (an open stream, nondecreasing) or by `concurrency` users in a closed
     loop (one of the two). `bstar search` runs its drawn workloads through this; the module
     docstring says what is simulated. Long on purpose: one event loop whose handlers share
     its queues and clock, as closures (split apart, each would take them all as
-    arguments)."""
+    arguments). `seed` draws the accepted drafts of a speculative decode side."""
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     num_requests = len(prompts)
@@ -232,7 +239,18 @@ def simulate_pools(prefill: PoolSpec, decode: PoolSpec, link: KvLink, prompts: A
                 r.prefill_start_s = t
             push(t + prefill_step_s(batch), "prefilled", (w, batch))
 
+    spec = decode.speculative
+    if spec is not None:
+        from bstar import specdec as sd
+
+        drafter = sd.make_drafter(decode.d, spec.drafter)
+        spec_rng = np.random.default_rng(seed)
+
     def decode_step_s(running: list[_Req]) -> float:
+        if spec is not None:
+            starts = [float(r.prompt + r.generated) for r in running]
+            return sd.scheduled_step_s(decode.d, drafter, starts, np.ones(len(running)),
+                                       spec.num_speculative_tokens)
         b = float(len(running))
         if full_only:  # every layer reads all a sequence holds: one sum
             held = float(sum(r.prompt + r.generated + 1 for r in running))
@@ -284,9 +302,13 @@ def simulate_pools(prefill: PoolSpec, decode: PoolSpec, link: KvLink, prompts: A
         elif kind == "decoded":
             w = payload
             still = []
-            for r in dec_running[w]:
-                r.generated += 1
-                if r.generated == 1:
+            gains = (None if spec is None else 1 + sd.accepted_drafts(
+                spec_rng, spec.acceptance_rate, spec.num_speculative_tokens,
+                len(dec_running[w])))
+            for j, r in enumerate(dec_running[w]):
+                r.generated = (r.generated + 1 if gains is None
+                               else min(r.output, r.generated + int(gains[j])))
+                if math.isnan(r.first_token_s):  # its first step (1 token, or more drafted)
                     r.first_token_s = t
                 if r.generated >= r.output:
                     r.done_s = t
@@ -324,7 +346,10 @@ def simulate_plan(plan: Any, *, num_requests: int, prompt_len: tuple[int, int],
     dd = plan.deployment
     pre = PoolSpec(plan.prefill_d, dd.prefill.workers,
                    dd.prefill.max_num_seqs or MAX_REQUESTS, plan.prefill.budget_tokens)
-    dec = PoolSpec(plan.decode_d, dd.decode.workers, plan.decode.batch, 0)
+    sp = plan.decode.speculative
+    dec = PoolSpec(plan.decode_d, dd.decode.workers, plan.decode.batch, 0,
+                   None if sp is None else SpecConfig(sp["num_speculative_tokens"],
+                                                      sp["acceptance_rate"], sp["drafter"]))
     return simulate_disaggregated(pre, dec, plan.transfer.link, num_requests=num_requests,
                                   prompt_len=prompt_len, output_len=output_len,
                                   concurrency=concurrency, rate_req_s=rate_req_s, seed=seed,
