@@ -52,7 +52,10 @@ def main(argv: list[str]) -> int:
               f"{_pct(x.ttft_error):>6s}  {x.bound}"
               + (f"  acceptance {x.acceptance_used:.3f} (implies "
                  f"{'-' if x.acceptance_implied is None else f'{x.acceptance_implied:.3f}'})"
-                 if x.acceptance_used is not None else "")
+                 f", speedup {x.predicted_speedup:.2f}x predicted"
+                 + (f", {x.measured_speedup:.2f}x measured against {x.twin}"
+                    if x.twin else ", no run without MTP to measure it against")
+                 if x.acceptance_used is not None and x.predicted_speedup else "")
               + (f"  simulated TPOT {x.simulated_tpot_ms:6.2f} {_pct(x.simulated_tpot_error)}"
                  f" TTFT {x.simulated_ttft_ms:6.0f} {_pct(x.simulated_ttft_error)}"
                  if x.simulated_tpot_ms is not None else ""))

@@ -325,6 +325,12 @@ def test_mtp_runs_are_priced_at_the_other_runs_acceptance_leave_one_out() -> Non
     assert r0.predicted_tpot_ms == pytest.approx(plan_for_run(runs[0], r0.acceptance_used)
                                                  .at_load.tpot_s * 1e3)
     assert r0.to_dict()["acceptance"]["num_speculative_tokens"] == 2
+    # the speedup: the plan's plain TPOT over its speculative one; measured against the run
+    # of the same layout, lengths and users without MTP ("none" here: tpot 10 ms)
+    plain = plan_for_run(runs[0]).at_load.tpot_s * 1e3
+    assert r0.predicted_speedup == pytest.approx(plain / r0.predicted_tpot_ms)
+    assert r0.twin == "none" and r0.measured_speedup == pytest.approx(
+        10.0 / runs[0].tpot_mean_ms)
     assert scores["none"].acceptance_used is None and not scores["none"].skipped
     stated = {s.run.run: s for s in score_disagg_runs(runs, acceptance=0.55)}
     assert stated["k3"].acceptance_used == 0.55 and stated["k3"].acceptance_basis == "stated"

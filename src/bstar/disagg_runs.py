@@ -197,6 +197,11 @@ class DisaggScore:
     acceptance_used: float | None = None
     acceptance_implied: float | None = None
     acceptance_basis: str = ""
+    # MTP runs: plain / speculative TPOT of the plan; the measured one against the twin
+    # without speculation (`speculative_twin`), when one ran
+    predicted_speedup: float | None = None
+    twin: str | None = None
+    measured_speedup: float | None = None
 
     @property
     def tpot_error(self) -> float | None:
@@ -260,7 +265,9 @@ class DisaggScore:
                 "acceptance": None if r.spec_method != "mtp" else {
                     "used": self.acceptance_used, "implied": self.acceptance_implied,
                     "basis": self.acceptance_basis,
-                    "num_speculative_tokens": r.num_speculative_tokens},
+                    "num_speculative_tokens": r.num_speculative_tokens,
+                    "predicted_speedup": self.predicted_speedup, "twin": self.twin,
+                    "measured_speedup": self.measured_speedup},
                 "skipped": self.skipped or None}
 
 
@@ -362,6 +369,19 @@ def acceptances(runs: Sequence[DisaggRun], acceptance: float | None = None
     return out
 
 
+def speculative_twin(r: DisaggRun, runs: Sequence[DisaggRun]) -> DisaggRun | None:
+    """The run of the same model, GPU, engine, layout (each side's workers, TP, EP, DP),
+    lengths and concurrency without speculation, if one ran (its TPOT over the MTP run's is
+    the measured speedup)."""
+    for o in runs:
+        if (o.spec_method != "mtp" and (o.model, o.gpu, o.engine, o.sides, o.prompt_len,
+                                         o.output_len, o.concurrency)
+                == (r.model, r.gpu, r.engine, r.sides, r.prompt_len, r.output_len,
+                    r.concurrency)):
+            return o
+    return None
+
+
 def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
                       seed: int = 0, acceptance: float | None = None) -> list[DisaggScore]:
     """Each run against the plan at its concurrency (module docstring); an MTP run at the
@@ -386,6 +406,13 @@ def score_disagg_runs(runs: Sequence[DisaggRun], simulate: bool = False,
             out.append(DisaggScore(r, skipped=str(e), **spec_fields))
             continue
         a = p.at_load
+        if r.spec_method == "mtp":  # the plan's speedup, and the measured one where a twin ran
+            plain = plan_for_run(r).at_load.tpot_s
+            twin = speculative_twin(r, runs)
+            spec_fields |= {"predicted_speedup": plain / a.tpot_s,
+                            "twin": None if twin is None else twin.run,
+                            "measured_speedup": None if twin is None
+                            else twin.tpot_mean_ms / r.tpot_mean_ms}
         sim: dict[str, float | None] = {}
         if simulate:
             from bstar.sim.disagg import simulate_plan
