@@ -42,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from bstar import specdec
+from bstar.acceptance import implied_acceptance as implied_from_tpot
+from bstar.acceptance import leave_one_out_acceptance
 from bstar.errors import BstarError
 from bstar.fit.points import read_columns
 from bstar.specdec import MAX_SPECULATIVE_TOKENS
@@ -61,7 +64,8 @@ COLUMNS = ("run", "model", "gpu", "engine", "engine_version", "dtype", "kv_cache
            "tpot_mean_ms", "tpot_median_ms", "e2e_mean_ms", "output_tok_s_per_gpu", "date",
            "source")
 SPEC_METHODS = ("", "none", "mtp")
-ACCEPTANCE_TOL = 1e-4  # the implied acceptance's bracket width
+ACCEPTANCE_TOL = 1e-4  # the implied acceptance's bracket width (plans are cheap) ...
+TPOT_RTOL = 1e-6  # ... or the plan's TPOT within this of the measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,67 +309,48 @@ def plan_for_run(r: DisaggRun, acceptance: float | None = None) -> Any:
     """The plan at the run's concurrency and mean lengths; an MTP run's decode side
     speculative at `acceptance`."""
     from bstar.disaggregate import plan_disaggregated
-    from bstar.specdec import SpecConfig
 
     spec = (None if r.spec_method != "mtp" or acceptance is None
-            else SpecConfig(r.num_speculative_tokens or 1, acceptance, "mtp"))
+            else specdec.SpecConfig(r.num_speculative_tokens or 1, acceptance, "mtp"))
     return plan_disaggregated(run_deployment(r), r.prompt_tokens, r.output_tokens,
                               concurrency=r.concurrency, speculative=spec)
 
 
 def implied_acceptance(r: DisaggRun) -> float | None:
-    """The acceptance rate at which the plan's TPOT equals the run's measured mean (TPOT
-    falls as acceptance rises: bisection to ACCEPTANCE_TOL); 0 or 1 when the measurement
-    lies past either end; None for a run without speculation."""
+    """The acceptance rate at which the plan's TPOT equals the run's measured mean
+    (`bstar.acceptance.implied_acceptance`, to ACCEPTANCE_TOL or TPOT_RTOL); 0 or 1 when the
+    measurement lies past either end; None for a run without speculation."""
     if r.spec_method != "mtp":
         return None
-
-    def tpot_ms(a: float) -> float:
-        return float(plan_for_run(r, a).at_load.tpot_s * 1e3)
-
-    if tpot_ms(0.0) <= r.tpot_mean_ms:
-        return 0.0
-    if tpot_ms(1.0) >= r.tpot_mean_ms:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    while hi - lo > ACCEPTANCE_TOL:
-        mid = 0.5 * (lo + hi)
-        if tpot_ms(mid) > r.tpot_mean_ms:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return implied_from_tpot(
+        lambda a: float(plan_for_run(r, a).at_load.tpot_s * 1e3), r.tpot_mean_ms,
+        ACCEPTANCE_TOL, TPOT_RTOL)
 
 
 def acceptances(runs: Sequence[DisaggRun], acceptance: float | None = None
                 ) -> dict[str, tuple[float | None, float | None, str]]:
     """Per MTP run: (acceptance used, acceptance it implies, how the first was chosen), by
-    the module docstring's rule; the used one None when no other run gives one."""
+    the module docstring's rule (`bstar.acceptance.leave_one_out_acceptance` over the runs of the
+    same engine and K); the used one None when no other run gives one."""
+    mtp = [r for r in runs if r.spec_method == "mtp"]
     implied: dict[str, float | None] = {}
-    for r in runs:
-        if r.spec_method == "mtp":
-            try:
-                implied[r.run] = implied_acceptance(r)
-            except BstarError:
-                implied[r.run] = None
+    for r in mtp:
+        try:
+            implied[r.run] = implied_acceptance(r)
+        except BstarError:
+            implied[r.run] = None
+    groups = {r.run: (r.engine, r.num_speculative_tokens) for r in mtp}
     out: dict[str, tuple[float | None, float | None, str]] = {}
-    for r in runs:
-        if r.spec_method != "mtp":
-            continue
+    for r in mtp:
         if acceptance is not None:
             out[r.run] = (acceptance, implied[r.run], "stated")
             continue
-        others = [implied[o.run] for o in runs
-                  if o.spec_method == "mtp" and o.run != r.run and o.engine == r.engine
-                  and o.num_speculative_tokens == r.num_speculative_tokens
-                  and implied[o.run] is not None]
-        if others:
-            out[r.run] = (float(np.median(others)), implied[r.run],
-                          f"leave one out: median of {len(others)} other {r.engine} MTP "
-                          f"run(s) at K {r.num_speculative_tokens}")
-        else:
-            out[r.run] = (None, implied[r.run], f"no other {r.engine} MTP run at K "
-                                                f"{r.num_speculative_tokens} implies one")
+        fitted, n = leave_one_out_acceptance(r.run, implied, groups)
+        out[r.run] = (fitted, implied[r.run],
+                      f"leave one out: median of {n} other {r.engine} MTP run(s) at K "
+                      f"{r.num_speculative_tokens}" if n else
+                      f"no other {r.engine} MTP run at K {r.num_speculative_tokens} "
+                      "implies one")
     return out
 
 

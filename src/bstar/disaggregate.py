@@ -269,8 +269,8 @@ class DecodeSide:
     # TPOT on a grid of batches 1..batch (one vectorized pricing; `tpot_at` interpolates)
     grid_batch: np.ndarray = field(repr=False, compare=False)
     grid_tpot_s: np.ndarray = field(repr=False, compare=False)
-    # Speculative decoding on this side (MTP): K, acceptance, drafter, tokens a step.
-    speculative: dict[str, Any] | None = None
+    # Speculative decoding on this side (its drafter resolved: "auto" named), or None.
+    speculative: SpecConfig | None = None
 
     def tpot_at(self, batch: float) -> float:
         """TPOT (the decode step) at a mean batch per worker (at least one sequence runs)."""
@@ -291,7 +291,10 @@ class DecodeSide:
                 "batch": self.batch, "tpot_ms": self.tpot_s * 1e3,
                 "req_s_per_worker": self.req_s,
                 "output_tok_s_per_worker": self.req_s * self.output_tokens,
-                "speculative": self.speculative}
+                "speculative": None if (sp := self.speculative) is None else {
+                    "drafter": sp.drafter, "num_speculative_tokens": sp.num_speculative_tokens,
+                    "acceptance_rate": sp.acceptance_rate,
+                    "tokens_per_step": sp.expected_tokens}}
 
 
 def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
@@ -324,15 +327,11 @@ def decode_side(d: Deployment, spec: WorkerSpec, prompt_tokens: int,
                                      np.arange(1.0, min(b, 64) + 1.0)]))
     if speculative is None or dr is None:
         tpots = rl.decode_step(d, grid, ctx).step_s
-        spec_out = None
     else:
-        tokens = speculative.expected_tokens
-        tpots = sd.spec_step_s(d, dr, grid, ctx, k) / tokens
-        spec_out = {"drafter": dr.name, "num_speculative_tokens": k,
-                    "acceptance_rate": speculative.acceptance_rate,
-                    "tokens_per_step": tokens}
+        tpots = sd.spec_step_s(d, dr, grid, ctx, k) / speculative.expected_tokens
+        speculative = replace(speculative, drafter=dr.name)
     return DecodeSide(ctx, ctx_max, bm, cap, source, b, float(tpots[-1]), output_tokens,
-                      grid, tpots, spec_out)
+                      grid, tpots, speculative)
 
 
 # ---- the plan -----------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from bstar.acceptance import implied_acceptance as implied_from_tpot
+from bstar.acceptance import leave_one_out_acceptance
 from bstar.stages_table import Stage
 from bstar.validate_stages import DEFAULT_FIT, StagesValidation, score_stages
 from bstar.validate_stages.simulate import simulate_stage
@@ -146,36 +148,10 @@ def _spec_tpot_ms(run: Stage, a: float, engine: str | None, seed: int) -> float:
 def implied_acceptance(run: Stage, engine: str | None = None, seed: int = 0
                        ) -> float:
     """The acceptance rate at which the simulated mean TPOT of the speculative `run` equals
-    the measured one, on [0, 1] (0 or 1 where even those miss it): the simulated TPOT falls
-    as acceptance rises, and the root is bracketed by false position with the Illinois
-    halving (a handful of simulations), to ACCEPTANCE_TOL or TPOT_RTOL."""
-    target = run.tpot_mean_ms
-    lo, hi = 0.0, 1.0
-    f_lo = _spec_tpot_ms(run, lo, engine, seed) - target
-    if f_lo < 0:
-        return 0.0
-    f_hi = _spec_tpot_ms(run, hi, engine, seed) - target
-    if f_hi > 0:
-        return 1.0
-    side = 0
-    a = 0.5
-    while hi - lo > ACCEPTANCE_TOL:
-        a = (lo * f_hi - hi * f_lo) / (f_hi - f_lo) if f_hi != f_lo else 0.5 * (lo + hi)
-        a = min(max(a, lo + 0.1 * ACCEPTANCE_TOL), hi - 0.1 * ACCEPTANCE_TOL)
-        f = _spec_tpot_ms(run, a, engine, seed) - target
-        if abs(f) <= TPOT_RTOL * target:
-            return a
-        if f > 0:  # too slow: the root is above a
-            lo, f_lo = a, f
-            if side == 1:
-                f_hi /= 2
-            side = 1
-        else:
-            hi, f_hi = a, f
-            if side == -1:
-                f_lo /= 2
-            side = -1
-    return 0.5 * (lo + hi)
+    the measured one (`bstar.acceptance.implied_acceptance`: a handful of simulations), to
+    ACCEPTANCE_TOL or TPOT_RTOL."""
+    return implied_from_tpot(lambda a: _spec_tpot_ms(run, a, engine, seed),
+                                 run.tpot_mean_ms, ACCEPTANCE_TOL, TPOT_RTOL)
 
 
 def speculative_pairs(runs: Sequence[Stage]) -> dict[str, Stage]:
@@ -204,6 +180,7 @@ def speculation(runs: Sequence[Stage], *, engine: str | None = None,
         if progress is not None:
             progress(f"implied acceptance of {r.stage}")
         implied[r.stage] = implied_acceptance(r, engine, seed)
+    groups = {r.stage: (r.engine, r.num_speculative_tokens) for r in spec_runs}
     twins = speculative_pairs(runs)
     rows, filled, skipped = [], [], []
     for r in runs:
@@ -215,17 +192,15 @@ def speculation(runs: Sequence[Stage], *, engine: str | None = None,
         elif r.acceptance_rate is not None:
             a, how = r.acceptance_rate, "stated (acceptance_rate column)"
         else:
-            others = [implied[o.stage] for o in spec_runs if o is not r
-                      and (o.engine, o.num_speculative_tokens)
-                      == (r.engine, r.num_speculative_tokens)]
-            if not others:
+            fitted, n = leave_one_out_acceptance(r.stage, implied, groups)
+            if fitted is None:
                 skipped.append({"stage": r.stage, "model": r.model, "gpu": r.gpu,
                                 "reason": "speculative run with no stated acceptance and "
                                           "no other run of its engine and draft tokens "
                                           "to fit one on"})
                 continue
-            a = float(np.median(others))
-            how = f"fitted: median implied by {len(others)} other run(s), leave one out"
+            a = fitted
+            how = f"fitted: median implied by {n} other run(s), leave one out"
         run = replace(r, acceptance_rate=a)
         filled.append(run)
         with_spec = simulate_stage(run, engine=engine, seed=seed).tpot_mean_ms

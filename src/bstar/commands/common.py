@@ -395,13 +395,13 @@ def acceptance_arg(s: str) -> float | str:
     return non_negative_float(s)
 
 
-def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any, Any]:
-    """(SpecConfig, Drafter) the flags name for deployment `d`, or (None, None) when
-    --num-speculative-tokens is not given. A draft model is loaded here (presets, files)."""
+def spec_config_from_args(args: argparse.Namespace) -> Any:
+    """The SpecConfig the flags name (--acceptance-rate from:RUN resolved once K is known),
+    or None when --num-speculative-tokens is not given."""
     k = getattr(args, "num_speculative_tokens", None)
     if k is None:
-        return None, None
-    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig, make_drafter
+        return None
+    from bstar.specdec import SpecConfig
 
     rate = args.acceptance_rate
     if isinstance(rate, str):  # from:RUN
@@ -409,7 +409,17 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
 
         rate = measured_acceptance(rate.removeprefix("from:"), k)
         args.acceptance_rate = rate
-    cfg = SpecConfig(k, rate, args.drafter)
+    return SpecConfig(k, rate, args.drafter)
+
+
+def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any, Any]:
+    """(SpecConfig, Drafter) the flags name for deployment `d`, or (None, None) when
+    --num-speculative-tokens is not given. A draft model is loaded here (presets, files)."""
+    cfg = spec_config_from_args(args)
+    if cfg is None:
+        return None, None
+    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, make_drafter
+
     draft = None
     if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
         from bstar.specs.presets import get_model

@@ -8,7 +8,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bstar.commands.common import deployment_options, positive_float, positive_int
+from bstar.commands.common import (
+    deployment_options,
+    positive_float,
+    positive_int,
+    spec_config_from_args,
+)
 from bstar.errors import BstarError
 
 SIDE_FLAGS = (("workers", "workers of this side"),
@@ -87,18 +92,14 @@ def disagg_from_args(args: argparse.Namespace) -> Any:
 
 
 def disagg_speculative(args: argparse.Namespace) -> Any:
-    """The decode side's SpecConfig from --num-speculative-tokens, --acceptance-rate and
-    --drafter (None without the first). A disaggregated decode side prices the drafters
+    """The decode side's SpecConfig from the speculative flags (`spec_config_from_args`;
+    None without --num-speculative-tokens). A disaggregated decode side prices the drafters
     that ride on the target (eagle, mtp, ngram, auto), not a separate draft model."""
-    k = getattr(args, "num_speculative_tokens", None)
-    if k is None:
-        return None
-    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS, SpecConfig
+    from bstar.specdec import AUTO_DRAFTER, DRAFTER_KINDS
 
-    if args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER):
+    if (getattr(args, "num_speculative_tokens", None) is not None
+            and args.drafter not in (*DRAFTER_KINDS, AUTO_DRAFTER)):
         raise BstarError(f"--disaggregate prices --drafter eagle, mtp, ngram or auto on the "
                          f"decode side; a separate draft model ({args.drafter}) is not priced "
                          "there")
-    if isinstance(args.acceptance_rate, str):
-        raise BstarError("--disaggregate takes --acceptance-rate as a number")
-    return SpecConfig(k, args.acceptance_rate, args.drafter)
+    return spec_config_from_args(args)

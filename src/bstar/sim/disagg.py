@@ -346,10 +346,8 @@ def simulate_plan(plan: Any, *, num_requests: int, prompt_len: tuple[int, int],
     dd = plan.deployment
     pre = PoolSpec(plan.prefill_d, dd.prefill.workers,
                    dd.prefill.max_num_seqs or MAX_REQUESTS, plan.prefill.budget_tokens)
-    sp = plan.decode.speculative
     dec = PoolSpec(plan.decode_d, dd.decode.workers, plan.decode.batch, 0,
-                   None if sp is None else SpecConfig(sp["num_speculative_tokens"],
-                                                      sp["acceptance_rate"], sp["drafter"]))
+                   plan.decode.speculative)
     return simulate_disaggregated(pre, dec, plan.transfer.link, num_requests=num_requests,
                                   prompt_len=prompt_len, output_len=output_len,
                                   concurrency=concurrency, rate_req_s=rate_req_s, seed=seed,
