@@ -25,7 +25,7 @@ from pathlib import Path
 from bstar.capacity import Settings, diurnal, plan_capacity, replica_for
 from bstar.engine_defaults import vllm_defaults
 from bstar.options import DeploymentOptions
-from bstar.search import InProcess, SearchSpec, SearchStore, Traffic, run_search
+from bstar.search import InProcess, SearchSpec, SearchStore, Traffic, make_backend, run_search
 from bstar.sim import parse_slo, parse_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +34,8 @@ MODEL = "llama-3.1-8b"
 GPUS = ("h100-sxm", "h200", "a100-80gb-sxm")
 SLO = "ttft:1000,tpot:50"
 GOAL_S = 30.0
+# (replay, worker processes): in this process, then on this machine's cores.
+RUNS = (("all", 1), ("all", os.cpu_count() or 1), ("overloaded", 1))
 
 
 def main() -> None:
@@ -49,27 +51,40 @@ def main() -> None:
         lim = vllm_defaults(d.gpu)
         replicas.append(replica_for(d, MODEL, lim.max_num_seqs, lim.max_num_batched_tokens))
     times = {}
-    for mode in ("all", "overloaded"):
+    results = {}
+    for mode, jobs in RUNS:
         t0 = time.perf_counter()
         c0 = time.process_time()
-        res = plan_capacity(replicas, curve, traffic, slo,
-                            Settings(delay_s=300, cooldown_s=600, replay=mode))
+        with make_backend(jobs) as backend:
+            res = plan_capacity(replicas, curve, traffic, slo,
+                                Settings(delay_s=300, cooldown_s=600, replay=mode),
+                                backend=backend)
         cap_s = time.perf_counter() - t0
         cpu_s = time.process_time() - c0
-        times[mode] = cap_s
+        label = f"--replay {mode} --jobs {jobs}"
+        times[label] = cap_s
+        results[(mode, jobs)] = res.to_dict()
         sims = 0
         for d in res.deployments:
             for p in d.policies:
                 sims += p.simulations
+                if jobs > 1:
+                    continue
                 print(f"{d.replica.gpu:>14} {p.policy:>9}: {p.gpu_hours:7.1f} GPU-h, max "
                       f"{p.replicas_max:3d} replicas, idle {p.idle_fraction:.0%}, SLO "
                       f"attainment {p.slo_attainment:.2%}, {p.ramp['intervals']} ramp "
                       f"intervals ({p.ramp['attainment_lost']:.2%} of requests lost there), "
                       f"{p.simulations} replay simulations")
-        print(f"capacity --replay {mode}: {len(curve.rates_req_s)} intervals x "
+        same = ""
+        if (mode, 1) in results and jobs > 1:
+            a, b = results[(mode, 1)], results[(mode, jobs)]
+            a.pop("timing", None)
+            b.pop("timing", None)
+            same = "; the answer equals --jobs 1's" if a == b else "; ANSWER DIFFERS FROM --jobs 1"
+        print(f"capacity {label}: {len(curve.rates_req_s)} intervals x "
               f"{len(replicas)} deployments x 3 policies in {cap_s:.1f} s wall, {cpu_s:.1f} s "
-              f"CPU ({sims} replay simulations); goal < {GOAL_S:g} s: "
-              f"{'met' if cap_s < GOAL_S else 'NOT met'}")
+              f"CPU in this process ({sims} replay simulations); goal < {GOAL_S:g} s: "
+              f"{'met' if cap_s < GOAL_S else 'NOT met'}{same}")
     spec = SearchSpec((MODEL,), GPUS, traffic, slo, num_gpus=(1,),
                       max_num_seqs=tuple(sorted({r.max_num_seqs for r in replicas})))
     with tempfile.TemporaryDirectory() as tmp, InProcess() as backend:
@@ -80,7 +95,7 @@ def main() -> None:
         store.close()
     print(f"search at the peak ({curve.peak_req_s:.1f} req/s, {len(out.rows)} candidates): "
           f"{search_s:.1f} s; capacity / search = "
-          + ", ".join(f"{t / search_s:.1f} (--replay {m})" for m, t in times.items()))
+          + ", ".join(f"{t / search_s:.1f} ({m})" for m, t in times.items()))
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -164,6 +164,44 @@ def test_static_reactive_scheduled_on_the_azure_sample(tmp_path: Path, capsys) -
     assert round(sum(iv["demand_req_s"] * 10 for iv in out["policies"][0]["intervals"])) == 300
 
 
+def test_the_answer_does_not_depend_on_the_backend(capsys) -> None:
+    """`--jobs 2` runs the evaluations, steady simulations and replays in two processes:
+    the same JSON as in this process (timing aside), every replay included."""
+    from bstar.cli import main
+
+    argv = ["capacity", "--model", MODEL, "--gpu", GPU, "--max-num-seqs", str(SEQS),
+            "--max-num-batched-tokens", str(BUDGET), "--input-len", "256", "--output-len",
+            "64", "--diurnal", "400:100", "--duration-h", "0.5", "--interval-s", "60",
+            "--bursts", "1", "--burst-s", "120", "--seed", "2", "--slo", SLO, "--draws", "1",
+            "--provision-delay-s", "120", "--json"]
+    outs = []
+    for jobs in ("1", "2"):
+        assert main([*argv, "--jobs", jobs]) == 0
+        out = json.loads(capsys.readouterr().out)
+        out.pop("timing")
+        outs.append(out)
+    assert sum(p["simulations"] for p in outs[0]["policies"]) > 0  # replays ran
+    assert outs[0] == outs[1]
+
+
+def test_progress_counts_every_simulation_task(replica: object, traffic: Traffic,
+                                               evaluation: dict) -> None:
+    """`tick(done, total)`: the evaluation, then the steady task and each replayed
+    episode; it ends at done == total."""
+    from bstar.capacity import plan_capacity
+
+    c = short_ramp(evaluation["rate_per_replica_req_s"])
+    ticks: list[tuple[int, int]] = []
+    res = plan_capacity([replica], c, traffic, parse_slo(SLO),  # type: ignore[list-item]
+                        Settings(delay_s=60.0), tick=lambda d, t: ticks.append((d, t)))
+    replays = sum(len(ramp_episodes(np.array([iv["attainment_from"] == "replay"
+                                              for iv in p.intervals])))
+                  for p in res.deployments[0].policies)
+    assert replays > 0
+    assert ticks[0] == (0, 1) and ticks[-1] == (2 + replays, 2 + replays)
+    assert [d for d, _ in ticks] == sorted(d for d, _ in ticks)
+
+
 def test_static_is_the_peak_search_answer(tmp_path: Path, capsys) -> None:
     """The static policy's replicas equal `bstar search`'s instances at the curve's peak
     (one GPU per instance, the same replica), on a generated day."""

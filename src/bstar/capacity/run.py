@@ -15,63 +15,30 @@ Attainment per interval:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bstar.capacity.demand import DemandCurve
 from bstar.capacity.policies import POLICIES, Schedule, Settings, required, schedule
-from bstar.capacity.replay import draw_requests, replay, trace_requests
+from bstar.capacity.replay import Replayed, Requests, draw_requests, replay, trace_requests
+from bstar.capacity.steady import STEADY_FRACTIONS, SteadyAttainment, steady_attainment
+from bstar.deployment import Deployment
 from bstar.errors import BstarError
+from bstar.search.backends import Backend, InProcess
 from bstar.search.candidates import Replica, sim_config
 from bstar.search.evaluate import Task, evaluate
 from bstar.search.prices import PriceTable
-from bstar.search.spec import Traffic, at_rate
-from bstar.sim import Slo, Workload, simulate
-from bstar.sim.capacity import head
+from bstar.search.spec import Traffic
+from bstar.sim import SimConfig, Slo, Workload
 from bstar.units import DEFAULT_ELECTRICITY_USD_PER_KWH
 
-STEADY_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
+IntArray = npt.NDArray[np.int64]
 ROUTER = ("round-robin over the replicas ready at each arrival; a replica still starting "
           "takes nothing, so requests meanwhile queue on the others")
-
-
-@dataclass(frozen=True, slots=True)
-class SteadyAttainment:
-    """Attainment of one replica fed Poisson arrivals at fractions of its SLO rate."""
-
-    rates_req_s: tuple[float, ...]
-    attainment: tuple[float, ...]
-
-    def at(self, rate_req_s: float) -> float:
-        """Linear between the simulated rates; below the lowest, the lowest's (a lighter
-        load only helps)."""
-        return float(np.interp(rate_req_s, self.rates_req_s, self.attainment))
-
-
-def steady_attainment(r: Replica, unit: Workload, rate_req_s: float, slo: Slo,
-                      capacity_req_s: float | None = None,
-                      num_requests: int = 400) -> SteadyAttainment:
-    """Simulated at STEADY_FRACTIONS of the SLO rate and, with `capacity_req_s` above it,
-    half-way to 0.98 x the capacity and at it (loads whose queue still does not grow: what
-    `--replay overloaded` reads for the milder ramps)."""
-    from bstar.capacity.replay import met
-
-    u = head(unit, num_requests)
-    rates = [f * rate_req_s for f in STEADY_FRACTIONS]
-    top = 0.98 * capacity_req_s if capacity_req_s is not None else 0.0
-    if top > 1.01 * rate_req_s:
-        rates += [(rate_req_s + top) / 2, top]
-    att = []
-    for x in rates:
-        w = at_rate(u, x)
-        run = simulate(r.deployment, sim_config(r), w)
-        rq = run.requests
-        assert w.arrival_s is not None
-        ok = met(w.arrival_s, rq.first_token_s, rq.finish_s, rq.done, rq.output_tokens, slo)
-        att.append(float(ok.mean()))
-    return SteadyAttainment(tuple(rates), tuple(att))
 
 
 @dataclass
@@ -151,61 +118,210 @@ class CapacityResult:
                 "deployments": deps, "timing": self.timing}
 
 
+Tick = Callable[[int, int], None]
+
+
 def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic, slo: Slo,
                   settings: Settings, prices: PriceTable | None = None,
                   policies: tuple[str, ...] = POLICIES, trace: Workload | None = None,
                   seed: int = 0, warmup_s: float = 30.0, rel_tol: float = 0.02,
                   max_utilization: float = 0.95,
-                  electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
+                  electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH,
+                  backend: Backend | None = None, tick: Tick | None = None
                   ) -> CapacityResult:
     """Each replica configuration scaled over `curve` under each policy. `traffic` is the
     request mix (its demand is the curve's peak, as `bstar search` at the peak is asked);
     `trace`, when the curve came from a trace, is its requests on the curve's clock and
-    the ramps replay them instead of drawing Poisson arrivals."""
+    the ramps replay them instead of drawing Poisson arrivals.
+
+    The simulations run on `backend` (a started `bstar.search` backend: this process, a
+    local process pool or Ray; default this process), in two rounds: every replica's
+    evaluation, then every replica's steady simulations and every policy's ramp replays at
+    once. Each is a pure function of its inputs and results are placed by index, so the
+    answer does not depend on the backend. `tick(done, total)` follows them."""
     if not replicas:
         raise BstarError("no deployment to scale")
     t_start = time.perf_counter()
-    out = [scale(r, evaluate_replica(r, traffic, slo, rel_tol, max_utilization), curve,
-                 traffic, slo, settings, prices, policies, trace, seed, warmup_s,
-                 electricity_usd_per_kwh)
-           for r in replicas]
+    be = backend if backend is not None else InProcess()
+    count = _Count(tick, len(replicas))
+    evs = count.run(be, _evaluate_task, [Task(r, traffic, slo, rel_tol, max_utilization)
+                                         for r in replicas])
+    plans = [_plan_scale(r, _checked(r, ev), curve, traffic, slo, settings, prices, policies,
+                         trace, seed, warmup_s) for r, ev in zip(replicas, evs, strict=True)]
+    jobs = [j for sp in plans for j in sp.jobs()]
+    count.total += len(jobs)
+    # The longest first, so the last to finish are short (any order gives the same answer).
+    order = sorted(range(len(jobs)), key=lambda k: -jobs[k].size)
+    done = count.run(be, _run_job, [jobs[k] for k in order])
+    results: list[Any] = [None] * len(jobs)
+    for k, v in zip(order, done, strict=True):
+        results[k] = v
+    out = []
+    k = 0
+    for sp in plans:
+        n = len(sp.jobs())
+        out.append(sp.result(results[k:k + n], electricity_usd_per_kwh))
+        k += n
     return CapacityResult(curve, slo, settings, out, prices,
                           {"wall_s": time.perf_counter() - t_start})
+
+
+class _Count:
+    """Tasks finished and known, told to `tick` as each finishes."""
+
+    def __init__(self, tick: Tick | None, total: int) -> None:
+        self.tick, self.done, self.total = tick, 0, total
+
+    def run(self, backend: Backend, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        if self.tick is not None:
+            self.tick(self.done, self.total)
+        for i, v in backend.imap_unordered(fn, items):
+            out[i] = v
+            self.done += 1
+            if self.tick is not None:
+                self.tick(self.done, self.total)
+        return out
+
+
+def _evaluate_task(task: Task) -> dict[str, Any]:
+    ev = evaluate(task)
+    ev.pop("_timing", None)
+    return ev
+
+
+def _checked(r: Replica, ev: dict[str, Any]) -> dict[str, Any]:
+    if ev["status"] != "ok":
+        raise BstarError(f"{r.key}: {ev['reason']}")
+    return ev
 
 
 def evaluate_replica(r: Replica, traffic: Traffic, slo: Slo, rel_tol: float = 0.02,
                      max_utilization: float = 0.95) -> dict[str, Any]:
     """`bstar search`'s evaluation of one replica (the largest rate at the SLO, by
     simulation); a replica that cannot meet the SLO at any rate is a one-line error."""
-    ev = evaluate(Task(r, traffic, slo, rel_tol, max_utilization))
-    ev.pop("_timing", None)
-    if ev["status"] != "ok":
-        raise BstarError(f"{r.key}: {ev['reason']}")
-    return ev
+    return _checked(r, _evaluate_task(Task(r, traffic, slo, rel_tol, max_utilization)))
 
 
 def scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic, slo: Slo,
           settings: Settings, prices: PriceTable | None = None,
           policies: tuple[str, ...] = POLICIES, trace: Workload | None = None, seed: int = 0,
           warmup_s: float = 30.0,
-          electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH) -> DeploymentResult:
+          electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH,
+          backend: Backend | None = None) -> DeploymentResult:
     """One replica configuration, evaluated (`evaluate_replica`), over the curve under
     each policy."""
+    sp = _plan_scale(r, ev, curve, traffic, slo, settings, prices, policies, trace, seed,
+                     warmup_s)
+    be = backend if backend is not None else InProcess()
+    return sp.result(_Count(None, 0).run(be, _run_job, sp.jobs()), electricity_usd_per_kwh)
+
+
+@dataclass(frozen=True, slots=True)
+class _SteadyJob:
+    """`steady_attainment`'s simulations for one replica, as a backend task."""
+
+    replica: Replica
+    unit: Workload
+    rate_req_s: float
+    slo: Slo
+    capacity_req_s: float | None
+
+    @property
+    def size(self) -> int:
+        return 400 * len(STEADY_FRACTIONS)
+
+    def __call__(self) -> SteadyAttainment:
+        return steady_attainment(self.replica, self.unit, self.rate_req_s, self.slo,
+                                 self.capacity_req_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReplayJob:
+    """One ramp episode's `replay`, as a backend task."""
+
+    d: Deployment
+    cfg: SimConfig
+    sched: Schedule
+    reqs: Requests
+    count_from_s: float
+    curve: DemandCurve
+    slo: Slo
+
+    @property
+    def size(self) -> int:
+        return int(self.reqs.arrival_s.size)
+
+    def __call__(self) -> Replayed:
+        return replay(self.d, self.cfg, self.sched, self.reqs, self.count_from_s, self.curve,
+                      self.slo)
+
+
+def _run_job(job: _SteadyJob | _ReplayJob) -> Any:
+    return job()
+
+
+@dataclass
+class _PolicyPlan:
+    """A policy's schedule over the curve and the ramp episodes to replay (i, j, job)."""
+
+    name: str
+    sched: Schedule
+    need: IntArray
+    paid: IntArray
+    ready: IntArray
+    episodes: list[tuple[int, int, _ReplayJob]]
+
+
+@dataclass
+class _ScalePlan:
+    """One replica's steady job and policies, then (`result`) what their jobs returned."""
+
+    r: Replica
+    ev: dict[str, Any]
+    curve: DemandCurve
+    rate: float
+    mean_out: float
+    usd: float | None
+    steady: _SteadyJob
+    policies: list[_PolicyPlan]
+
+    def jobs(self) -> list[_SteadyJob | _ReplayJob]:
+        return [self.steady, *(job for p in self.policies for _, _, job in p.episodes)]
+
+    def result(self, done: list[Any], electricity_usd_per_kwh: float) -> DeploymentResult:
+        steady: SteadyAttainment = done[0]
+        k = 1
+        pols = []
+        for p in self.policies:
+            n = len(p.episodes)
+            pols.append(_policy_result(p, self.r, self.curve, self.rate, self.mean_out,
+                                       self.usd, steady, done[k:k + n]))
+            k += n
+        power_w = (self.ev.get("at_rate") or {}).get("power_w_mean")
+        for pol in pols:
+            pol.extra.update(policy_energy(self.r.deployment, power_w, self.rate,
+                                           pol.intervals, self.curve.interval_s,
+                                           self.mean_out, electricity_usd_per_kwh))
+        return DeploymentResult(self.r, self.rate, self.mean_out, self.usd, steady, pols,
+                                self.ev)
+
+
+def _plan_scale(r: Replica, ev: dict[str, Any], curve: DemandCurve, traffic: Traffic,
+                slo: Slo, settings: Settings, prices: PriceTable | None,
+                policies: tuple[str, ...], trace: Workload | None, seed: int,
+                warmup_s: float) -> _ScalePlan:
     rate = float(ev["rate_per_replica_req_s"])
     mean_out = float(ev["mean_output_tokens"])
     unit = traffic.unit_workload()
     capacity_req_s = float(ev["capacity"]["capacity_req_s"])
-    steady = steady_attainment(r, unit, rate, slo,
-                               capacity_req_s if settings.replay == "overloaded" else None)
+    steady = _SteadyJob(r, unit, rate, slo,
+                        capacity_req_s if settings.replay == "overloaded" else None)
     price = prices.get(r.gpu) if prices is not None else None
     usd = None if price is None else price.per_gpu_hour
-    pols = [_policy(p, r, curve, rate, capacity_req_s, mean_out, usd, settings, steady, unit,
-                    trace, slo, seed, warmup_s) for p in policies]
-    power_w = (ev.get("at_rate") or {}).get("power_w_mean")
-    for pol in pols:
-        pol.extra.update(policy_energy(r.deployment, power_w, rate, pol.intervals,
-                                       curve.interval_s, mean_out, electricity_usd_per_kwh))
-    return DeploymentResult(r, rate, mean_out, usd, steady, pols, ev)
+    pols = [_policy_plan(p, r, curve, rate, capacity_req_s, settings, unit, trace, slo, seed,
+                         warmup_s) for p in policies]
+    return _ScalePlan(r, ev, curve, rate, mean_out, usd, steady, pols)
 
 
 def policy_energy(d: Any, power_w_at_rate: float | None, rate_req_s: float,
@@ -274,15 +390,38 @@ def ramp_episodes(ramp: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, capacity_req_s: float,
-            mean_out: float,
-            usd: float | None, settings: Settings, steady: SteadyAttainment, unit: Workload,
-            trace: Workload | None, slo: Slo, seed: int, warmup_s: float) -> PolicyResult:
+def _policy_plan(name: str, r: Replica, curve: DemandCurve, rate: float,
+                 capacity_req_s: float, settings: Settings, unit: Workload,
+                 trace: Workload | None, slo: Slo, seed: int, warmup_s: float) -> _PolicyPlan:
     sched: Schedule = schedule(name, curve, rate, settings)
     starts = curve.starts_s
     need = required(curve, rate)
     paid = sched.provisioned(starts)
     ready = sched.min_ready(starts, curve.interval_s)
+    demand = curve.rates
+    replayed = ready < need  # the ramps
+    if settings.replay == "overloaded":
+        # Only ramps past the replica's capacity (the queue grows), and the interval after
+        # each; the milder ones read the steady simulations up to the capacity.
+        over = demand / np.maximum(ready, 1) > capacity_req_s
+        replayed = replayed & (over | np.r_[False, over[:-1]])
+    cfg = sim_config(r)
+    episodes = []
+    for i, j in ramp_episodes(replayed):
+        lo, a, b = episode_bounds(curve, i, j, warmup_s)
+        reqs = (trace_requests(trace, lo, b) if trace is not None
+                else draw_requests(curve, lo, b, unit, episode_rng(seed, i)))
+        if reqs.arrival_s.size == 0:
+            continue
+        episodes.append((i, j, _ReplayJob(r.deployment, cfg, sched, reqs, a, curve, slo)))
+    return _PolicyPlan(name, sched, need, paid, ready, episodes)
+
+
+def _policy_result(p: _PolicyPlan, r: Replica, curve: DemandCurve, rate: float,
+                   mean_out: float, usd: float | None, steady: SteadyAttainment,
+                   replays: list[Replayed]) -> PolicyResult:
+    sched, need, paid, ready = p.sched, p.need, p.paid, p.ready
+    starts = curve.starts_s
     demand = curve.rates
     ramp = ready < need
     att = np.array([steady.at(x / max(n, 1)) if x > 0 else 1.0
@@ -290,20 +429,7 @@ def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, capacity_req
     source = np.array(["steady"] * demand.size, dtype=object)
     replayed_req = np.zeros(demand.size)
     sims = 0
-    cfg = sim_config(r)
-    replayed = ramp
-    if settings.replay == "overloaded":
-        # Only ramps past the replica's capacity (the queue grows), and the interval after
-        # each; the milder ones read the steady simulations up to the capacity.
-        over = demand / np.maximum(ready, 1) > capacity_req_s
-        replayed = ramp & (over | np.r_[False, over[:-1]])
-    for i, j in ramp_episodes(replayed):
-        lo, a, b = episode_bounds(curve, i, j, warmup_s)
-        reqs = (trace_requests(trace, lo, b) if trace is not None
-                else draw_requests(curve, lo, b, unit, episode_rng(seed, i)))
-        if reqs.arrival_s.size == 0:
-            continue
-        rep = replay(r.deployment, cfg, sched, reqs, a, curve, slo)
+    for (i, j, _), rep in zip(p.episodes, replays, strict=True):
         sims += rep.simulations
         for k in range(i, j + 1):
             if rep.requests[k] > 0:
@@ -328,7 +454,7 @@ def _policy(name: str, r: Replica, curve: DemandCurve, rate: float, capacity_req
                  for s, x, p, q, n, v, src in zip(starts, demand, paid, ready, need, att,
                                                   source, strict=True)]
     return PolicyResult(
-        name, intervals, gpu_hours, cost_total,
+        p.name, intervals, gpu_hours, cost_total,
         None if cost_total is None else cost_total / days,
         None if cost_total is None or tokens_m <= 0 else cost_total / tokens_m,
         max(0.0, idle), overall,

@@ -6,9 +6,11 @@ scheduled policies, their cost and the SLO attainment through the transitions
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from bstar.commands.common import (
+    add_backend_arguments,
     add_deployment_arguments,
     add_electricity_argument,
     add_force_argument,
@@ -39,6 +41,8 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
     _demand_arguments(p.add_argument_group("demand curve (one of --trace, --demand-csv, "
                                            "--diurnal)"))
     _policy_arguments(p.add_argument_group("policies and SLO"))
+    add_backend_arguments(p.add_argument_group("execution"),
+                          "the evaluations, steady simulations and ramp replays")
     o = p.add_argument_group("output")
     o.add_argument("--price", default=None, metavar="FILE.toml",
                    help="GPU-hour prices (examples/gpu-prices-example.toml): $ per day and "
@@ -139,12 +143,14 @@ def _curve(args: argparse.Namespace, trace: Any) -> Any:
     return from_trace(trace, args.interval_s)
 
 
-def capacity_from_args(args: argparse.Namespace) -> Any:
+def capacity_from_args(args: argparse.Namespace, quiet: bool = True) -> Any:
+    """The capacity the flags describe; a progress bar on stderr unless `quiet`."""
     from bstar import safeio
     from bstar.capacity import POLICIES, Settings, parse_rate_csv, plan_capacity
     from bstar.capacity.replay import trace_workload
+    from bstar.commands.common import progress_ticks
     from bstar.errors import BstarError
-    from bstar.search import load_prices
+    from bstar.search import load_prices, make_backend
     from bstar.search.spec import Traffic
     from bstar.sim import parse_lengths, parse_slo, parse_trace
 
@@ -180,10 +186,14 @@ def capacity_from_args(args: argparse.Namespace) -> Any:
     replay_trace = trace_workload(trace) if trace is not None and args.demand_csv is None \
         and args.diurnal is None else None
     prices = load_prices(args.price) if args.price else None
-    replicas = _winners(args, traffic, slo, prices) if args.winners else _replicas(args)
-    return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
-                         replay_trace, args.seed, args.warmup_s,
-                         electricity_usd_per_kwh=args.electricity_usd_per_kwh)
+    with make_backend(args.jobs, args.ray) as backend:
+        replicas = (_winners(args, traffic, slo, prices, backend) if args.winners
+                    else _replicas(args))
+        with progress_ticks("capacity", quiet) as tick:
+            return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
+                                 replay_trace, args.seed, args.warmup_s,
+                                 electricity_usd_per_kwh=args.electricity_usd_per_kwh,
+                                 backend=backend, tick=tick)
 
 
 def _replicas(args: argparse.Namespace) -> list[Any]:
@@ -203,12 +213,13 @@ def _replicas(args: argparse.Namespace) -> list[Any]:
     return replicas
 
 
-def _winners(args: argparse.Namespace, traffic: Any, slo: Any, prices: Any) -> list[Any]:
+def _winners(args: argparse.Namespace, traffic: Any, slo: Any, prices: Any,
+             backend: Any) -> list[Any]:
     """The search's winners at the peak: the models and GPUs the flags name, the memory and
     efficiency flags as `bstar search` reads them."""
     from bstar.capacity.run import search_winners
     from bstar.commands.common import deployment_options
-    from bstar.search import InProcess, Memory, SearchSpec, SearchStore, default_db_path
+    from bstar.search import Memory, SearchSpec, SearchStore, default_db_path
     from bstar.units import GiB
 
     opts = deployment_options(args)
@@ -222,8 +233,7 @@ def _winners(args: argparse.Namespace, traffic: Any, slo: Any, prices: Any) -> l
         engine="ideal" if opts.ideal else _engine_name(opts.engine))
     store = SearchStore(args.db or default_db_path())
     try:
-        with InProcess() as backend:
-            reps, _ = search_winners(spec, backend, store, prices)
+        reps, _ = search_winners(spec, backend, store, prices)
     finally:
         store.close()
     return reps
@@ -236,7 +246,7 @@ def _engine_name(name: str) -> str:
 
 
 def run_capacity(args: argparse.Namespace) -> int:
-    result = capacity_from_args(args)
+    result = capacity_from_args(args, quiet=args.json or not sys.stderr.isatty())
     obj = result.to_dict()
 
     def plot(path: str) -> Any:

@@ -4,8 +4,9 @@ start-up (the library types they map flags onto load inside the functions)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -429,3 +430,42 @@ def speculative_from_args(args: argparse.Namespace, d: Deployment) -> tuple[Any,
 
 
 # ---- the traffic flags `bstar simulate` and `bstar search` share --------------------------
+
+
+def add_backend_arguments(x: argparse._ArgumentGroup, what: str) -> None:
+    """--jobs and --ray: where `what`'s simulations run (bstar.search.backends)."""
+    x.add_argument("--jobs", type=positive_int, default=None,
+                   help=f"worker processes for {what} (default 1: in this process); with "
+                        "--ray, the local cluster's CPUs (default: all)")
+    x.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray: a local cluster on 127.0.0.1, or an existing one at "
+                        "ADDRESS (needs bstar[ray])")
+
+
+@contextlib.contextmanager
+def progress_ticks(label: str, quiet: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr labelled `label`, as a `tick(done, total)` callback; None
+    (no bar) when `quiet`. rich loads only here. Enter it after starting a process pool
+    (its bar runs a thread; the pool forks)."""
+    if quiet:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield tick

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bstar.commands.common import (
+    add_backend_arguments,
     add_electricity_argument,
     add_force_argument,
     command_line,
@@ -18,6 +19,7 @@ from bstar.commands.common import (
     positive_float,
     positive_int,
     positive_int_list,
+    progress_ticks,
     report_written,
     seed_int,
     step_ms,
@@ -160,12 +162,7 @@ def _speculative_arguments(s: argparse._ArgumentGroup) -> None:
 
 
 def _execution_arguments(x: argparse._ArgumentGroup) -> None:
-    x.add_argument("--jobs", type=positive_int, default=None,
-                   help="worker processes (default 1: in this process); with --ray, the local "
-                        "cluster's CPUs (default: all)")
-    x.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="run on Ray: a local cluster on 127.0.0.1, or an existing one at "
-                        "ADDRESS (needs bstar[ray])")
+    add_backend_arguments(x, "the candidates")
     x.add_argument("--db", default=None,
                    help="results store (default ${BSTAR_DATA_DIR:-~/.local/share/bstar}/"
                         "search.db)")
@@ -266,41 +263,15 @@ def search_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     store = SearchStore(args.db or default_db_path())
     backend = make_backend(args.jobs, args.ray)
     try:
-        with backend:
-            if quiet:
-                return _run(spec, backend, store, prices, args.resume, None,
-                            args.electricity_usd_per_kwh)
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), TimeRemainingColumn(),
-                          console=_stderr_console(), transient=True) as bar:
-                task = bar.add_task("search", total=None)
-
-                def tick(done: int, total: int) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                return _run(spec, backend, store, prices, args.resume, tick,
-                            args.electricity_usd_per_kwh)
+        with backend, progress_ticks("search", quiet) as tick:
+            return _run(spec, backend, store, prices, args.resume, tick,
+                        args.electricity_usd_per_kwh)
     except KeyboardInterrupt:
         print(f"bstar: search interrupted; rows finished so far are stored in {store.path}: "
               "run the same command with --resume to continue", file=sys.stderr)
         raise
     finally:
         store.close()
-
-
-def _stderr_console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def _run(spec: Any, backend: Any, store: Any, prices: Any, resume: bool, tick: Any,
