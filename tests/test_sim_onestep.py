@@ -168,6 +168,37 @@ def test_linear_decode_runs_equal_the_array_path_exactly(model: str, num_gpus: i
 
 
 @pytest.mark.parametrize("model,num_gpus,weight", CASES)
+def test_a_decode_run_priced_until_an_arrival_is_its_prefix(model: str, num_gpus: int,
+                                                            weight: str) -> None:
+    """`decode_run_until` (the simulator's decode run cut by an arrival): `_linear_run`'s
+    times bit for bit, through the `extra`-th step from the first that ends at or past the
+    stop (the cut the engine's searchsorted over all k_max steps gives), at most max_steps,
+    None past UNTIL_STEPS or for a shape `_linear_run` does not take."""
+    from bstar.sim.steptime import UNTIL_STEPS
+
+    d = Deployment(model=get_model(model), gpu=get_gpu("h100-sxm"), num_gpus=num_gpus,
+                   weight_dtype=weight)
+    k0 = coefficients(d)
+    start = np.random.default_rng(7).integers(1, 40_000, 50)
+    if k0.linear is None:
+        assert k0.decode_run_until(start, 10, 0.0, 0.0, 1) is None
+        return
+    now = 12.5
+    full = k0._linear_run(start, UNTIL_STEPS)
+    ends = now + np.cumsum(full)
+    for stop_at in (0, 1, 5, 30):  # the stop lands inside step stop_at (0-based)
+        stop_s = float(ends[stop_at]) - full[stop_at] / 2
+        for extra in (1, 2):
+            for max_steps in (3, 40, UNTIL_STEPS):
+                got = k0.decode_run_until(start, max_steps, now, stop_s, extra)
+                cut = min(max_steps, int(np.searchsorted(ends, stop_s)) + extra)
+                assert got == full[:cut], (stop_at, extra, max_steps)
+    # A stop exactly at a step's end: that step is the first "at or past" it.
+    assert k0.decode_run_until(start, 40, now, float(ends[3]), 1) == full[:4]
+    assert k0.decode_run_until(start, UNTIL_STEPS + 1, now, float(ends[-1]) + 1.0, 1) is None
+
+
+@pytest.mark.parametrize("model,num_gpus,weight", CASES)
 def test_full_layer_steps_equal_scheduled_sums_exactly(model: str, num_gpus: int,
                                                         weight: str) -> None:
     """Issue 41: a step of a model of full layers only is priced from two sums and its

@@ -382,20 +382,33 @@ class _Loop:
             k_max = lo
             if k_max < 2:
                 return False
-        steps_s = self.k.decode_run_step_s(comp, k_max)
+        # The step during which an admissible arrival lands still runs; the next one sees it
+        # (with a scheduling lag, the one after): the run's steps are priced that far.
+        arrival_s = self._next_arrival_s() if not admit_blocked and (self.heap or self.front) \
+            else None
+        extra = 1 + int(self.lag)
+        steps_s = self._run_steps(comp, k_max, arrival_s, extra)
         ends = self.now + np.cumsum(steps_s)
-        cut = k_max
-        if not admit_blocked and (self.heap or self.front):
-            # The step during which the arrival lands still runs; the next one sees it (with
-            # a scheduling lag, the one after).
-            cut = min(cut, int(np.searchsorted(ends, self._next_arrival_s(), side="left")) + 1
-                      + int(self.lag))
+        cut = len(steps_s)
+        if arrival_s is not None:
+            cut = min(cut, int(np.searchsorted(ends, arrival_s, side="left")) + extra)
         # Do not start steps past the time limit.
         cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
         if cut < 2:
             return False
         self._commit_decode_run(ids, comp, gen, held, steps_s[:cut], ends[:cut])
         return True
+
+    def _run_steps(self, comp: IntArray, k_max: int, arrival_s: float | None,
+                   extra: int) -> FloatArray:
+        """The times of the decode run's steps that an arrival at `arrival_s` lets start
+        (`StepCoefficients.decode_run_until`), else of all k_max of them: the cut is the
+        one pricing all k_max gives, as a prefix of a run is priced as the run is."""
+        if arrival_s is not None:
+            steps = self.k.decode_run_until(comp, k_max, self.now, arrival_s, extra)
+            if steps is not None:
+                return np.array(steps)
+        return self.k.decode_run_step_s(comp, k_max)
 
     def _commit_decode_run(self, ids: IntArray, comp: IntArray, gen: IntArray,
                            held: IntArray, steps_s: FloatArray, ends: FloatArray) -> None:

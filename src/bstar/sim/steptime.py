@@ -43,6 +43,9 @@ FloatArray = npt.NDArray[np.float64]
 # numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
 SHORT_RUN_STEPS = 16
 MAX_CHUNK_TERMS = 4096
+# `decode_run_until` prices at most this many steps one at a time before giving the run to
+# numpy whole.
+UNTIL_STEPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,44 @@ class StepCoefficients:
         if num_steps > SHORT_RUN_STEPS:
             return st.price(w, self.eff)
         return np.array(self.one.price_work(w))
+
+    def decode_run_until(self, start_tokens: npt.ArrayLike, max_steps: int, start_s: float,
+                         stop_s: float, extra: int) -> list[float] | None:
+        """The first steps of `decode_run_step_s(start_tokens, max_steps)`, priced one at a
+        time as `_linear_run` prices them, through the `extra`-th step from the first whose
+        end (start_s plus the running sum, as the engine's cumsum adds them) is at or past
+        `stop_s`, and at most max_steps: the simulator cuts a decode run there when a
+        request arrives, usually long before the run's last step. None (price the run
+        whole) for a shape `_linear_run` does not take, or when the stop lies past
+        UNTIL_STEPS steps."""
+        groups = self.linear
+        if groups is None:
+            return None
+        c = np.asarray(start_tokens)
+        b = float(c.size)
+        c_sum = float(c.sum())
+        price = self.one.price
+        out: list[float] = []
+        acc = 0.0
+        last = max_steps
+        j = 0
+        while j < last:
+            j += 1
+            if j > UNTIL_STEPS:
+                return None
+            h = c_sum + b * float(j)
+            kv = score = attn = 0.0
+            for is_state, kv_tok, state_seq, score_pos, attn_pos in groups:
+                hg = 0.0 if is_state else h
+                kv = kv + kv_tok * hg + state_seq * b
+                score = score + score_pos * hg
+                attn = attn + attn_pos * hg
+            dt = price(b, b, 0.0, b, kv, score, attn, 0.0, 0.0, 0.0, 0.0)
+            out.append(dt)
+            acc += dt
+            if last == max_steps and start_s + acc >= stop_s:
+                last = min(max_steps, j - 1 + extra)
+        return out
 
     def _linear_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> list[float]:
         """`price_work(decode_run(start_tokens, num_steps))` in Python floats, for shapes
