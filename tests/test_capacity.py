@@ -164,24 +164,34 @@ def test_static_reactive_scheduled_on_the_azure_sample(tmp_path: Path, capsys) -
     assert round(sum(iv["demand_req_s"] * 10 for iv in out["policies"][0]["intervals"])) == 300
 
 
+HALF_HOUR = ["capacity", "--model", MODEL, "--gpu", GPU, "--max-num-seqs", str(SEQS),
+             "--max-num-batched-tokens", str(BUDGET), "--input-len", "256", "--output-len",
+             "64", "--diurnal", "400:100", "--duration-h", "0.5", "--interval-s", "60",
+             "--bursts", "1", "--burst-s", "120", "--seed", "2", "--slo", SLO, "--draws", "1",
+             "--provision-delay-s", "120", "--json"]
+
+
+def _capacity_json(capsys, *extra: str) -> dict:
+    from bstar.cli import main
+
+    assert main([*HALF_HOUR, *extra]) == 0
+    out = json.loads(capsys.readouterr().out)
+    out.pop("timing")
+    return out
+
+
 def test_the_answer_does_not_depend_on_the_backend(capsys) -> None:
     """`--jobs 2` runs the evaluations, steady simulations and replays in two processes:
     the same JSON as in this process (timing aside), every replay included."""
-    from bstar.cli import main
+    one = _capacity_json(capsys, "--jobs", "1")
+    assert sum(p["simulations"] for p in one["policies"]) > 0  # replays ran
+    assert _capacity_json(capsys, "--jobs", "2") == one
 
-    argv = ["capacity", "--model", MODEL, "--gpu", GPU, "--max-num-seqs", str(SEQS),
-            "--max-num-batched-tokens", str(BUDGET), "--input-len", "256", "--output-len",
-            "64", "--diurnal", "400:100", "--duration-h", "0.5", "--interval-s", "60",
-            "--bursts", "1", "--burst-s", "120", "--seed", "2", "--slo", SLO, "--draws", "1",
-            "--provision-delay-s", "120", "--json"]
-    outs = []
-    for jobs in ("1", "2"):
-        assert main([*argv, "--jobs", jobs]) == 0
-        out = json.loads(capsys.readouterr().out)
-        out.pop("timing")
-        outs.append(out)
-    assert sum(p["simulations"] for p in outs[0]["policies"]) > 0  # replays ran
-    assert outs[0] == outs[1]
+
+@pytest.mark.ray
+def test_on_a_local_ray_cluster_the_answer_is_the_same(capsys) -> None:
+    pytest.importorskip("ray")
+    assert _capacity_json(capsys, "--ray", "--jobs", "2") == _capacity_json(capsys)
 
 
 def test_progress_counts_every_simulation_task(replica: object, traffic: Traffic,
