@@ -104,11 +104,28 @@ class StepCoefficients:
         request arrives, usually long before the run's last step. None (price the run
         whole) for a shape `_linear_run` does not take, or when the stop lies past
         UNTIL_STEPS steps."""
-        groups = self.linear
-        if groups is None:
+        if self.linear is None:
             return None
+        return self._linear_steps(start_tokens, max_steps, start_s, stop_s, extra,
+                                  UNTIL_STEPS)
+
+    def _linear_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> list[float]:
+        """`price_work(decode_run(start_tokens, num_steps))` in Python floats, for shapes
+        whose groups are all full layers or states (`linear`): the same sums in the same
+        order as `decode_held` and `_work` take them (tests/test_sim_onestep.py holds the
+        two equal)."""
+        out = self._linear_steps(start_tokens, num_steps, 0.0, math.inf, 1, num_steps)
+        assert out is not None
+        return out
+
+    def _linear_steps(self, start_tokens: npt.ArrayLike, max_steps: int, start_s: float,
+                      stop_s: float, extra: int, limit: int) -> list[float] | None:
+        """`_linear_run`'s steps through `decode_run_until`'s cut (None past `limit`)."""
+        groups = self.linear
+        assert groups is not None
         c = np.asarray(start_tokens)
         b = float(c.size)
+        # A sum of token counts: exact in any order (decode_run sums the sorted floats).
         c_sum = float(c.sum())
         price = self.one.price
         out: list[float] = []
@@ -117,7 +134,7 @@ class StepCoefficients:
         j = 0
         while j < last:
             j += 1
-            if j > UNTIL_STEPS:
+            if j > limit:
                 return None
             h = c_sum + b * float(j)
             kv = score = attn = 0.0
@@ -131,29 +148,6 @@ class StepCoefficients:
             acc += dt
             if last == max_steps and start_s + acc >= stop_s:
                 last = min(max_steps, j - 1 + extra)
-        return out
-
-    def _linear_run(self, start_tokens: npt.ArrayLike, num_steps: int) -> list[float]:
-        """`price_work(decode_run(start_tokens, num_steps))` in Python floats, for shapes
-        whose groups are all full layers or states (`linear`): the same sums in the same
-        order as `decode_held` and `_work` take them (tests/test_sim_onestep.py holds the
-        two equal)."""
-        c = np.asarray(start_tokens)
-        b = float(c.size)
-        # A sum of token counts: exact in any order (decode_run sums the sorted floats).
-        c_sum = float(c.sum())
-        price, groups = self.one.price, self.linear
-        assert groups is not None
-        out = []
-        for j in range(1, num_steps + 1):
-            h = c_sum + b * float(j)
-            kv = score = attn = 0.0
-            for is_state, kv_tok, state_seq, score_pos, attn_pos in groups:
-                hg = 0.0 if is_state else h
-                kv = kv + kv_tok * hg + state_seq * b
-                score = score + score_pos * hg
-                attn = attn + attn_pos * hg
-            out.append(price(b, b, 0.0, b, kv, score, attn, 0.0, 0.0, 0.0, 0.0))
         return out
 
     def batch_step_s(self, start_tokens: npt.ArrayLike, new_tokens: npt.ArrayLike) -> float:
