@@ -35,7 +35,16 @@ from bstar.sim.block_manager import BlockManager, change_blocks
 from bstar.sim.feasible import MAX_REQUESTS as MAX_REQUESTS  # its home: feasible.py
 from bstar.sim.feasible import check_feasible, max_steps
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
-from bstar.sim.sequence import FloatArray, IntArray, Requests
+from bstar.sim.sequence import (
+    FloatArray,
+    IntArray,
+    Requests,
+    all_of,
+    any_of,
+    min_of,
+    running_sum,
+    sum_of,
+)
 from bstar.sim.steptime import StepCoefficients, coefficients
 from bstar.sim.traffic import Workload
 from bstar.units import GiB
@@ -356,9 +365,9 @@ class _Loop:
         ids = sched.running[:b]
         comp = r.num_computed[ids]
         gen = r.num_generated[ids]
-        if (r.prompt_tokens[ids] + gen - comp != 1).any() or not gen.all():
+        if any_of(r.prompt_tokens[ids] + gen - comp != 1) or not all_of(gen):
             return False  # a prefill (or its last chunk) is running
-        k_max = int((r.output_tokens[ids] - gen).min()) - 1  # the finishing step is ordinary
+        k_max = int(min_of(r.output_tokens[ids] - gen)) - 1  # the finishing step is ordinary
         if k_max < 2:
             return False
         held = r.num_blocks[ids]
@@ -369,7 +378,7 @@ class _Loop:
             # non-decreasing in k); the commit frees what the run's last step leaves.
             if bm.blocks_fn is not None:
                 return int(np.maximum(bm.blocks_for(comp + k, comp) - held, 0).sum())
-            return int(np.maximum((comp + (k + bs - 1)) // bs - held, 0).sum())
+            return int(sum_of(np.maximum((comp + (k + bs - 1)) // bs - held, 0)))
 
         if new_blocks(k_max) > bm.num_free:
             lo, hi = 0, k_max  # largest k with new_blocks(k) <= free
@@ -388,12 +397,12 @@ class _Loop:
             else None
         extra = 1 + int(self.lag)
         steps_s = self._run_steps(comp, k_max, arrival_s, extra)
-        ends = self.now + np.cumsum(steps_s)
+        ends = self.now + running_sum(steps_s)
         cut = len(steps_s)
         if arrival_s is not None:
-            cut = min(cut, int(np.searchsorted(ends, arrival_s, side="left")) + extra)
+            cut = min(cut, int(ends.searchsorted(arrival_s, side="left")) + extra)
         # Do not start steps past the time limit.
-        cut = min(cut, int(np.searchsorted(ends, self.cfg.max_sim_time_s, side="left")) + 1)
+        cut = min(cut, int(ends.searchsorted(self.cfg.max_sim_time_s, side="left")) + 1)
         if cut < 2:
             return False
         self._commit_decode_run(ids, comp, gen, held, steps_s[:cut], ends[:cut])
@@ -419,7 +428,7 @@ class _Loop:
         self.timeline.add(self.now, bm.num_used, len(self.sched.waiting), b)
         last = r.last_token_s[ids]
         contiguous = last == self.now
-        n_contig = int(contiguous.sum())
+        n_contig = int(sum_of(contiguous))
         if n_contig:
             self.itl_scalar_v.append(float(steps_s[0]))
             self.itl_scalar_w.append(n_contig)

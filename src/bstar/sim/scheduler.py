@@ -36,7 +36,14 @@ import numpy as np
 
 from bstar.errors import BstarError
 from bstar.sim.block_manager import BlockManager, change_blocks
-from bstar.sim.sequence import FloatArray, IntArray, Requests
+from bstar.sim.sequence import (
+    FloatArray,
+    IntArray,
+    Requests,
+    all_of,
+    any_of,
+    sum_of,
+)
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -122,7 +129,7 @@ class Scheduler:
         if ids.size:
             comp = r.num_computed[ids]
             want = r.prompt_tokens[ids] + r.num_generated[ids] - comp
-            total_want = int(want.sum())
+            total_want = int(sum_of(want))
             if total_want <= budget:
                 sched = want
             else:  # the budget runs out part-way: later requests get a chunk or nothing
@@ -138,7 +145,7 @@ class Scheduler:
                     change_blocks(bm, need_sum)
                 r.num_blocks[ids] = held + need
                 keep = sched > 0
-                if not keep.all():
+                if not all_of(keep):
                     ids, comp, sched = ids[keep], comp[keep], sched[keep]
                 # What was scheduled: all that was wanted, or the whole budget (the chunks
                 # fill it exactly when the wants exceed it).
@@ -200,7 +207,7 @@ class Scheduler:
         # Never negative: the running total peaks at the end.
         need = np.maximum((comp + sched + (look + bm.block_size - 1)) // bm.block_size - held,
                           0)
-        total = int(need.sum())
+        total = int(sum_of(need))
         return need, total, total
 
     def _queue_open(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
@@ -322,7 +329,7 @@ class Scheduler:
         emit = ids[caught_up]
         gen = gen[caught_up]
         first = gen == 0
-        if first.any():
+        if any_of(first):
             r.first_token_s[emit[first]] = end_s
             last = r.last_token_s[emit[~first]]
         else:  # the common step: every token is a next one

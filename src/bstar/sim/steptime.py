@@ -43,6 +43,8 @@ FloatArray = npt.NDArray[np.float64]
 # numpy's fixed cost per call on this machine (55 us a run against ~3 us a step).
 SHORT_RUN_STEPS = 16
 MAX_CHUNK_TERMS = 4096
+# ndarray.sum() without its Python wrapper (as bstar.sim.sequence.sum_of, a layer up).
+sum_of = np.add.reduce
 # `decode_run_until` prices at most this many steps one at a time before giving the run to
 # numpy whole.
 UNTIL_STEPS = 64
@@ -126,7 +128,7 @@ class StepCoefficients:
         c = np.asarray(start_tokens)
         b = float(c.size)
         # A sum of token counts: exact in any order (decode_run sums the sorted floats).
-        c_sum = float(c.sum())
+        c_sum = float(sum_of(c))
         price = self.one.price
         out: list[float] = []
         acc = 0.0
@@ -161,7 +163,7 @@ class StepCoefficients:
         # chunk part (a function of the chunks alone) from `scheduled_sums` of the chunks,
         # kept per set of chunks: most steps of a study prefill the same prompt shapes.
         c = np.asarray(start_tokens).ravel()
-        t = float(n.sum())
+        t = float(sum_of(n))
         chunk = n > 1
         num_chunks = int(np.count_nonzero(chunk))
         if num_chunks:
@@ -173,10 +175,10 @@ class StepCoefficients:
                     self.chunk_terms.clear()
                 terms = self.chunk_terms[key] = self.shape.scheduled_sums(cf, nf)[7:]
             # Token counts: exact in any order, as `scheduled_sums` sums them in floats.
-            h = float(c.sum()) + t - float(cf.sum()) - float(nf.sum())
+            h = float(sum_of(c)) + t - float(sum_of(cf)) - float(sum_of(nf))
         else:
             terms = (0.0, 0.0, 0.0, 0.0)
-            h = float(c.sum()) + t
+            h = float(sum_of(c)) + t
         b = float(n.size)
         num_dec = float(n.size - num_chunks)
         kv = score = attn = 0.0
