@@ -25,7 +25,12 @@ import numpy.typing as npt
 from bstar.capacity.demand import DemandCurve
 from bstar.capacity.policies import POLICIES, Schedule, Settings, required, schedule
 from bstar.capacity.replay import Replayed, Requests, draw_requests, replay, trace_requests
-from bstar.capacity.steady import STEADY_FRACTIONS, SteadyAttainment, steady_attainment
+from bstar.capacity.steady import (
+    STEADY_FRACTIONS,
+    STEADY_REQUESTS,
+    SteadyAttainment,
+    steady_attainment,
+)
 from bstar.deployment import Deployment
 from bstar.errors import BstarError
 from bstar.search.backends import Backend, InProcess
@@ -148,7 +153,8 @@ def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic,
                                          for r in replicas])
     plans = [_plan_scale(r, _checked(r, ev), curve, traffic, slo, settings, prices, policies,
                          trace, seed, warmup_s) for r, ev in zip(replicas, evs, strict=True)]
-    jobs = [j for sp in plans for j in sp.jobs()]
+    per_plan = [sp.jobs() for sp in plans]
+    jobs = [j for js in per_plan for j in js]
     count.total += len(jobs)
     # The longest first, so the last to finish are short (any order gives the same answer).
     order = sorted(range(len(jobs)), key=lambda k: -jobs[k].size)
@@ -158,10 +164,9 @@ def plan_capacity(replicas: list[Replica], curve: DemandCurve, traffic: Traffic,
         results[k] = v
     out = []
     k = 0
-    for sp in plans:
-        n = len(sp.jobs())
-        out.append(sp.result(results[k:k + n], electricity_usd_per_kwh))
-        k += n
+    for sp, js in zip(plans, per_plan, strict=True):
+        out.append(sp.result(results[k:k + len(js)], electricity_usd_per_kwh))
+        k += len(js)
     return CapacityResult(curve, slo, settings, out, prices,
                           {"wall_s": time.perf_counter() - t_start})
 
@@ -229,7 +234,7 @@ class _SteadyJob:
 
     @property
     def size(self) -> int:
-        return 400 * len(STEADY_FRACTIONS)
+        return STEADY_REQUESTS * len(STEADY_FRACTIONS)
 
     def __call__(self) -> SteadyAttainment:
         return steady_attainment(self.replica, self.unit, self.rate_req_s, self.slo,

@@ -14,6 +14,7 @@ from bstar.sim import Slo, Workload, simulate
 from bstar.sim.capacity import head
 
 STEADY_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
+STEADY_REQUESTS = 400  # requests simulated at each rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class SteadyAttainment:
 
 def steady_attainment(r: Replica, unit: Workload, rate_req_s: float, slo: Slo,
                       capacity_req_s: float | None = None,
-                      num_requests: int = 400) -> SteadyAttainment:
+                      num_requests: int = STEADY_REQUESTS) -> SteadyAttainment:
     """Simulated at STEADY_FRACTIONS of the SLO rate and, with `capacity_req_s` above it,
     half-way to 0.98 x the capacity and at it (loads whose queue still does not grow: what
     `--replay overloaded` reads for the milder ramps)."""

@@ -186,9 +186,11 @@ def capacity_from_args(args: argparse.Namespace, quiet: bool = True) -> Any:
     replay_trace = trace_workload(trace) if trace is not None and args.demand_csv is None \
         and args.diurnal is None else None
     prices = load_prices(args.price) if args.price else None
+    # A typo in --model or --gpu fails here, before any process or cluster starts.
+    replicas = None if args.winners else _replicas(args)
     with make_backend(args.jobs, args.ray) as backend:
-        replicas = (_winners(args, traffic, slo, prices, backend) if args.winners
-                    else _replicas(args))
+        if replicas is None:
+            replicas = _winners(args, traffic, slo, prices, backend)
         with progress_ticks("capacity", quiet) as tick:
             return plan_capacity(replicas, curve, traffic, slo, settings, prices, policies,
                                  replay_trace, args.seed, args.warmup_s,

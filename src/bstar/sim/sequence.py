@@ -21,7 +21,8 @@ BoolArray = npt.NDArray[np.bool_]
 
 # The simulator's per-step reductions over a batch, called as the ufuncs' own reduce:
 # ndarray.sum(), .any(), .all(), .min() and np.cumsum go through a Python wrapper first,
-# ~0.15 us of a ~0.9 us call on a batch of 100 (the same result: sum() is add.reduce).
+# about a sixth of a call on a batch of 100 (`python -m timeit` here: a.sum() 0.91 us,
+# np.add.reduce(a) 0.77 us); the same result: sum() is add.reduce.
 sum_of = np.add.reduce
 any_of = np.logical_or.reduce
 all_of = np.logical_and.reduce
