@@ -32,7 +32,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from bstar.deployment import KERNEL_FIELDS, Efficiency, EngineBehaviour  # noqa: E402
+from bstar.deployment import (  # noqa: E402
+    KERNEL_FIELDS,
+    Efficiency,
+    EngineBehaviour,
+    generic_kernel_terms,
+)
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import load_stages  # noqa: E402
@@ -101,13 +106,16 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
     (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print them and the
     medians."""
     prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
-    start = replace(prof, **{k: getattr(Efficiency(), k) for k in KERNEL_FIELDS})
+    start = replace(prof, **generic_kernel_terms(path))
     # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at 1 ms
     zero = {k: 1e-3 for k in also if k.endswith("_s")
             and getattr(start, k, getattr(beh, k, None)) == 0}
     start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
-    fit = (*KERNEL_FIELDS, *also)
+    # The 4-bit weights' stream is fitted on a dequantizing 4-bit path only: on a native
+    # FP4 path it is structural (generic_kernel_terms), on an 8- or 16-bit one unused.
+    fit = (*(k for k in KERNEL_FIELDS if k != "int4_weight_stream"
+             or path.endswith(("fp4-dequant", "int4-dequant"))), *also)
     before = _medians(runs, start, beh, path)
     got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path)
     if got is None:

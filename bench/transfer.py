@@ -26,8 +26,10 @@ The terms fitted: bench/fit_runs.py's FIT of the engine, from the generic defaul
 engine's structure kept, as `bstar validate`'s leave-one-model-out fit starts), so that no
 value learned on the slice enters. The kernel terms (moe_compute, moe_layer_s:
 bstar.deployment.KERNEL_FIELDS) are fitted only where a kernel path of the slice's rows has
-rows in the training set; else they stay generic for the fit and the slice, which is how
-bstar prices a GPU whose path has no entry in the profile. Each training set is fitted by one
+rows in the training set; else every row, in the fit and the slice, is priced with its own
+path's generic ones (bstar.deployment.generic_kernel_terms: a native FP4 path streams its
+weights at the 16-bit rate), which is how bstar prices a GPU whose path has no entry in the
+profile. Each training set is fitted by one
 `fit_stages` call over all its rows (kernel terms, where fitted, shared by the rows' paths).
 
 --quick (docs/transfer.md says how long it took, and under what load) drops, for both the
@@ -62,7 +64,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bstar.deployment import KERNEL_FIELDS, Efficiency, EngineBehaviour  # noqa: E402
+from bstar.deployment import (  # noqa: E402
+    GENERIC_PATH,
+    KERNEL_FIELDS,
+    Efficiency,
+    EngineBehaviour,
+)
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import Stage, load_stages  # noqa: E402
@@ -165,8 +172,10 @@ def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
     fit = fitted_terms(sl)
     _, inside = evaluate(list(sl.test))
     e, b = start_terms(sl.engine, fit)
+    # kernel terms not fitted: each row's path prices its generic ones
+    path = None if set(KERNEL_FIELDS) & set(fit) else GENERIC_PATH
     got = fit_stages(list(sl.train), e, fit, max_window_s=settings["fit_window_s"],
-                     iterations=settings["iterations"], behaviour=b)
+                     iterations=settings["iterations"], behaviour=b, kernel_path=path)
     out: dict[str, Any] = {
         "kind": sl.kind, "engine": sl.engine, "left_out": sl.left_out,
         "test_rows": len(sl.test), "train_rows": len(sl.train), "fit": list(fit),
@@ -175,7 +184,7 @@ def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
         out["note"] = "the training rows cannot determine the terms"
     else:
         fe, fb = got
-        _, held = evaluate(list(sl.test), fe, behaviour=fb)
+        _, held = evaluate(list(sl.test), fe, behaviour=fb, kernel_path=path)
         out["left_out_errors"] = _medians(held)
         out["fitted"] = {k: float(getattr(fe if hasattr(fe, k) else fb, k)) for k in fit}
     out["seconds"] = round(time.monotonic() - t0, 1)
@@ -212,9 +221,10 @@ Issue 37, item 0. Each slice of the shared real data (a GPU, a model, an engine)
 out in turn: the engine's terms are fitted on the rest of that engine's data
 (`bstar.validate_stages.fit_stages`, the terms of `bench/fit_runs.py`'s FIT from the generic
 defaults; the kernel terms `moe_compute`, `moe_layer_s` only where the slice's kernel path
-has other rows, else generic, as bstar prices a GPU with no entry for its path), and the
-slice is predicted. Each cell is the median |predicted / measured - 1| of the mean TPOT,
-TTFT and E2E over the slice's measured-steady rows:
+has other rows, else each row's path's generic ones, as bstar prices a GPU with no entry for
+its path: `bstar.deployment.generic_kernel_terms`), and the slice is predicted. Each cell
+is the median |predicted / measured - 1| of the mean TPOT, TTFT and E2E over the slice's
+measured-steady rows:
 
 - **in-sample**: the shipped engine profile (`src/bstar/presets/engines.toml`), fitted on
   every row, the slice's included;

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from bstar.deployment import KERNEL_FIELDS, Efficiency, kernel_path
+from bstar.deployment import KERNEL_FIELDS, Efficiency, generic_kernel_terms, kernel_path
 from bstar.engines import engine_profiles, get_engine
 from bstar.errors import BstarError
 from bstar.options import DeploymentOptions
@@ -41,7 +41,6 @@ def _eff(model: str, gpu: str, engine: str = "vllm", **kw: str) -> Efficiency:
 
 def test_terms_fitted_on_one_path_do_not_price_another() -> None:
     vllm = get_engine("vllm")
-    generic = Efficiency()
     # gpt-oss on H200 is the path vLLM's MoE terms were fitted on
     assert vllm.kernel_path == "hopper:fp4-dequant"
     home = _eff("gpt-oss-120b", "h200")
@@ -52,8 +51,10 @@ def test_terms_fitted_on_one_path_do_not_price_another() -> None:
     # 6000 and dequantized on an A100: none of them is that path, nor has an entry
     for model, gpu in (("mixtral-8x7b", "h100-sxm"), ("deepseek-v3", "h200"),
                        ("gpt-oss-120b", "rtx-pro-6000"), ("gpt-oss-120b", "a100-80gb-sxm")):
-        e = _eff(model, gpu)
-        assert all(getattr(e, k) == getattr(generic, k) for k in KERNEL_FIELDS), (model, gpu)
+        d = DeploymentOptions(model=model, gpu=gpu, engine="vllm").build()
+        e = d.eff
+        assert {k: getattr(e, k) for k in KERNEL_FIELDS} \
+            == generic_kernel_terms(d.kernel_path), (model, gpu)
         # the engine's other terms still apply
         assert e.overhead_s == vllm.efficiency().overhead_s
 
@@ -66,8 +67,8 @@ def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) ->
         (entry,) = [k for k in vllm.kernels if k.path == path]
         d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu).build()
         assert d.kernel_path == path and d.kernel_terms_priced
-        assert (d.eff.moe_compute, d.eff.moe_layer_s) == tuple(dict(entry.values)[k]
-                                                              for k in KERNEL_FIELDS)
+        assert {k: getattr(d.eff, k) for k in KERNEL_FIELDS} \
+            == {**generic_kernel_terms(path), **dict(entry.values)}
     rocm = DeploymentOptions(model="gpt-oss-120b", gpu="mi300x").build().behaviour
     assert rocm.request_overhead_s == dict(vllm.arch_entry("cdna3").behaviour_values)[
         "request_overhead_s"] != vllm.behaviour().request_overhead_s
@@ -84,6 +85,31 @@ def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) ->
                     '[efficiency]\nmoe_compute = 0.4\nmoe_layer_s = 3e-5\n')
     d = DeploymentOptions(model="gpt-oss-120b", gpu="b200", profile=str(prof)).build()
     assert (d.eff.moe_compute, d.eff.moe_layer_s) == (0.4, 3e-5)
+
+
+def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
+    """A dequantizing kernel converts every 4-bit weight in its main loop (Efficiency's
+    int4_weight_stream, a guess); on a native FP4 path the tensor cores read the format, so
+    with no entry for that path the generic stream is the 16-bit weights' (issue 37: the
+    0.70 made TensorRT-LLM's gpt-oss on B200, which has no B200 entry, stream like Marlin)."""
+    from bstar import step
+
+    assert generic_kernel_terms("hopper:fp4-dequant")["int4_weight_stream"] \
+        == Efficiency().int4_weight_stream < 1.0
+    assert generic_kernel_terms("blackwell:fp4-native")["int4_weight_stream"] == 1.0
+    for gpu, native in (("b200", True), ("h200", False)):
+        d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu, engine="trt-llm").build()
+        assert d.eff.int4_weight_stream == (1.0 if native else Efficiency().int4_weight_stream)
+        # the priced decode step reads the experts at that stream: at batch 64 on B200 the
+        # 4-bit bytes take their datasheet time / bandwidth and nothing more
+        w = step.shape(d).decode([64], 2048)
+        quantized = float((w.weight_s - w.weight16_s)[0])
+        mem = float(step.price_parts(w, d.eff).memory_s[0])
+        kv = float(w.kv_s[0]) / d.eff.kv_bandwidth
+        sixteen = float(w.weight16_s[0]) / d.eff.bandwidth
+        stream = 1.0 if native else Efficiency().int4_weight_stream
+        assert mem == pytest.approx(quantized / (d.eff.bandwidth * stream) + sixteen + kv,
+                                    rel=1e-9)
 
 
 def test_a_fit_for_a_path_prices_that_paths_runs() -> None:

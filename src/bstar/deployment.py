@@ -195,8 +195,31 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
 # on one architecture (Hopper dequantizing MXFP4 in Marlin/Triton, Blackwell's native FP4,
 # FP8 block-scaled GEMMs, AITER on CDNA). Fitted on one path they never price another: a
 # deployment on another path gets Efficiency's generic values for them (docs/cost-model.md,
-# "Kernel paths").
-KERNEL_FIELDS = ("moe_compute", "moe_layer_s")
+# "Kernel paths"). The stream of 4-bit weights is one of them: a dequantizing kernel
+# (Marlin, Triton) converts every weight in its main loop, a native one feeds the packed
+# format to the tensor cores.
+KERNEL_FIELDS = ("moe_compute", "moe_layer_s", "int4_weight_stream")
+
+
+# A `Deployment.kernel_terms_path` no deployment takes: efficiencies whose kernel terms were
+# fitted on no path (a fit that left them generic). Every deployment then prices its own
+# path's generic ones (`generic_kernel_terms`).
+GENERIC_PATH = "generic"
+
+
+def generic_kernel_terms(path: str) -> dict[str, float]:
+    """The KERNEL_FIELDS a deployment on kernel path `path` gets where no entry was fitted
+    on it: Efficiency's generic values, except that a native FP4 path ("ARCH:fp4-native")
+    streams its packed weights at the 16-bit weights' rate (int4_weight_stream 1: the tensor
+    cores read MXFP4/NVFP4 and its scales as they are, with no conversion to run; the 0.70
+    default is a guess for the dequantizing kernels). Structural, not fitted: the 56 B200
+    gpt-oss runs, fitted with the stream free, put it at its bound of 1
+    (docs/cost-model.md, "Kernel paths")."""
+    generic = Efficiency()
+    out = {k: float(getattr(generic, k)) for k in KERNEL_FIELDS}
+    if path.endswith(":fp4-native"):
+        out["int4_weight_stream"] = 1.0
+    return out
 
 
 def kernel_path(gpu: GpuSpec, weight: Precision) -> str:
@@ -284,9 +307,8 @@ class Deployment:
                       allowed=(*WEIGHT_DTYPES, "fp8-block", "fp32"))
         get_precision(self.kv_dtype, allowed=KV_DTYPES)
         if not self.kernel_terms_priced:
-            generic = Efficiency()
-            reset = {k: getattr(generic, k) for k in KERNEL_FIELDS
-                     if getattr(self.eff, k) != getattr(generic, k)}
+            generic = generic_kernel_terms(self.kernel_path)
+            reset = {k: v for k, v in generic.items() if getattr(self.eff, k) != v}
             if reset:  # a frozen record: set once, here, as it is made
                 object.__setattr__(self, "eff", replace(self.eff, **reset))
 

@@ -25,6 +25,7 @@ from bstar.deployment import (
     KERNEL_FIELDS,
     Efficiency,
     EngineBehaviour,
+    generic_kernel_terms,
 )
 from bstar.errors import BstarError
 
@@ -74,8 +75,9 @@ class EngineProfile:
         values: a term learned on one path never prices another)."""
         eff = self.efficiency()
         for k in self.kernels:
-            if k.path == path:
-                return replace(eff, **dict(k.values)), path, f"{path}: {k.basis} ({k.source})"
+            if k.path == path:  # the kernel terms it does not name: the path's generic ones
+                return (replace(eff, **{**generic_kernel_terms(path), **dict(k.values)}), path,
+                        f"{path}: {k.basis} ({k.source})")
         if not self.kernel_path or self.kernel_path == path:
             return eff, self.kernel_path, f"{path}: the {self.name} profile's own"
         return eff, self.kernel_path, (
