@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bstar.calibrate.params import _SCALE  # noqa: E402
 from bstar.deployment import (  # noqa: E402
     KERNEL_FIELDS,
     Efficiency,
@@ -107,8 +108,9 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
     medians."""
     prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
     start = replace(prof, **generic_kernel_terms(path))
-    # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at 1 ms
-    zero = {k: 1e-3 for k in also if k.endswith("_s")
+    # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at their
+    # fitting unit (1 ms a request, 1 s a cold start: bstar.calibrate's _SCALE)
+    zero = {k: _SCALE[k] for k in also if k.endswith("_s")
             and getattr(start, k, getattr(beh, k, None)) == 0}
     start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})

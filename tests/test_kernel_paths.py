@@ -70,8 +70,8 @@ def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) ->
         assert {k: getattr(d.eff, k) for k in KERNEL_FIELDS} \
             == {**generic_kernel_terms(path), **dict(entry.values)}
     rocm = DeploymentOptions(model="gpt-oss-120b", gpu="mi300x").build().behaviour
-    assert rocm.request_overhead_s == dict(vllm.arch_entry("cdna3").behaviour_values)[
-        "request_overhead_s"] != vllm.behaviour().request_overhead_s
+    assert rocm.cold_start_s == dict(vllm.arch_entry("cdna3").behaviour_values)[
+        "cold_start_s"] != vllm.behaviour().cold_start_s
     assert DeploymentOptions(model="gpt-oss-120b", gpu="h200").build().behaviour \
         == vllm.behaviour()
     trt = get_engine("trt-llm")
@@ -110,6 +110,39 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
         stream = 1.0 if native else Efficiency().int4_weight_stream
         assert mem == pytest.approx(quantized / (d.eff.bandwidth * stream) + sixteen + kv,
                                     rel=1e-9)
+
+
+def test_a_cold_start_is_simulated_for_a_run_only() -> None:
+    """vLLM's ROCm entry holds a cold start (the runs' first wave waits it): `bstar validate`
+    simulates a run with it, while plan, simulate and search price a warm server."""
+    from dataclasses import replace as rep
+
+    from bstar.runs_table import load_runs
+    from bstar.validate_stages import simulate_stage, stage_deployment
+
+    run = next(r for r in load_runs("data/inferencemax/runs.csv")
+               if r.stage == "mi300x-gpt-oss-120b-vllm-tp8-ep1-1k1k-c4")
+    d = stage_deployment(run)
+    cold_s = d.behaviour.cold_start_s
+    assert cold_s > 1.0
+    cold = simulate_stage(run, deployment=d)
+    warm = simulate_stage(run, deployment=d.with_behaviour(rep(d.behaviour, cold_start_s=0.0)))
+    # the first wave (4 of the run's 40 requests) waits it: the mean TTFT grows by about
+    # cold_s x 4 / 40, the per-token time does not move
+    assert cold.ttft_mean_ms - warm.ttft_mean_ms == pytest.approx(cold_s * 1e3 * 4 / 40,
+                                                                 rel=0.05)
+    assert cold.tpot_mean_ms == pytest.approx(warm.tpot_mean_ms, rel=0.02)
+
+
+def test_bstar_simulate_prices_a_warm_server(capsys) -> None:  # type: ignore[no-untyped-def]
+    from bstar.cli import main
+
+    assert main(["simulate", "--model", "gpt-oss-120b", "--gpu", "mi300x", "--num-gpus", "8",
+                 "--concurrency", "1", "--num-requests", "2", "--input-len", "256",
+                 "--output-len", "8", "--json"]) == 0
+    ttft_ms = json.loads(capsys.readouterr().out)["ttft_ms"]["p50"]
+    # neither the 2 s cold start nor the 157 ms a request that stood in for it before
+    assert ttft_ms < 100
 
 
 def test_a_fit_for_a_path_prices_that_paths_runs() -> None:

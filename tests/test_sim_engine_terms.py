@@ -10,6 +10,7 @@ import pytest
 from bstar import roofline as rl
 from bstar import step as st
 from bstar.deployment import Deployment
+from bstar.errors import BstarError
 from bstar.sim import Poisson, SchedulerConfig, SimConfig, Workload, simulate, summarize
 from bstar.sim.capacity import capacity, queue_grows
 from bstar.specs.gpu import get_gpu
@@ -40,6 +41,25 @@ def test_request_overhead_adds_to_ttft_and_e2e_exactly() -> None:
     assert slow.ttft_ms["p50"] - base.ttft_ms["p50"] == pytest.approx(7.0, abs=1e-9)
     assert slow.e2e_ms["p50"] - base.e2e_ms["p50"] == pytest.approx(7.0, abs=1e-9)
     assert slow.tpot_ms["p50"] == pytest.approx(base.tpot_ms["p50"], rel=1e-12)
+
+
+def test_a_cold_start_holds_the_first_wave_only() -> None:
+    # A server measured from a cold start (EngineBehaviour.cold_start_s: kernels compiled per
+    # shape on first use, ROCm's) schedules nothing before it: a request at t = 0 waits for
+    # it (its per-request work runs meanwhile), one that comes after it waits nothing.
+    w = Workload(np.array([500, 500]), np.array([20, 20]), np.array([0.0, 5.0]))
+    warm = simulate(dep(request_overhead_s=0.1), cfg(), w).requests
+    cold_cfg = SimConfig(SchedulerConfig(128, 2048), cold_start_s=2.0)
+    cold = simulate(dep(request_overhead_s=0.1), cold_cfg, w).requests
+    assert cold.first_token_s[0] - warm.first_token_s[0] == pytest.approx(2.0 - 0.1, rel=1e-9)
+    assert cold.finish_s[0] - cold.first_token_s[0] == pytest.approx(
+        warm.finish_s[0] - warm.first_token_s[0], rel=1e-9)
+    assert cold.first_token_s[1] == pytest.approx(warm.first_token_s[1], rel=1e-12)
+    # through the front end's queue too
+    front = simulate(dep(front_token_s=20e-6), cold_cfg, w).requests
+    assert front.first_token_s[0] > 2.0 > front.arrival_s[0]
+    with pytest.raises(BstarError, match="cold start"):
+        SimConfig(SchedulerConfig(128, 2048), cold_start_s=-1.0)
 
 
 def test_a_front_end_alone_is_a_delay_of_its_work() -> None:

@@ -62,6 +62,7 @@ FIELD_RANGES: dict[str, tuple[float, float, bool]] = {
     "layer_s": _TERM, "decode_layer_s": _TERM, "chunk_layer_s": _TERM,
     "prompt_token_s": _TERM, "moe_layer_s": _TERM, "eager_layer_s": _TERM,
     "request_overhead_s": _TERM, "front_token_s": _TERM,
+    "cold_start_s": (0.0, 600.0, False),  # seconds, once a run
     "score_bytes": (0.0, 1024.0, False),  # bytes per attention score (2-4 in practice)
     "graph_max_tokens": (0.0, 1e9, False),  # tokens
     "roof_sharpness": (1.0, math.inf, False),
@@ -166,11 +167,18 @@ class EngineBehaviour:
       V1's async scheduling, SGLang's overlap scheduler): a request that arrives during a
       step joins the step after next. 0: it joins the next step. The engine's structure
       (metadata `structure`), not a fitted parameter.
+    - cold_start_s: how long a server that has just started keeps its first requests waiting
+      before its first step (kernels compiled or tuned for each new shape on first use, as
+      ROCm's Triton and AITER kernels are): paid once, by a benchmark that sends its load
+      with no warm-up. Only `bstar validate` simulates it (`SimConfig.cold_start_s`, for
+      runs measured from a cold start); plan, simulate and search predict a warm server.
+      0 by default.
     """
 
     request_overhead_s: float = 0.0
     front_token_s: float = 0.0
     scheduling_lag_steps: int = field(default=0, metadata={"structure": True})
+    cold_start_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -30,7 +30,7 @@ _SCALE = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 1e-3, "overhead_per_se
           "allreduce_latency_s": 1e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
           "request_overhead_s": 1e-3, "moe_compute": 1.0, "moe_layer_s": 1e-6,
           "eager_layer_s": 1e-6, "graph_max_tokens": 1.0,
-          "prompt_token_s": 1e-6, "front_token_s": 1e-6}
+          "prompt_token_s": 1e-6, "front_token_s": 1e-6, "cold_start_s": 1.0}
 _LOWER = {k: (1e-3 if _SCALE[k] == 1.0 and k != "score_bytes" else 0.0) for k in PARAMS}
 # Bounds wide enough for Python schedulers of any age: up to 50 ms per step and 1 ms per
 # running sequence; 1 ms per layer; 100 us per all-reduce.
@@ -40,7 +40,7 @@ _UPPER = {"bandwidth": 1.0, "compute": 1.0, "overhead_s": 50e-3, "overhead_per_s
           "allreduce_latency_s": 100e-6, "fp8_weight_stream": 1.0, "int4_weight_stream": 1.0,
           "request_overhead_s": 0.5, "moe_compute": 1.0, "moe_layer_s": 1e-3,
           "eager_layer_s": 1e-3, "graph_max_tokens": 1e6,
-          "prompt_token_s": 1e-4, "front_token_s": 1e-4}
+          "prompt_token_s": 1e-4, "front_token_s": 1e-4, "cold_start_s": 60.0}
 # Efficiencies that may exceed 1 against a probed device (the excess becomes a GPU scale).
 _BANDWIDTHS = ("bandwidth", "kv_bandwidth")
 _COMPUTES = ("compute", "attention_compute")

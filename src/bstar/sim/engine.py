@@ -74,12 +74,18 @@ class SimConfig:
     prefix_caching: bool = True
     # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
     speculative: Any = None
+    # A server measured from a cold start: no request is scheduled before this time
+    # (EngineBehaviour.cold_start_s; bstar validate sets it for the runs it reads).
+    cold_start_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.max_sim_time_s > 0:
             raise BstarError(f"--max-sim-time-s must be positive, got {self.max_sim_time_s}")
         if self.swap_space_bytes < 0 or not self.host_bandwidth_bytes_s > 0:
             raise BstarError("swap space must not be negative and host bandwidth positive")
+        if not 0 <= self.cold_start_s < self.max_sim_time_s:
+            raise BstarError(f"cold start must be in [0, max_sim_time_s), got "
+                             f"{self.cold_start_s}")
 
 
 @dataclass(slots=True)
@@ -217,7 +223,12 @@ class _Loop:
         if self.d.behaviour.front_token_s > 0:
             heapq.heappush(self.front, (t, rid))
         else:
-            heapq.heappush(self.heap, (t + self.d.behaviour.request_overhead_s, rid))
+            heapq.heappush(self.heap, (self._ready_s(t), rid))
+
+    def _ready_s(self, t: float) -> float:
+        """When a request the front end is done with at `t` can be scheduled: after its
+        per-request work, and not before a cold server's first step."""
+        return max(t + self.d.behaviour.request_overhead_s, self.cfg.cold_start_s)
 
     def _tokenized_s(self, t: float, rid: int) -> float:
         """When the front end's thread, free at front_free_s, finishes request `rid` that
@@ -231,14 +242,13 @@ class _Loop:
         while self.front and self.front[0][0] <= upto:
             t, rid = heapq.heappop(self.front)
             self.front_free_s = self._tokenized_s(t, rid)
-            heapq.heappush(self.heap,
-                           (self.front_free_s + self.d.behaviour.request_overhead_s, rid))
+            heapq.heappush(self.heap, (self._ready_s(self.front_free_s), rid))
 
     def _next_arrival_s(self) -> float:
         """The earliest time a request not yet scheduled can reach the engine (inf: none)."""
         t = self.heap[0][0] if self.heap else np.inf
         if self.front:
-            t = min(t, self._tokenized_s(*self.front[0]) + self.d.behaviour.request_overhead_s)
+            t = min(t, self._ready_s(self._tokenized_s(*self.front[0])))
         return float(t)
 
     def run(self) -> SimRun:
