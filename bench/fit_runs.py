@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from bstar.calibrate.params import _SCALE  # noqa: E402
 from bstar.deployment import (  # noqa: E402
-    KERNEL_FIELDS,
     Efficiency,
     EngineBehaviour,
+    fitted_kernel_fields,
     generic_kernel_terms,
 )
 from bstar.engines import get_engine  # noqa: E402
@@ -102,10 +102,10 @@ def run_path(run: Any) -> str:
 
 
 def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> None:
-    """Fit the engine's kernel terms (KERNEL_FIELDS) for kernel path `path` on the runs that
-    take it, from the profile with the generic kernel terms, and the engine terms `also`
-    (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print them and the
-    medians."""
+    """Fit the engine's kernel terms (deployment.fitted_kernel_fields) for kernel path `path`
+    on the runs that take it, from the profile with the path's generic kernel terms, and the
+    engine terms `also` (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print
+    them and the medians."""
     prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
     start = replace(prof, **generic_kernel_terms(path))
     # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at their
@@ -114,10 +114,7 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
             and getattr(start, k, getattr(beh, k, None)) == 0}
     start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
-    # The 4-bit weights' stream is fitted on a dequantizing 4-bit path only: on a native
-    # FP4 path it is structural (generic_kernel_terms), on an 8- or 16-bit one unused.
-    fit = (*(k for k in KERNEL_FIELDS if k != "int4_weight_stream"
-             or path.endswith(("fp4-dequant", "int4-dequant"))), *also)
+    fit = (*fitted_kernel_fields(path), *also)
     before = _medians(runs, start, beh, path)
     got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path)
     if got is None:

@@ -115,8 +115,6 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
 def test_a_cold_start_is_simulated_for_a_run_only() -> None:
     """vLLM's ROCm entry holds a cold start (the runs' first wave waits it): `bstar validate`
     simulates a run with it, while plan, simulate and search price a warm server."""
-    from dataclasses import replace as rep
-
     from bstar.runs_table import load_runs
     from bstar.validate_stages import simulate_stage, stage_deployment
 
@@ -126,11 +124,13 @@ def test_a_cold_start_is_simulated_for_a_run_only() -> None:
     cold_s = d.behaviour.cold_start_s
     assert cold_s > 1.0
     cold = simulate_stage(run, deployment=d)
-    warm = simulate_stage(run, deployment=d.with_behaviour(rep(d.behaviour, cold_start_s=0.0)))
-    # the first wave (4 of the run's 40 requests) waits it: the mean TTFT grows by about
-    # cold_s x 4 / 40, the per-token time does not move
-    assert cold.ttft_mean_ms - warm.ttft_mean_ms == pytest.approx(cold_s * 1e3 * 4 / 40,
-                                                                 rel=0.05)
+    warm = simulate_stage(run, deployment=d.with_behaviour(replace(d.behaviour,
+                                                                   cold_start_s=0.0)))
+    # the first wave (the run's concurrency, of all its requests) waits it: the mean TTFT
+    # grows by about cold_s x concurrency / requests, the per-token time does not move
+    assert cold.requests == warm.requests == cold.scored
+    assert cold.ttft_mean_ms - warm.ttft_mean_ms == pytest.approx(
+        cold_s * 1e3 * run.concurrency / cold.requests, rel=0.05)
     assert cold.tpot_mean_ms == pytest.approx(warm.tpot_mean_ms, rel=0.02)
 
 

@@ -230,6 +230,14 @@ def generic_kernel_terms(path: str) -> dict[str, float]:
     return out
 
 
+def fitted_kernel_fields(path: str) -> tuple[str, ...]:
+    """The KERNEL_FIELDS a fit of kernel path `path`'s rows determines: the 4-bit weights'
+    stream only on a dequantizing 4-bit path (structural on a native FP4 one,
+    `generic_kernel_terms`; unused with 8- or 16-bit weights)."""
+    dequant4 = path.endswith((":fp4-dequant", ":int4-dequant"))
+    return tuple(k for k in KERNEL_FIELDS if k != "int4_weight_stream" or dequant4)
+
+
 def kernel_path(gpu: GpuSpec, weight: Precision) -> str:
     """The kernel path a model's linears take on `gpu`: "ARCH:FAMILY-native" where the
     GPU's tensor cores run the weights' format (the catalog's `native_precisions`),

@@ -446,13 +446,13 @@ def _leave_gpu_out(group: Sequence[Stage], others: Sequence[Stage],
              else list(KERNEL_FIELDS))
     start = _with_values(*prof_terms, {k: _value(*generic, k)
                                        for k in dict.fromkeys([*fit, *reset])})
+    path = GENERIC_PATH if reset else None  # no other GPU's path: each its generic ones
     fitted = fit_stages(others, start[0], fit, fit_window_s, kw.get("seed", 0),
-                        behaviour=start[1], kernel_path=GENERIC_PATH if reset else None)
+                        behaviour=start[1], kernel_path=path)
     if fitted is None:
         notes.append(f"the other GPUs' ({', '.join(sorted({s.gpu for s in others}))}) "
                      f"steady stages cannot determine {', '.join(fit)}")
         return None
-    path = GENERIC_PATH if reset else None  # no other GPU's path: its generic ones
     scores["logo"] = [score_stage(s, simulate_stage(
         s, deployment=_on_path(stage_deployment(s, engine, fitted[0], fitted[1]), path), **kw))
         for s in group]
