@@ -24,13 +24,14 @@ Slices:
 
 The terms fitted: bench/fit_runs.py's FIT of the engine, from the generic defaults (the
 engine's structure kept, as `bstar validate`'s leave-one-model-out fit starts), so that no
-value learned on the slice enters. The kernel terms (moe_compute, moe_layer_s:
-bstar.deployment.KERNEL_FIELDS) are fitted only where a kernel path of the slice's rows has
-rows in the training set; else every row, in the fit and the slice, is priced with its own
-path's generic ones (bstar.deployment.generic_kernel_terms: a native FP4 path streams its
-weights at the 16-bit rate), which is how bstar prices a GPU whose path has no entry in the
-profile. Each training set is fitted by one
-`fit_stages` call over all its rows (kernel terms, where fitted, shared by the rows' paths).
+value learned on the slice enters. The kernel terms among them (moe_compute, moe_layer_s:
+bstar.deployment.KERNEL_FIELDS) are fitted once per kernel path of the training rows
+(`bstar.validate_stages.fit_stages_by_path`), as the profiles hold them: one entry per
+path, the other terms shared. A slice row on a path the training rows take prices that
+path's fitted terms; one on a path they do not take, its path's generic ones
+(bstar.deployment.generic_kernel_terms: a native FP4 path streams its weights at the 16-bit
+rate), which is how bstar prices a GPU whose path has no entry in the profile. Each
+training set is fitted by one `fit_stages_by_path` call over all its rows.
 
 --quick (docs/transfer.md says how long it took, and under what load) drops, for both the
 fits and the scored slices: the runs at every other concurrency (keeps 4, 16, 64 of 4-128),
@@ -65,7 +66,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bstar.deployment import (  # noqa: E402
-    GENERIC_PATH,
     KERNEL_FIELDS,
     Efficiency,
     EngineBehaviour,
@@ -76,7 +76,7 @@ from bstar.stages_table import Stage, load_stages  # noqa: E402
 from bstar.validate_stages import (  # noqa: E402
     FIT_WINDOW_S,
     evaluate,
-    fit_stages,
+    fit_stages_by_path,
     stage_deployment,
 )
 from fit_runs import FIT  # noqa: E402
@@ -139,17 +139,6 @@ def slices(rows: Sequence[Stage]) -> list[Slice]:
     return out
 
 
-def fitted_terms(sl: Slice) -> tuple[str, ...]:
-    """FIT of the slice's engine, less the kernel terms where no kernel path of the slice's
-    rows has a row in the training set."""
-    train_paths = {stage_deployment(r).kernel_path for r in sl.train}
-    test_paths = {stage_deployment(r).kernel_path for r in sl.test}
-    fit = FIT.get(sl.engine, FIT["vllm"])
-    if test_paths & train_paths:
-        return fit
-    return tuple(k for k in fit if k not in KERNEL_FIELDS)
-
-
 def start_terms(engine: str, fit: Sequence[str]) -> tuple[Efficiency, EngineBehaviour]:
     """The engine's profile with the fitted terms and the kernel terms at their generic
     values: its structure kept, nothing learned on any row."""
@@ -169,13 +158,11 @@ def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
     """One cell row of the matrix: in-sample (shipped profile) and left out (refit)."""
     t0 = time.monotonic()
     settings = QUICK if quick else FULL
-    fit = fitted_terms(sl)
+    fit = FIT.get(sl.engine, FIT["vllm"])
     _, inside = evaluate(list(sl.test))
     e, b = start_terms(sl.engine, fit)
-    # kernel terms not fitted: each row's path prices its generic ones
-    path = None if set(KERNEL_FIELDS) & set(fit) else GENERIC_PATH
-    got = fit_stages(list(sl.train), e, fit, max_window_s=settings["fit_window_s"],
-                     iterations=settings["iterations"], behaviour=b, kernel_path=path)
+    got = fit_stages_by_path(list(sl.train), e, fit, max_window_s=settings["fit_window_s"],
+                             iterations=settings["iterations"], behaviour=b)
     out: dict[str, Any] = {
         "kind": sl.kind, "engine": sl.engine, "left_out": sl.left_out,
         "test_rows": len(sl.test), "train_rows": len(sl.train), "fit": list(fit),
@@ -183,10 +170,13 @@ def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
     if got is None:
         out["note"] = "the training rows cannot determine the terms"
     else:
-        fe, fb = got
-        _, held = evaluate(list(sl.test), fe, behaviour=fb, kernel_path=path)
+        _, held = evaluate(list(sl.test), got.eff, behaviour=got.behaviour,
+                           path_terms=got.path_terms)
         out["left_out_errors"] = _medians(held)
-        out["fitted"] = {k: float(getattr(fe if hasattr(fe, k) else fb, k)) for k in fit}
+        out["fitted"] = got.values(fit)
+        test_paths = {stage_deployment(r).kernel_path for r in sl.test}
+        out["paths_fitted"] = sorted(got.path_terms)
+        out["slice_paths_generic"] = sorted(test_paths - set(got.path_terms))
     out["seconds"] = round(time.monotonic() - t0, 1)
     return out
 
@@ -200,7 +190,12 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     lines = ["| left out | engine | rows (slice / fit) | terms fitted | in-sample TPOT / TTFT "
              "/ E2E | left out TPOT / TTFT / E2E |", "|---|---|---|---|---|---|"]
     for r in results:
-        terms = ", ".join(r["fit"])
+        shared = [k for k in r["fit"] if k not in KERNEL_FIELDS]
+        kernel = [k for k in r["fit"] if k in KERNEL_FIELDS]
+        per_path = r.get("paths_fitted") or []
+        terms = ", ".join(shared) + (
+            f"; {', '.join(kernel)} per path ({', '.join(per_path)})" if per_path and kernel
+            else "")
         ins = " / ".join(_pct(r["in_sample"][k]) for k in QUANTITIES)
         lo = r["left_out_errors"]
         out = (" / ".join(_pct(lo[k]) for k in QUANTITIES) if lo
@@ -219,10 +214,11 @@ def page(results: Sequence[dict[str, Any]], quick: bool, minutes: float,
 
 Issue 37, item 0. Each slice of the shared real data (a GPU, a model, an engine) is left
 out in turn: the engine's terms are fitted on the rest of that engine's data
-(`bstar.validate_stages.fit_stages`, the terms of `bench/fit_runs.py`'s FIT from the generic
-defaults; the kernel terms `moe_compute`, `moe_layer_s` only where the slice's kernel path
-has other rows, else each row's path's generic ones, as bstar prices a GPU with no entry for
-its path: `bstar.deployment.generic_kernel_terms`), and the slice is predicted. Each cell
+(`bstar.validate_stages.fit_stages_by_path`, the terms of `bench/fit_runs.py`'s FIT from the
+generic defaults; the kernel terms `moe_compute`, `moe_layer_s` once per kernel path of the
+training rows, as the profiles hold them; a slice row on a path no training row takes is
+priced with its path's generic ones, as bstar prices a GPU with no entry for its path:
+`bstar.deployment.generic_kernel_terms`), and the slice is predicted. Each cell
 is the median |predicted / measured - 1| of the mean TPOT, TTFT and E2E over the slice's
 measured-steady rows:
 

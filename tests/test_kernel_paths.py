@@ -147,8 +147,8 @@ def test_bstar_simulate_prices_a_warm_server(capsys) -> None:  # type: ignore[no
 
 def test_a_fit_for_a_path_prices_that_paths_runs() -> None:
     """fit_stages(kernel_path=...) prices the candidate terms on the runs of that path
-    (validate_stages.score._on_path, the deployments fit_stages and evaluate price with)."""
-    from bstar.validate_stages.score import _on_path
+    (validate_stages.fitting._on_path, the deployments fit_stages and evaluate price with)."""
+    from bstar.validate_stages.fitting import _on_path
 
     d = DeploymentOptions(model="gpt-oss-120b", gpu="rtx-pro-6000").build()
     candidate = replace(d.eff, moe_layer_s=5e-5)

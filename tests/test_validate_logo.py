@@ -15,7 +15,7 @@ from bstar.cli import main
 from bstar.report.text.validate import format_runs_validation
 from bstar.runs_table import runs_from_csv
 from bstar.validate_runs import score_runs
-from bstar.validate_stages import DEFAULT_FIT, score
+from bstar.validate_stages import DEFAULT_FIT, PathFit, score
 from bstar.validate_stages.simulate import simulate_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,9 +55,9 @@ def fake_fit(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
                       "engines": sorted({s.engine for s in stages}),
                       "stages": [s.stage for s in stages], "fit": tuple(fit),
                       "prior": prior})
-        return prior, behaviour
+        return PathFit(prior, behaviour, {})
 
-    monkeypatch.setattr(score, "fit_stages", fit)
+    monkeypatch.setattr(score, "fit_stages_by_path", fit)
     monkeypatch.setattr(score, "simulate_stage", lambda *a, **k: canned)
     return calls
 
@@ -72,7 +72,9 @@ def test_leave_one_gpu_out_fits_only_the_other_gpus_runs(fake_fit: list[dict[str
     h200_run, b200_run = (r.stage for r in runs[:2])
     assert by_gpu["b200"]["stages"] == [b200_run]  # fitted for the H200 group
     assert by_gpu["h200"]["stages"] == [h200_run]  # fitted for the B200 group
-    assert all(c["engines"] == ["vllm"] and c["fit"] == DEFAULT_FIT for c in fake_fit)
+    # the shared terms, and the fused-MoE terms each kernel path of the other GPU fits
+    assert all(c["engines"] == ["vllm"] and c["fit"] == (*DEFAULT_FIT, *score.LOGO_KERNEL_FIT)
+               for c in fake_fit)
     # from the generic start: the fitted terms at Efficiency's defaults, as LOMO starts
     assert all(c["prior"].overhead_s == score.Efficiency().overhead_s for c in fake_fit)
     # H200's and B200's gpt-oss kernel paths differ: the profile's fused-MoE terms (fitted

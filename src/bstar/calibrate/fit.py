@@ -26,6 +26,7 @@ from bstar.calibrate.params import (
     PARAMS,
     ROBUST_SCALE,
     _eff_dict,
+    param_field,
     scaled,
 )
 from bstar.calibrate.results import Calibration, ParamFit, PointFit
@@ -83,16 +84,21 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
                    fit: Sequence[str] = DEFAULT_FIT,
                    starts: Sequence[Mapping[str, float]] = (),
                    max_efficiency: float = 1.0,
-                   behaviour: EngineBehaviour | None = None) -> EfficiencyFit:
+                   behaviour: EngineBehaviour | None = None,
+                   path_prior: Mapping[str, float] | None = None) -> EfficiencyFit:
     """Fit the parameters named in `fit` so that `predict(values)` (a positive array aligned
     with `measured`, values = every one of PARAMS) matches `measured` in log space, robustly,
     within bounds; the others stay at `prior` (and `behaviour`, default EngineBehaviour's
     defaults, for the engine's request overhead). Used for decode steps (`calibrate`) and
-    for any other predicted metric (`bstar validate`)."""
+    for any other predicted metric (`bstar validate`). A name "FIELD@PATH" in `fit` is a
+    kernel term of one kernel path (`param_field`), starting at `path_prior`'s value; it is
+    in `values` beside PARAMS and in the result's `params`, not in its `eff`."""
     from scipy.optimize import least_squares
 
     fit = tuple(dict.fromkeys(fit))
-    bad = [k for k in fit if k not in PARAMS]
+    path_prior = dict(path_prior or {})
+    bad = [k for k in fit if param_field(k) not in PARAMS
+           or (k not in PARAMS and k not in path_prior)]
     if bad:
         raise BstarError(f"cannot fit {', '.join(bad)} (fit any of: {', '.join(PARAMS)})")
     if not fit:
@@ -102,14 +108,15 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
                          f"({', '.join(fit)}); measure more batch sizes or fit fewer")
     log_measured = np.log(np.asarray(measured, dtype=np.float64))
     behaviour = EngineBehaviour() if behaviour is None else behaviour
-    base = _eff_dict(prior, behaviour)
+    base = {**_eff_dict(prior, behaviour), **path_prior}
+    scale = {k: _SCALE[param_field(k)] for k in base}
 
     follow = {k: lead for k, lead in _FOLLOWS.items() if lead in fit and k not in fit}
 
     def values(x: np.ndarray) -> dict[str, float]:
         v = {k: base[k] for k in PARAMS}
         for k, xi in zip(fit, x, strict=True):
-            v[k] = float(xi) * _SCALE[k]
+            v[k] = float(xi) * scale[k]
         for k, lead in follow.items():  # keep the prior's ratio to the fitted lead
             v[k] = min(base[k] * v[lead] / base[lead], max_efficiency)
         return v
@@ -117,16 +124,16 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(predict(values(x))) - log_measured
 
-    lo = np.array([_LOWER[k] / _SCALE[k] for k in fit])
+    lo = np.array([_LOWER[param_field(k)] / scale[k] for k in fit])
     upper = {**_UPPER, **dict.fromkeys((*_BANDWIDTHS, *_COMPUTES), max_efficiency)}
-    hi = np.array([upper[k] / _SCALE[k] for k in fit])
+    hi = np.array([upper[param_field(k)] / scale[k] for k in fit])
     best = None
     # The max() makes the problem piecewise smooth: start from a few corners and keep the
     # best, so the result does not depend on which roof the prior happened to favour.
     corners = [{"bandwidth": bw, "kv_bandwidth": bw, "compute": fl}
                for bw, fl in ((1.0, 1.0), (0.5, 0.5), (1.0, 0.2), (0.2, 1.0), (0.2, 0.2))]
     for start in [base, *starts, *({**base, **c} for c in corners)]:
-        x0 = np.clip(np.array([start.get(k, base[k]) / _SCALE[k] for k in fit]), lo + 1e-9,
+        x0 = np.clip(np.array([start.get(k, base[k]) / scale[k] for k in fit]), lo + 1e-9,
                      np.where(np.isfinite(hi), hi - 1e-9, np.inf))
         r = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1",
                           f_scale=ROBUST_SCALE, x_scale="jac", max_nfev=2000)
@@ -136,7 +143,7 @@ def fit_efficiency(predict: Callable[[Mapping[str, float]], np.ndarray],
     jac = np.asarray(best.jac, dtype=np.float64)
     col = np.linalg.norm(jac, axis=0)
     unset = col <= 1e-9 * max(1.0, float(col.max(initial=0.0)))
-    prior_x = np.array([base[k] / _SCALE[k] for k in fit])
+    prior_x = np.array([base[k] / scale[k] for k in fit])
     x = _nearest_prior(best.x.copy(), prior_x, unset, residuals, float(best.cost))
     v = values(x)
     params, corr, tied = _uncertainty(fit, x, jac, np.asarray(best.fun), unset, v, base,
@@ -316,13 +323,13 @@ def _uncertainty(fit: Sequence[str], x: np.ndarray, jac: np.ndarray, resid: np.n
         names = [k for k, u in zip(fit, use, strict=True) if u]
         sd = np.sqrt(np.clip(np.diag(cov), 0, None))
         for i, k in enumerate(names):
-            stds[k] = float(sd[i]) * _SCALE[k]
+            stds[k] = float(sd[i]) * _SCALE[param_field(k)]
         for i in range(len(names)):
             for j in range(i + 1, len(names)):
                 if sd[i] > 0 and sd[j] > 0:
                     corr[f"{names[i]}/{names[j]}"] = float(cov[i, j] / (sd[i] * sd[j]))
     out = {}
-    for k in PARAMS:
+    for k in (*PARAMS, *(k for k in fit if k not in PARAMS)):
         if k not in fit:
             out[k] = ParamFit(k, v[k], None, "fixed", prior[k])
             continue

@@ -14,6 +14,15 @@ from bstar.deployment import Deployment, Efficiency, EngineBehaviour
 # metadata saying so; in the records' order.
 PARAMS = tuple(f.name for rec in (Efficiency, EngineBehaviour) for f in fields(rec)
                if not f.metadata)
+
+
+def param_field(name: str) -> str:
+    """The field a parameter name fits: the name itself, or FIELD of "FIELD@PATH", a kernel
+    term fitted for one kernel path (bstar.validate_stages.fit_stages_by_path), which takes
+    FIELD's unit and bounds."""
+    return name.split("@", 1)[0]
+
+
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")

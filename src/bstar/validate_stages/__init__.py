@@ -48,8 +48,11 @@ For a loop over candidate efficiencies (a profile fit): `load_stages(path)` once
 `evaluate(stages, eff)` -> (per-stage `StageScore`s, `Summary`).
 
 The package: `bstar.stages_table` reads the table, `simulate` simulates a stage and decides
-its saturation state, `score` scores the predictions and fits (leave one model out); every
-name below is importable from `bstar.validate_stages`.
+its saturation state, `fitting` fits engine terms to stages through the simulator (one set
+for all, `fit_stages`, or with each kernel path's own kernel terms, `fit_stages_by_path`,
+which the leave-one-GPU-out way uses), `score` scores the predictions (generic, profile,
+leave one model out, leave one GPU out); every name below is importable from
+`bstar.validate_stages`.
 """
 
 from bstar.stages_table import (
@@ -62,6 +65,12 @@ from bstar.stages_table import (
     load_stages,
     stages_from_csv,
 )
+from bstar.validate_stages.fitting import (
+    PathFit,
+    fit_stages,
+    fit_stages_by_path,
+    priced_by_path,
+)
 from bstar.validate_stages.score import (
     DEFAULT_FIT,
     FIT_ITERATIONS,
@@ -72,7 +81,6 @@ from bstar.validate_stages.score import (
     StagesValidation,
     Summary,
     evaluate,
-    fit_stages,
     score_stage,
     score_stages,
     summarize_scores,
@@ -102,11 +110,11 @@ from bstar.validate_stages.simulate import (
 __all__ = [
     "ARRIVALS", "COLUMNS", "DEFAULT_FIT", "FAILED_LIMIT", "FIT_ITERATIONS", "FIT_WINDOW_S",
     "GROWING", "GROWTH_LIMIT", "MAX_REQUESTS", "MAX_WINDOW_S", "METRICS", "PROMPT_QUANTILES",
-    "REQUIRED", "STEADY", "WARMUP_FRACTION", "Stage", "StagePrediction", "StageScore",
-    "StagesGroup", "StagesValidation", "Summary", "draw_prompt_lengths", "evaluate",
-    "fit_stages", "growing_stage_capacity_req_s", "is_stages_table", "load_stages",
-    "measured_growth",
-    "measured_state", "predicted_state", "saturation_state", "score_stage", "score_stages",
-    "simulate_stage", "stage_deployment", "stage_requests", "stage_workload",
-    "stages_from_csv", "summarize_scores", "ttft_growth",
+    "REQUIRED", "STEADY", "WARMUP_FRACTION", "PathFit", "Stage", "StagePrediction",
+    "StageScore", "StagesGroup", "StagesValidation", "Summary", "draw_prompt_lengths",
+    "evaluate", "fit_stages", "fit_stages_by_path", "growing_stage_capacity_req_s",
+    "is_stages_table", "load_stages", "measured_growth", "measured_state", "predicted_state",
+    "priced_by_path", "saturation_state", "score_stage", "score_stages", "simulate_stage",
+    "stage_deployment", "stage_requests", "stage_workload", "stages_from_csv",
+    "summarize_scores", "ttft_growth",
 ]

@@ -1,28 +1,36 @@
 """Scoring simulated stages against the measured ones: per stage (`score_stage`), per way of
 predicting (`summarize_scores`), per GPU x engine three ways (`score_stages`: generic,
 profile, leave one model out through `fit_stages` and, with several GPUs, leave one GPU
-out)."""
+out through `fit_stages_by_path`: bstar.validate_stages.fitting)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from bstar.deployment import (
-    GENERIC_PATH,
     KERNEL_FIELDS,
     Deployment,
     Efficiency,
     EngineBehaviour,
-    split_values,
 )
 from bstar.errors import BstarError
 from bstar.stages_table import Stage
+from bstar.validate_stages.fitting import (
+    FIT_ITERATIONS,
+    FIT_WINDOW_S,
+    PathTerms,
+    _value,
+    _with_values,
+    fit_stages,
+    fit_stages_by_path,
+    priced_by_path,
+)
 from bstar.validate_stages.simulate import (
     FAILED_LIMIT,
     GROWTH_LIMIT,
@@ -40,8 +48,6 @@ from bstar.validate_stages.simulate import (
 )
 
 METRICS = ("e2e_mean_ms", "ttft_mean_ms", "tpot_mean_ms")
-FIT_WINDOW_S = 40.0  # per stage and evaluation, inside a leave-one-model-out fit
-FIT_ITERATIONS = 3
 # What a stage's leave-one-model-out fit calibrates (and what bench/accuracy.py
 # --fit-profiles fits the vllm profile's terms to): the KV stream of the engine's attention,
 # its CPU time per step and its fixed work per request. The all-reduce latency and the time
@@ -49,6 +55,9 @@ FIT_ITERATIONS = 3
 # per-step cost from a per-all-reduce one, nor the per-sequence cost from the KV stream
 # (fitted with them, `--fit` drives terms to their bounds: docs/cost-model.md).
 DEFAULT_FIT = ("kv_bandwidth", "overhead_s", "request_overhead_s")
+# Fitted beside it by the leave-one-GPU-out fit, one value per kernel path of the other
+# GPUs' stages (`_leave_gpu_out`).
+LOGO_KERNEL_FIT = ("moe_compute", "moe_layer_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +137,18 @@ def summarize_scores(scores: Sequence[StageScore]) -> Summary:
 def evaluate(stages: Sequence[Stage], eff: Efficiency | None = None, *,
              engine: str | None = None, max_window_s: float = MAX_WINDOW_S,
              max_requests: int = MAX_REQUESTS, seed: int = 0,
-             behaviour: EngineBehaviour | None = None, kernel_path: str | None = None
-             ) -> tuple[list[StageScore], Summary]:
+             behaviour: EngineBehaviour | None = None, kernel_path: str | None = None,
+             path_terms: PathTerms | None = None) -> tuple[list[StageScore], Summary]:
     """Every stage simulated at `eff` and `behaviour` (None: the engine profile's, `engine`
     or the stage's) and scored: the call for a loop over candidate efficiencies. With
-    `kernel_path`, `eff`'s kernel terms belong to that path (as in `fit_stages`)."""
+    `kernel_path`, `eff`'s kernel terms belong to that path (as in `fit_stages`); with
+    `path_terms` (a `fit_stages_by_path` result's), each stage prices its own path's
+    (`priced_by_path`)."""
     def deployment(s: Stage) -> Deployment | None:
+        if path_terms is not None:
+            d = stage_deployment(s, engine, eff, behaviour)
+            return priced_by_path(d, graph_settings(s, eff if eff is not None else d.eff),
+                                  path_terms)
         if kernel_path is None:
             return None
         d = stage_deployment(s, engine, eff, behaviour)
@@ -146,127 +161,6 @@ def evaluate(stages: Sequence[Stage], eff: Efficiency | None = None, *,
                                             behaviour=behaviour, deployment=deployment(s)))
               for s in stages]
     return scores, summarize_scores(scores)
-
-
-def _with_values(prior: Efficiency, behaviour: EngineBehaviour, values: Mapping[str, float]
-                 ) -> tuple[Efficiency, EngineBehaviour]:
-    """`prior` and `behaviour` with `values` (fields of either); a stream or rate not given
-    follows its lead at the prior's ratio, as in bstar.calibrate.fit_efficiency
-    (kv_bandwidth follows bandwidth)."""
-    from bstar.calibrate import _FOLLOWS
-
-    out = dict(values)
-    for k, lead in _FOLLOWS.items():
-        if lead in values and k not in values:
-            out[k] = min(getattr(prior, k) * values[lead] / getattr(prior, lead), 1.0)
-    e, b = split_values(out)
-    return replace(prior, **e), replace(behaviour, **b)
-
-
-def _value(e: Efficiency, b: EngineBehaviour, k: str) -> float:
-    return float(getattr(e if hasattr(e, k) else b, k))
-
-
-def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.ndarray:
-    """A parameter that makes a step cost more makes every latency of a stage longer: a
-    mean moving against its stage's per-token time (E2E when there is none) moves by the
-    phase of arrivals against step ends, not by the parameter, and its slope is set to 0
-    (a 0.2 ms wobble of a 15 ms TTFT outweighed E2E's true slope in a robust fit)."""
-    out = slope.copy()
-    ref: dict[int, float] = {}
-    for j, (i, k, _) in enumerate(pairs):
-        if k == "tpot_mean_ms" or (k == "e2e_mean_ms" and i not in ref):
-            ref[i] = float(slope[j])
-    for j, (i, _, _) in enumerate(pairs):
-        if out[j] * ref.get(i, 0.0) < 0:
-            out[j] = 0.0
-    return out
-
-
-def _on_path(d: Deployment, kernel_path: str | None) -> Deployment:
-    """`d`, its efficiencies' kernel terms taken as `kernel_path`'s (None: as built)."""
-    return d if kernel_path is None else replace(d, kernel_terms_path=kernel_path)
-
-
-def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
-               max_window_s: float = FIT_WINDOW_S, seed: int = 0,
-               iterations: int = FIT_ITERATIONS, behaviour: EngineBehaviour | None = None,
-               kernel_path: str | None = None
-               ) -> tuple[Efficiency, EngineBehaviour] | None:
-    """The parameters `fit` (fields of Efficiency or EngineBehaviour) fitted to the stages'
-    measured E2E, TTFT and per-token means (the measured-steady stages), each stage simulated
-    for at most `max_window_s`, starting from `prior` and `behaviour` (None: the first
-    stage's engine profile's). None when they cannot determine them. With `kernel_path`, the
-    kernel terms of `prior` belong to that path (an engine profile's entry for it): the
-    stages' deployments price them as theirs (`Deployment.kernel_terms_path`).
-
-    A simulation costs ~0.3 s a stage, too much for a least-squares fit that calls it a few
-    hundred times, so the fit runs on a surrogate refreshed by simulation (Gauss-Newton with
-    a line search): around the current values every predicted mean is log-linear in the
-    parameters, with slopes from one simulation per parameter (a 10% step; a slope against
-    the stage's per-token time is noise, set to 0: `_monotone`);
-    bstar.calibrate.fit_efficiency (log space, robust, bounded) fits the parameters to the
-    measurements through that surrogate; the simulation at the result is kept if its robust
-    cost is lower (else the step is halved, twice at most); `iterations` times. About
-    (len(fit) + 2) x iterations simulations of each stage."""
-    from bstar.calibrate import _SCALE, _UPPER, ROBUST_SCALE, fit_efficiency
-
-    steady = [s for s in stages if measured_state(s) == STEADY]
-    fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
-                or any(s.num_gpus > 1 for s in steady))
-    pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in s.measured().items()
-             if v > 0]
-    if not fit or len(pairs) < len(fit) + 1:
-        return None
-    base = {i: _on_path(stage_deployment(s), kernel_path) for i, s in enumerate(steady)}
-    behaviour = base[0].behaviour if behaviour is None else behaviour
-    log_meas = np.log([v for _, _, v in pairs])
-
-    def simulate_at(values: Mapping[str, float]) -> np.ndarray:
-        """log of the predicted means, aligned with `pairs`."""
-        e, b = _with_values(prior, behaviour, values)
-        preds = {i: simulate_stage(s, deployment=base[i].with_eff(graph_settings(s, e))
-                                   .with_behaviour(b),
-                                   max_window_s=max_window_s, seed=seed).values()
-                 for i, s in enumerate(steady)}
-        y = np.array([preds[i][k] for i, k, _ in pairs])
-        return np.log(np.where(np.isfinite(y) & (y > 0), y, 1e9))
-
-    def cost(log_y: np.ndarray) -> float:  # least_squares' soft_l1 at fit_efficiency's scale
-        z = ((log_y - log_meas) / ROBUST_SCALE) ** 2
-        return float(np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
-
-    x = {k: _value(prior, behaviour, k) for k in fit}
-    y = simulate_at(x)
-    c = cost(y)
-    for _ in range(iterations):
-        slopes = {}
-        for k in fit:
-            h = 0.1 * x[k] if x[k] > 0 else 0.1 * _SCALE[k]
-            if x[k] + h > _UPPER.get(k, math.inf):
-                h = -h
-            slopes[k] = _monotone((simulate_at({**x, k: x[k] + h}) - y) / h, pairs)
-        x0, y0 = dict(x), y
-
-        def surrogate(v: Mapping[str, float], x0: dict[str, float] = x0,
-                      y0: np.ndarray = y0,
-                      slopes: dict[str, np.ndarray] = slopes) -> np.ndarray:
-            return np.exp(y0 + sum(slopes[k] * (v[k] - x0[k]) for k in fit))
-
-        e0, b0 = _with_values(prior, behaviour, x0)
-        new = fit_efficiency(surrogate, np.exp(log_meas), e0, fit, behaviour=b0)
-        step = {k: _value(new.eff, new.behaviour, k) - x0[k] for k in fit}
-        for shrink in (1.0, 0.5, 0.25):
-            trial = {k: x0[k] + shrink * step[k] for k in fit}
-            y_trial = simulate_at(trial)
-            if cost(y_trial) < c:
-                x, y, c = trial, y_trial, cost(y_trial)
-                break
-        else:
-            break  # no step lowers the simulated cost: done
-        if all(abs(step[k]) <= 0.01 * max(abs(x0[k]), 1e-12) for k in fit):
-            break
-    return _with_values(prior, behaviour, x)
 
 
 @dataclass
@@ -432,28 +326,29 @@ def _leave_gpu_out(group: Sequence[Stage], others: Sequence[Stage],
     engine's stages on the other GPUs: none of `group`'s) from the generic start the
     leave-one-model-out fit takes, then each stage of `group` predicted with the result
     (into `scores["logo"]`; the fitted terms returned), or a note why not.
-    The kernel terms (KERNEL_FIELDS) too start generic where no other GPU's stage takes a
-    kernel path of `group`'s: the profile's were fitted on this GPU's own rows (its home
-    path or its entry), and a GPU whose path has no entry is priced with generic ones.
+    The fused-MoE terms are fitted too, per kernel path of `others` (`fit_stages_by_path`,
+    from each path's generic values: the profile's were fitted on this GPU's rows too), as
+    the profile holds them: a stage of `group` on a path some other GPU's stages take
+    prices that path's, one on a path no other GPU takes its path's generic ones, as a GPU
+    whose path has no entry is priced. Fitted as shared terms instead, the other paths'
+    fused-MoE time would go into the shared ones (docs/transfer.md).
     None where the other GPUs' stages cannot determine `fit`."""
     if not others:
         eng = group[0].engine
         notes.append(f"{eng} on one GPU: no leave-one-GPU-out figure")
         return None
     generic = (Efficiency(), EngineBehaviour())
-    paths = {stage_deployment(s).kernel_path for s in group}
-    reset = ([] if paths & {stage_deployment(s).kernel_path for s in others}
-             else list(KERNEL_FIELDS))
+    terms = (*fit, *LOGO_KERNEL_FIT)
     start = _with_values(*prof_terms, {k: _value(*generic, k)
-                                       for k in dict.fromkeys([*fit, *reset])})
-    path = GENERIC_PATH if reset else None  # no other GPU's path: each its generic ones
-    fitted = fit_stages(others, start[0], fit, fit_window_s, kw.get("seed", 0),
-                        behaviour=start[1], kernel_path=path)
+                                       for k in dict.fromkeys([*terms, *KERNEL_FIELDS])})
+    fitted = fit_stages_by_path(others, start[0], terms, fit_window_s, kw.get("seed", 0),
+                                behaviour=start[1])
     if fitted is None:
         notes.append(f"the other GPUs' ({', '.join(sorted({s.gpu for s in others}))}) "
                      f"steady stages cannot determine {', '.join(fit)}")
         return None
     scores["logo"] = [score_stage(s, simulate_stage(
-        s, deployment=_on_path(stage_deployment(s, engine, fitted[0], fitted[1]), path), **kw))
+        s, deployment=priced_by_path(stage_deployment(s, engine, fitted.eff, fitted.behaviour),
+                                     graph_settings(s, fitted.eff), fitted.path_terms), **kw))
         for s in group]
-    return {k: _value(*fitted, k) for k in fit}
+    return fitted.values(terms)
