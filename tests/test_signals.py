@@ -5,21 +5,42 @@ written after a SIGTERM)."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import signal
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
 from bstar.loadgen.sweep import Terminated, signals_as_interrupts
 
 
+def _signal_self(sig: int, wait_s: float = 10.0) -> None:
+    """Send `sig` to this thread (the main one, where Python runs signal handlers) and wait
+    up to `wait_s` for its handler to raise."""
+    signal.pthread_kill(threading.get_ident(), sig)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:  # the handler runs at the next bytecode boundary
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def default_disposition() -> Iterator[None]:
+    """SIGTERM and SIGHUP at their default action for the test (a suite started under
+    `nohup` ignores SIGHUP, which signals_as_interrupts rightly leaves ignored)."""
+    saved = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_raises_terminated_and_the_old_handler_comes_back(sig: int) -> None:
+def test_a_signal_raises_terminated_and_the_old_handler_comes_back(
+        sig: int, default_disposition: None) -> None:
     before = signal.getsignal(sig)
     with pytest.raises(Terminated) as e, signals_as_interrupts():
-        os.kill(os.getpid(), sig)
-        for _ in range(1000):  # the handler runs at the next bytecode boundary
-            pass
+        _signal_self(sig)
     assert e.value.signal_name == signal.Signals(sig).name
     assert signal.getsignal(sig) == before
 
@@ -27,14 +48,17 @@ def test_a_signal_raises_terminated_and_the_old_handler_comes_back(sig: int) -> 
 def test_a_swallowed_signal_is_raised_as_the_block_ends() -> None:
     reached_end = False
     with pytest.raises(Terminated), signals_as_interrupts():
-        try:  # a library callback that catches everything
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                pass
-        except BaseException:
-            pass
+        with contextlib.suppress(BaseException):  # a library callback that catches all
+            _signal_self(signal.SIGTERM)
         reached_end = True
     assert reached_end
+
+
+def test_an_ignored_signal_stays_ignored(default_disposition: None) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts a sweep
+    with signals_as_interrupts():
+        _signal_self(signal.SIGHUP, wait_s=0.05)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 def test_no_signal_no_exception() -> None:
