@@ -23,6 +23,11 @@ def param_field(name: str) -> str:
     return name.split("@", 1)[0]
 
 
+def param_path(name: str) -> str | None:
+    """The kernel path of a "FIELD@PATH" parameter name; None for a plain field."""
+    return name.split("@", 1)[1] if "@" in name else None
+
+
 # What `calibrate` fits unless told (--fit): the streams, the compute rate and the engine's
 # CPU time. Chunk terms join when mixed (prefill + decode) points are given.
 DEFAULT_FIT = ("bandwidth", "compute", "overhead_s", "overhead_per_seq_s")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bstar.calibrate.params import param_field, param_path
 from bstar.deployment import (
     GENERIC_PATH,
     KERNEL_FIELDS,
@@ -148,11 +149,12 @@ def fit_stages_by_path(stages: Sequence[Stage], prior: Efficiency, fit: Sequence
                 by_path=True)
 
 
-def _path_params(steady: Sequence[Stage], paths: Sequence[str], fit: Sequence[str]
-                 ) -> list[str]:
-    """The "FIELD@PATH" parameters a by-path fit of `fit`'s kernel terms has."""
-    moe = {p for s, p in zip(steady, paths, strict=True) if stage_deployment(s).model.is_moe}
-    return [f"{k}@{p}" for p in sorted(set(paths)) for k in fitted_kernel_fields(p)
+def _path_params(built: Sequence[Deployment], fit: Sequence[str]) -> list[str]:
+    """The "FIELD@PATH" parameters a by-path fit of `fit`'s kernel terms has over the
+    stages' deployments `built`."""
+    moe = {d.kernel_path for d in built if d.model.is_moe}
+    return [f"{k}@{p}" for p in sorted({d.kernel_path for d in built})
+            for k in fitted_kernel_fields(p)
             if k in fit and (p in moe or k == "int4_weight_stream")]
 
 
@@ -162,35 +164,36 @@ def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_win
     steady = [s for s in stages if measured_state(s) == STEADY]
     fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
                 or any(s.num_gpus > 1 for s in steady))
-    paths = [stage_deployment(s).kernel_path for s in steady]
+    built = [stage_deployment(s) for s in steady]
+    paths = [d.kernel_path for d in built]
     shared = tuple(k for k in fit if not by_path or k not in KERNEL_FIELDS)
-    names = (*shared, *(_path_params(steady, paths, fit) if by_path else ()))
+    names = (*shared, *(_path_params(built, fit) if by_path else ()))
     pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in s.measured().items()
              if v > 0]
     if not names or len(pairs) < len(names) + 1:
         return None
-    fitted_paths = {n.split("@", 1)[1] for n in names if "@" in n}
+    fitted_paths = {param_path(n) for n in names} - {None}
     if by_path:
-        base = {i: replace(stage_deployment(s), kernel_terms_path=paths[i]
+        base = {i: replace(d, kernel_terms_path=paths[i]
                            if paths[i] in fitted_paths else GENERIC_PATH)
-                for i, s in enumerate(steady)}
+                for i, d in enumerate(built)}
     else:
-        base = {i: _on_path(stage_deployment(s), kernel_path) for i, s in enumerate(steady)}
+        base = {i: _on_path(d, kernel_path) for i, d in enumerate(built)}
     behaviour = base[0].behaviour if behaviour is None else behaviour
     log_meas = np.log([v for _, _, v in pairs])
-    rows_of = {k: ({i for i, p in enumerate(paths) if p == k.split("@", 1)[1]} if "@" in k
+    rows_of = {k: ({i for i, p in enumerate(paths) if p == param_path(k)} if param_path(k)
                    else set(range(len(steady)))) for k in names}
 
     def row_eff(e: Efficiency, values: Mapping[str, float], i: int) -> Efficiency:
-        own = {n.split("@", 1)[0]: v for n, v in values.items()
-               if "@" in n and n.split("@", 1)[1] == paths[i]}
+        own = {param_field(n): v for n, v in values.items() if param_path(n) == paths[i]}
         return replace(e, **{**generic_kernel_terms(paths[i]), **own}) if own else e
 
     def simulate_at(values: Mapping[str, float], rows: set[int] | None = None,
                     y_old: np.ndarray | None = None) -> np.ndarray:
         """log of the predicted means, aligned with `pairs`: of the stages `rows` (None:
         all), the others' taken from `y_old`."""
-        e, b = _with_values(prior, behaviour, {k: v for k, v in values.items() if "@" not in k})
+        e, b = _with_values(prior, behaviour,
+                            {k: v for k, v in values.items() if not param_path(k)})
         todo = range(len(steady)) if rows is None else sorted(rows)
         preds = {i: simulate_stage(steady[i], deployment=base[i].with_eff(
             graph_settings(steady[i], row_eff(e, values, i))).with_behaviour(b),
@@ -203,15 +206,13 @@ def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_win
         return y
 
     x = {k: _value(prior, behaviour, k) for k in shared}
-    x |= {n: generic_kernel_terms(n.split("@", 1)[1])[n.split("@", 1)[0]]
-          for n in names if "@" in n}
+    x |= {n: generic_kernel_terms(p)[param_field(n)] for n in names if (p := param_path(n))}
     x = _gauss_newton(x, simulate_at, rows_of, pairs, log_meas, prior, behaviour, iterations)
     e, b = _with_values(prior, behaviour, {k: x[k] for k in shared})
     terms: dict[str, dict[str, float]] = {}
     for n in names:
-        if "@" in n:
-            k, p = n.split("@", 1)
-            terms.setdefault(p, {})[k] = x[n]
+        if p := param_path(n):
+            terms.setdefault(p, {})[param_field(n)] = x[n]
     return PathFit(e, b, terms)
 
 
@@ -228,7 +229,7 @@ def _gauss_newton(x: dict[str, float],
     from bstar.calibrate import _SCALE, _UPPER, ROBUST_SCALE, fit_efficiency
 
     names = tuple(x)
-    shared = [k for k in names if "@" not in k]
+    shared = [k for k in names if not param_path(k)]
 
     def cost(log_y: np.ndarray) -> float:  # least_squares' soft_l1 at fit_efficiency's scale
         z = ((log_y - log_meas) / ROBUST_SCALE) ** 2
@@ -239,7 +240,7 @@ def _gauss_newton(x: dict[str, float],
     for _ in range(iterations):
         slopes = {}
         for k in names:
-            field = k.split("@", 1)[0]
+            field = param_field(k)
             h = 0.1 * x[k] if x[k] > 0 else 0.1 * _SCALE[field]
             if x[k] + h > _UPPER.get(field, math.inf):
                 h = -h
@@ -256,11 +257,11 @@ def _gauss_newton(x: dict[str, float],
         # A term at its lower bound of 0 stays there: least_squares' trust region scales
         # with the distance to the bound and stops at once on ftol. A second start lifts
         # it 1% of its fitting unit off the bound; the better of the starts is kept.
-        lift = {k: 0.01 * _SCALE[k.split("@", 1)[0]] for k in names if x0[k] <= 0}
+        lift = {k: 0.01 * _SCALE[param_field(k)] for k in names if x0[k] <= 0}
         new = fit_efficiency(surrogate, np.exp(log_meas), e0, names, behaviour=b0,
                              starts=[x0 | lift] if lift else (),
-                             path_prior={k: x0[k] for k in names if "@" in k})
-        step = {k: (new.params[k].value if "@" in k else _value(new.eff, new.behaviour, k))
+                             path_prior={k: x0[k] for k in names if param_path(k)})
+        step = {k: (new.params[k].value if param_path(k) else _value(new.eff, new.behaviour, k))
                 - x0[k] for k in names}
         for shrink in (1.0, 0.5, 0.25):
             trial = {k: x0[k] + shrink * step[k] for k in names}

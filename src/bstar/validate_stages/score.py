@@ -340,7 +340,7 @@ def _leave_gpu_out(group: Sequence[Stage], others: Sequence[Stage],
     generic = (Efficiency(), EngineBehaviour())
     terms = (*fit, *LOGO_KERNEL_FIT)
     start = _with_values(*prof_terms, {k: _value(*generic, k)
-                                       for k in dict.fromkeys([*terms, *KERNEL_FIELDS])})
+                                       for k in dict.fromkeys([*fit, *KERNEL_FIELDS])})
     fitted = fit_stages_by_path(others, start[0], terms, fit_window_s, kw.get("seed", 0),
                                 behaviour=start[1])
     if fitted is None:
