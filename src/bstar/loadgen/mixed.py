@@ -41,6 +41,7 @@ from typing import Any
 from bstar.errors import BstarError
 from bstar.fit.steps import Point
 from bstar.loadgen.client import OpenAIClient, RequestSpec
+from bstar.loadgen.worker import run_loop
 from bstar.redact import clip
 
 CSV_COLUMNS = ("kind", "batch", "context_tokens", "chunk_tokens", "chunk_start", "step_ms",
@@ -369,7 +370,7 @@ def measure_steps(url: str, model: str, cfg: MixedConfig | None = None, *,
                                 extra_body={"ignore_eos": True}) as client:
             return await measure_steps_async(client, cfg, say)
 
-    return asyncio.run(run())
+    return run_loop(run())
 
 
 # ---- the points file ---------------------------------------------------------------------

@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import gc
 import os
+import signal
+import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from bstar.loadgen.client import RequestRecord, RequestSpec
@@ -34,14 +36,43 @@ def event_loop_name() -> str:
     return "uvloop"
 
 
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _built_whole(factory: Callable[[], asyncio.AbstractEventLoop]
+                 ) -> Callable[[], asyncio.AbstractEventLoop]:
+    """`factory` with Ctrl-C, SIGTERM and SIGHUP held back while it runs (they arrive the
+    moment it returns). A signal whose handler raises (KeyboardInterrupt, the sweep's
+    Terminated) inside the loop's constructor left a half-built loop whose `__del__` printed
+    a traceback ("'_UnixSelectorEventLoop' object has no attribute '_debug'"): a demo
+    signalled between two levels did so in CI. Only the main thread holds signals back."""
+    def make() -> asyncio.AbstractEventLoop:
+        if threading.current_thread() is not threading.main_thread():
+            return factory()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+        try:
+            return factory()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return make
+
+
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(coro)` on the event loop `event_loop_name()` names (Ctrl-C behaves
-    the same on both: the main task is cancelled, then KeyboardInterrupt)."""
+    the same on both: the main task is cancelled, then KeyboardInterrupt). A signal that
+    lands while the loop is being built waits until it is whole (`_built_whole`), and a
+    coroutine a signal kept from starting is closed, not left to warn."""
     if event_loop_name() == "uvloop":
         import uvloop
 
-        return uvloop.run(coro)  # type: ignore[no-any-return]
-    return asyncio.run(coro)
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    else:
+        factory = asyncio.new_event_loop
+    try:
+        with asyncio.Runner(loop_factory=_built_whole(factory)) as runner:
+            return runner.run(coro)
+    finally:
+        coro.close()  # a no-op once it ran
 
 
 _frozen = 0  # nesting depth of steady_gc
