@@ -15,7 +15,8 @@ expert parallel sizes, the engine, the concurrency and the stated lengths; times
 from seconds to ms (rounded to 0.1 us). From the benchmark scripts at that commit (the same
 for every row of a GPU x engine, data/inferencemax/README.md): the workload and the engine
 flags below, which differ by GPU (memory fraction, KV dtype, block size, CUDA graphs, decode
-steps per scheduling round, stream interval). Nothing is fitted or typed per row.
+steps per scheduling round, the scheduler's receive interval, stream interval). Nothing is
+fitted or typed per row.
 
 The client (kimbochen/bench_serving's benchmark_serving.py, `sample_random_requests`) draws
 every prompt length and every output length uniformly from the integers
@@ -91,7 +92,8 @@ def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int, model: str = ""
     return conc, 8192
 
 
-def _settings(gpu: str, engine: str, model: str, max_num_seqs: int) -> dict[str, Any]:
+def _settings(gpu: str, engine: str, model: str, max_num_seqs: int, conc: int
+              ) -> dict[str, Any]:
     """The server settings each GPU's script gives the engine (data/inferencemax/README.md);
     blank where the script leaves the engine's default."""
     s: dict[str, Any] = {}
@@ -111,8 +113,9 @@ def _settings(gpu: str, engine: str, model: str, max_num_seqs: int) -> dict[str,
         if gpu == "h200":
             s.update(memory_fraction=0.82, cuda_graph_max_tokens=512, stream_interval=10)
         elif gpu == "b200":
+            # --scheduler-recv-interval 10 below 16 users, else 30
             s.update(memory_fraction=0.82, cuda_graph_max_tokens=128, stream_interval=30,
-                     kv_cache_dtype="fp8_e4m3")
+                     kv_cache_dtype="fp8_e4m3", scheduler_recv_interval=10 if conc < 16 else 30)
         else:  # MI300X: --num-continuous-decode-steps 4, SGLang's stream interval default 1
             s.update(memory_fraction=MI300X_SGLANG_MEMORY, cuda_graph_max_tokens=128,
                      decode_steps_per_schedule=4)
@@ -155,7 +158,7 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         "total_tok_s_per_gpu": round(float(r["tput_per_gpu"]), 4),
         # SGLang streams its tokens in chunks of --stream-interval and sends its first chunk
         # with the N-th token: the runs table reads it from stream_interval.
-        **_settings(gpu, eng, model, seqs),
+        **_settings(gpu, eng, model, seqs, conc),
         "source": SOURCE.format(file=r["file"]),
     }
 

@@ -1,6 +1,6 @@
 """Judge the engine terms by what they did not see (issue 37, item 0): the transfer matrix.
 
-    python bench/transfer.py [--quick] [--json] [--jobs N] [--no-write]
+    python bench/transfer.py [--quick] [--json] [--jobs N] [--no-write] [--engine NAME]
 
 The shared real data of each engine: the closed-loop runs (data/inferencemax/runs.csv:
 vLLM, SGLang and TensorRT-LLM on H200, B200 and MI300X) and, for vLLM, the H100 load stages
@@ -254,10 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="slices fitted side by side")
     p.add_argument("--no-write", action="store_true", help=f"do not rewrite {PAGE.name}")
     p.add_argument("--only", default=None, help="only the slices of this kind")
+    p.add_argument("--engine", default=None,
+                   help="only this engine's slices (the page is then left as it is)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     rows = load_rows(args.quick)
-    todo = [s for s in slices(rows) if args.only in (None, s.kind)]
+    todo = [s for s in slices(rows) if args.only in (None, s.kind)
+            and args.engine in (None, s.engine)]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(run_slice, s, args.quick) for s in todo]
         results = []
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                           "slices": results}, indent=2))
     else:
         print(table(results))
-    if not args.no_write:
+    if not args.no_write and args.engine is None:  # a part never replaces the whole page
         PAGE.write_text(page(results, args.quick, minutes, load))
     return 0
 

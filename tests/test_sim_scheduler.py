@@ -92,6 +92,39 @@ def test_continuous_decode_steps_open_the_queue_once_a_round() -> None:
         assert at >= arrive and (at - 1) % 4 == 0 and at - arrive < 4
 
 
+def test_sglangs_receive_interval_opens_the_queue_every_n_decode_rounds() -> None:
+    """SGLang's --scheduler-recv-interval R (SchedulerRecvSkipper): a batch that only decodes
+    receives new requests every R rounds, and at once after any other step. With N continuous
+    decode steps a round, the queue opens every N x R decode steps."""
+    def admitted_at(cfg: SchedulerConfig, arrive_after: int) -> int:
+        reqs = Requests.new(np.array([4, 4]), np.array([80, 5]))
+        s = Scheduler(cfg, reqs, BlockManager(100, 4))
+        s.add(0)
+        step(s, 0.0)  # request 0's prompt: the next decode step receives
+        for k in range(1, 80):
+            if k == arrive_after:
+                s.add(1)
+            ids, _, _ = step(s, float(k))
+            if 1 in ids:
+                return k
+        raise AssertionError("never admitted")
+
+    assert SchedulerConfig(8, 64, decode_steps_per_schedule=2,
+                           recv_interval=3).queue_interval_steps == 6
+    for arrive in range(1, 25):
+        at = admitted_at(SchedulerConfig(8, 64, recv_interval=10), arrive)
+        assert at >= arrive and (at - 1) % 10 == 0 and at - arrive < 10
+        at = admitted_at(SchedulerConfig(8, 64, decode_steps_per_schedule=2, recv_interval=3),
+                         arrive)
+        assert at >= arrive and (at - 1) % 6 == 0 and at - arrive < 6
+    import pytest
+
+    from bstar.errors import BstarError
+
+    with pytest.raises(BstarError, match="scheduler-recv-interval"):
+        SchedulerConfig(8, 64, recv_interval=0)
+
+
 def test_decode_steps_per_schedule_is_checked() -> None:
     import pytest
 
@@ -113,3 +146,21 @@ def test_simulate_takes_sglangs_continuous_decode_steps(capsys) -> None:  # type
                      "--json"]) == 0
         ttft[n] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
     assert ttft[4] > ttft[1]  # requests wait for the round's end
+
+
+def test_simulate_takes_sglangs_receive_interval(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import pytest
+
+    from bstar.cli import main
+
+    ttft = {}
+    for n in (1, 30):
+        assert main(["simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", "5",
+                     "--num-requests", "60", "--scheduler-recv-interval", str(n),
+                     "--json"]) == 0
+        ttft[n] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
+    assert ttft[30] > ttft[1]  # requests wait for the scheduler to receive them
+    with pytest.raises(SystemExit):
+        main(["simulate", "--model", "llama-3-8b", "--scheduler-recv-interval", "0"])

@@ -61,6 +61,12 @@ def test_shipped_table_reads_as_closed_loops() -> None:
     assert by["mi300x", "vllm"].block_size == 64
     assert by["mi300x", "vllm"].memory_fraction == 0.95
     assert by["mi300x", "sglang"].decode_steps_per_schedule == 4
+    # B200's SGLang script: --scheduler-recv-interval 10 below 16 users, else 30
+    recv = {(r.concurrency < 16, r.scheduler_recv_interval) for r in runs
+            if (r.gpu, r.engine) == ("b200", "sglang")}
+    assert recv == {(True, 10), (False, 30)}
+    assert {r.scheduler_recv_interval for r in runs
+            if (r.gpu, r.engine) != ("b200", "sglang")} == {1}
     assert by["b200", "vllm"].cuda_graph_mode == "full_and_piecewise"
     assert by["h200", "vllm"].cuda_graph_max_tokens == 2048
 
@@ -260,7 +266,8 @@ def test_memory_fraction_block_size_and_graphs_are_the_runs_own() -> None:
     (run,) = runs_from_csv(_one_run(cuda_graph_max_tokens="1024"))
     assert stage_deployment(run, eff=Efficiency()).eff.graph_max_tokens == 1024.0
     for bad in ({"memory_fraction": "1.5"}, {"cuda_graph_mode": "sometimes"},
-                {"decode_steps_per_schedule": "0"}, {"num_gpus": "1e300"}):
+                {"decode_steps_per_schedule": "0"}, {"scheduler_recv_interval": "0"},
+                {"num_gpus": "1e300"}):
         with pytest.raises(BstarError):
             runs_from_csv(_one_run(**bad))
 
@@ -279,6 +286,14 @@ def test_stream_interval_leaves_the_first_token_and_decode_steps_reach_the_sched
                                      decode_steps_per_schedule="4"))
     a, b = simulate_stage(one), simulate_stage(four)
     assert b.ttft_mean_ms > a.ttft_mean_ms
+    # so does SGLang's receive interval (B200's script: 30 from 16 users), and more of it
+    # delays them more
+    (ten,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16",
+                                    scheduler_recv_interval="10"))
+    (thirty,) = runs_from_csv(_one_run(concurrency="8", num_prompts="16",
+                                       scheduler_recv_interval="30"))
+    c, d = simulate_stage(ten), simulate_stage(thirty)
+    assert a.ttft_mean_ms < c.ttft_mean_ms < d.ttft_mean_ms
 
 
 @pytest.mark.parametrize("fraction", ["0.85", ""])

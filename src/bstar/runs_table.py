@@ -23,10 +23,12 @@ TensorRT-LLM free_gpu_memory_fraction), `kv_cache_dtype` (any name `bstar plan -
 takes, engines' spellings too: fp8_e4m3, auto), `block_size` (KV block, tokens),
 `cuda_graph_mode` (none, piecewise, full, full_and_piecewise, full_decode_only),
 `cuda_graph_max_tokens` (the largest step a captured graph runs), `decode_steps_per_schedule`
-(SGLang --num-continuous-decode-steps) and `stream_interval` (tokens per stream chunk: the
-ITL's chunks; SGLang streams a request's first token at once, so it does not delay TTFT:
-`first_chunk_tokens` says when an engine's first chunk waits).
-docs/validate.md says how the simulator honours each.
+(SGLang --num-continuous-decode-steps), `scheduler_recv_interval` (SGLang
+--scheduler-recv-interval: decode rounds between two looks at the request queue) and
+`stream_interval` (tokens per stream chunk: the ITL's chunks; SGLang streams a request's
+first token at once, so it does not delay TTFT: `first_chunk_tokens` says when an engine's
+first chunk waits). docs/cost-model.md ("2026 models on real engines") says how the simulator
+honours each.
 
 Parallel layout (issue 38): `expert_parallel` (the experts split over that many GPUs, each
 holding whole experts; 1: tensor-parallel experts), `dp_attention` and `data_parallel`
@@ -65,7 +67,7 @@ COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention",
            "e2e_median_ms", "e2e_p99_ms", "output_tok_s_per_gpu", "total_tok_s_per_gpu",
            "first_chunk_tokens", "memory_fraction", "kv_cache_dtype", "block_size",
            "cuda_graph_mode", "cuda_graph_max_tokens", "decode_steps_per_schedule",
-           "stream_interval", "source")
+           "scheduler_recv_interval", "stream_interval", "source")
 # vLLM's CUDAGraphMode names (vllm/config/compilation.py), lower case; SGLang and
 # TensorRT-LLM capture full decode graphs up to a batch size: full_decode_only.
 CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise", "full_decode_only")
@@ -172,6 +174,8 @@ def _settings(r: dict[str, str], at: str) -> dict[str, Any]:
             "cuda_graph_max_tokens": _int(r, "cuda_graph_max_tokens", at) or 0,
             "decode_steps_per_schedule": _int(r, "decode_steps_per_schedule", at,
                                               maximum=1024) or 1,
+            "scheduler_recv_interval": _int(r, "scheduler_recv_interval", at,
+                                            maximum=1024) or 1,
             "stream_interval": _int(r, "stream_interval", at, maximum=1 << 20) or 0}
 
 

@@ -105,14 +105,16 @@ class Stage:
     # SGLang --mem-fraction-static, TensorRT-LLM free_gpu_memory_fraction), KV cache dtype,
     # KV block size, CUDA graph mode (none, piecewise, full, full_and_piecewise,
     # full_decode_only) and the largest step a captured graph runs, decode steps per
-    # scheduling round (SGLang --num-continuous-decode-steps) and stream interval (tokens
-    # per stream chunk after the first: SGLang streams the first token at once).
+    # scheduling round (SGLang --num-continuous-decode-steps), decode rounds between two
+    # looks at the request queue (SGLang --scheduler-recv-interval) and stream interval
+    # (tokens per stream chunk after the first: SGLang streams the first token at once).
     memory_fraction: float | None = None
     kv_cache_dtype: str = ""
     block_size: int = 0
     cuda_graph_mode: str = ""
     cuda_graph_max_tokens: int = 0
     decode_steps_per_schedule: int = 1
+    scheduler_recv_interval: int = 1
     stream_interval: int = 0
 
     @property

@@ -47,6 +47,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode steps a batch that only decodes runs before the scheduler "
                         "looks at the queue again (SGLang --num-continuous-decode-steps; "
                         "default 1, as vLLM)")
+    s.add_argument("--scheduler-recv-interval", dest="scheduler_recv_interval",
+                   type=positive_int, default=1, metavar="N",
+                   help="scheduling rounds of pure decode between two looks at the request "
+                        "queue (SGLang --scheduler-recv-interval; default 1: every round)")
     s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what a preempted request loses: recompute (V1) drops its KV; swap "
                         "(V0) parks it in host memory (default recompute)")
@@ -141,6 +145,7 @@ def study_options(args: argparse.Namespace) -> Any:
         max_num_seqs=tuple(args.max_num_seqs) if args.max_num_seqs else None,
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
         decode_steps_per_schedule=args.decode_steps_per_schedule,
+        scheduler_recv_interval=args.scheduler_recv_interval,
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
         trace=args.trace, think_time_s=args.think_time_s, input_len=input_len,
         output_len=output_len, num_requests=args.num_requests, seed=args.seed,

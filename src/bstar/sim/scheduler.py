@@ -62,6 +62,10 @@ class SchedulerConfig:
     # again (SGLang's --num-continuous-decode-steps; 1: every step, as vLLM does). A request
     # that arrives meanwhile waits for the round's end.
     decode_steps_per_schedule: int = 1
+    # Scheduling rounds of pure decode between two looks at the request queue (SGLang's
+    # --scheduler-recv-interval: its SchedulerRecvSkipper adds 1 a decode round and receives
+    # at the interval, and at once after any other step; 1: every round).
+    recv_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -71,9 +75,18 @@ class SchedulerConfig:
         if not 1 <= self.decode_steps_per_schedule <= 1024:
             raise BstarError("--num-continuous-decode-steps must be in 1..1024, got "
                              f"{self.decode_steps_per_schedule}")
+        if not 1 <= self.recv_interval <= 1024:
+            raise BstarError("--scheduler-recv-interval must be in 1..1024, got "
+                             f"{self.recv_interval}")
         if self.preemption not in PREEMPTION_MODES:
             raise BstarError(f"--preemption must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {self.preemption!r}")
+
+    @property
+    def queue_interval_steps(self) -> int:
+        """Pure decode steps between two looks at the queue: the decode steps of a round
+        times the rounds between two receives (1: every step, as vLLM)."""
+        return self.decode_steps_per_schedule * self.recv_interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +122,8 @@ class Scheduler:
         self.running = np.zeros(min(cfg.max_num_seqs, len(reqs)) + 1, dtype=np.int64)
         self.num_running = 0
         self.num_preemptions = 0
-        # Pure decode steps in the current round (SchedulerConfig.decode_steps_per_schedule).
+        # Pure decode steps since the queue was last looked at, or since the last step that
+        # did more than decode (SchedulerConfig.queue_interval_steps).
         self.decode_round = 0
 
     # ---- queue ---------------------------------------------------------------------------
@@ -211,11 +225,11 @@ class Scheduler:
         return need, total, total
 
     def _queue_open(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
-        """Whether this step may admit from the queue: always, unless the engine runs
-        `decode_steps_per_schedule` = N > 1 decode steps per scheduling round and this step
-        only decodes; then only the round's first step looks at the queue (steps
-        0, N, 2N, ... of a run of pure decode steps)."""
-        n = self.cfg.decode_steps_per_schedule
+        """Whether this step may admit from the queue: always, unless the engine looks at
+        it every N = `queue_interval_steps` > 1 pure decode steps (SGLang's continuous
+        decode steps times its receive interval) and this step only decodes; then only
+        steps 0, N, 2N, ... of a run of pure decode steps look at the queue."""
+        n = self.cfg.queue_interval_steps
         if n == 1:
             return True
         r = self.reqs
@@ -230,7 +244,7 @@ class Scheduler:
 
     def note_decode_steps(self, k: int) -> None:
         """`k` pure decode steps ran at once (the simulator's multi-step jump)."""
-        if self.cfg.decode_steps_per_schedule > 1:
+        if self.cfg.queue_interval_steps > 1:
             self.decode_round += k
 
     def _admit_cached(self, rid: int, computed: int, budget: int) -> tuple[int, int, int]:

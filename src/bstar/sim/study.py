@@ -41,8 +41,10 @@ class StudyOptions:
     prefix_caching: bool = True  # vLLM V1's automatic prefix caching (--no-prefix-caching)
     # Speculative decoding (bstar.sim.speculative.SpecSim); None: plain decode.
     speculative: Any = None
-    # SGLang's --num-continuous-decode-steps (SchedulerConfig.decode_steps_per_schedule).
+    # SGLang's --num-continuous-decode-steps (SchedulerConfig.decode_steps_per_schedule) and
+    # --scheduler-recv-interval (SchedulerConfig.recv_interval).
     decode_steps_per_schedule: int = 1
+    scheduler_recv_interval: int = 1
     # The price each level's energy per output token is costed at (bstar.energy).
     electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
 
@@ -137,7 +139,8 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
         raise BstarError(f"--swap-space-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                          f"GiB, got {o.swap_space_gib:g}")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption,
-                                    decode_steps_per_schedule=o.decode_steps_per_schedule),
+                                    decode_steps_per_schedule=o.decode_steps_per_schedule,
+                                    recv_interval=o.scheduler_recv_interval),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
                     max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching,
                     speculative=o.speculative)

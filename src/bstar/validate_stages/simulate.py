@@ -274,7 +274,8 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
     else:
         n, w = len(workload.prompt_tokens), workload
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens,
-                                    decode_steps_per_schedule=stage.decode_steps_per_schedule),
+                                    decode_steps_per_schedule=stage.decode_steps_per_schedule,
+                                    recv_interval=stage.scheduler_recv_interval),
                     speculative=stage_speculation(stage, d, seed),
                     cold_start_s=d.behaviour.cold_start_s)
     run = simulate(d, cfg, w)
