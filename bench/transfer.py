@@ -1,6 +1,7 @@
 """Judge the engine terms by what they did not see (issue 37, item 0): the transfer matrix.
 
     python bench/transfer.py [--quick] [--json] [--jobs N] [--no-write] [--engine NAME]
+        [--runs RUNS.csv]
 
 The shared real data of each engine: the closed-loop runs (data/inferencemax/runs.csv:
 vLLM, SGLang and TensorRT-LLM on H200, B200 and MI300X) and, for vLLM, the H100 load stages
@@ -8,7 +9,8 @@ vLLM, SGLang and TensorRT-LLM on H200, B200 and MI300X) and, for vLLM, the H100 
 fitted on the rest (`bstar.validate_stages.fit_stages`, as bench/fit_runs.py fits the
 profiles) and the slice is predicted (`bstar.validate_stages.evaluate`). Per slice, the
 median |predicted / measured - 1| of the mean TPOT, TTFT and E2E over its measured-steady
-rows, two ways side by side:
+rows, and of the median TTFT over its rows that state one (a benchmark without a warm-up
+puts its first requests' compile and tune time in the mean), two ways side by side:
 
 - in-sample: the shipped engine profile (src/bstar/presets/engines.toml), which was fitted
   on every row, the slice's included;
@@ -61,6 +63,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -103,10 +107,10 @@ class Slice:
     train: tuple[Stage, ...]
 
 
-def load_rows(quick: bool) -> list[Stage]:
+def load_rows(quick: bool, runs_path: Path = RUNS) -> list[Stage]:
     """Every shared row (runs with tensor-parallel attention, and the vLLM H100 stages);
     with `quick`, the subsample the docstring names."""
-    runs = [r for r in load_runs(RUNS) if not r.dp_attention]
+    runs = [r for r in load_runs(runs_path) if not r.dp_attention]
     stages = load_stages(STAGES)
     if not quick:
         return [*runs, *stages]
@@ -154,25 +158,35 @@ def _medians(summary: Any) -> dict[str, float | None]:
     return {k: summary.median_abs[k] for k in QUANTITIES}
 
 
+def ttft_p50_error(scores: Sequence[Any]) -> float | None:
+    """Median over the rows that state a median TTFT of |predicted / measured - 1| of it
+    (None: no row states one)."""
+    errs = [abs(s.prediction.ttft_p50_ms / s.stage.ttft_p50_ms - 1) for s in scores
+            if s.stage.ttft_p50_ms and s.prediction.ttft_p50_ms is not None]
+    return float(np.median(errs)) if errs else None
+
+
 def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:
     """One cell row of the matrix: in-sample (shipped profile) and left out (refit)."""
     t0 = time.monotonic()
     settings = QUICK if quick else FULL
     fit = FIT.get(sl.engine, FIT["vllm"])
-    _, inside = evaluate(list(sl.test))
+    inside_rows, inside = evaluate(list(sl.test))
     e, b = start_terms(sl.engine, fit)
     got = fit_stages_by_path(list(sl.train), e, fit, max_window_s=settings["fit_window_s"],
                              iterations=settings["iterations"], behaviour=b)
     out: dict[str, Any] = {
         "kind": sl.kind, "engine": sl.engine, "left_out": sl.left_out,
         "test_rows": len(sl.test), "train_rows": len(sl.train), "fit": list(fit),
-        "in_sample": _medians(inside), "left_out_errors": None, "fitted": None}
+        "in_sample": _medians(inside), "left_out_errors": None, "fitted": None,
+        "in_sample_ttft_p50": ttft_p50_error(inside_rows), "left_out_ttft_p50": None}
     if got is None:
         out["note"] = "the training rows cannot determine the terms"
     else:
-        _, held = evaluate(list(sl.test), got.eff, behaviour=got.behaviour,
-                           path_terms=got.path_terms)
+        held_rows, held = evaluate(list(sl.test), got.eff, behaviour=got.behaviour,
+                                   path_terms=got.path_terms)
         out["left_out_errors"] = _medians(held)
+        out["left_out_ttft_p50"] = ttft_p50_error(held_rows)
         out["fitted"] = got.values(fit)
         test_paths = {stage_deployment(r).kernel_path for r in sl.test}
         out["paths_fitted"] = sorted(got.path_terms)
@@ -188,7 +202,8 @@ def _pct(x: float | None) -> str:
 def table(results: Sequence[dict[str, Any]]) -> str:
     """The matrix as a markdown table."""
     lines = ["| left out | engine | rows (slice / fit) | terms fitted | in-sample TPOT / TTFT "
-             "/ E2E | left out TPOT / TTFT / E2E |", "|---|---|---|---|---|---|"]
+             "/ E2E | left out TPOT / TTFT / E2E | median TTFT in-sample / left out |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         shared = [k for k in r["fit"] if k not in KERNEL_FIELDS]
         kernel = [k for k in r["fit"] if k in KERNEL_FIELDS]
@@ -200,8 +215,9 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         lo = r["left_out_errors"]
         out = (" / ".join(_pct(lo[k]) for k in QUANTITIES) if lo
                else f"- ({r.get('note', '')})")
+        p50 = f"{_pct(r.get('in_sample_ttft_p50'))} / {_pct(r.get('left_out_ttft_p50'))}"
         lines.append(f"| {r['kind']} {r['left_out']} | {r['engine']} | {r['test_rows']} / "
-                     f"{r['train_rows']} | {terms} | {ins} | {out} |")
+                     f"{r['train_rows']} | {terms} | {ins} | {out} | {p50} |")
     return "\n".join(lines)
 
 
@@ -220,7 +236,7 @@ training rows, as the profiles hold them; a slice row on a path no training row 
 priced with its path's generic ones, as bstar prices a GPU with no entry for its path:
 `bstar.deployment.generic_kernel_terms`), and the slice is predicted. Each cell
 is the median |predicted / measured - 1| of the mean TPOT, TTFT and E2E over the slice's
-measured-steady rows:
+measured-steady rows (the last column: of the median TTFT, over its rows that state one):
 
 - **in-sample**: the shipped engine profile (`src/bstar/presets/engines.toml`), fitted on
   every row, the slice's included;
@@ -256,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="only the slices of this kind")
     p.add_argument("--engine", default=None,
                    help="only this engine's slices (the page is then left as it is)")
+    p.add_argument("--runs", type=Path, default=RUNS,
+                   help="the runs table (default data/inferencemax/runs.csv; another one "
+                        "leaves the page as it is)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
-    rows = load_rows(args.quick)
+    rows = load_rows(args.quick, args.runs)
     todo = [s for s in slices(rows) if args.only in (None, s.kind)
             and args.engine in (None, s.engine)]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -275,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                           "slices": results}, indent=2))
     else:
         print(table(results))
-    if not args.no_write and args.engine is None:  # a part never replaces the whole page
+    if not args.no_write and args.engine is None and args.runs == RUNS:  # the whole, only
         PAGE.write_text(page(results, args.quick, minutes, load))
     return 0
 

@@ -41,3 +41,19 @@ def test_transfer_slices_leave_their_rows_out_and_kernel_terms_where_unseen() ->
     # per kernel path of the training rows: tests/test_fit_by_path.py)
     e, _ = t.start_terms("vllm", t.FIT["vllm"])
     assert (e.moe_compute, e.moe_layer_s) == (1.0, 0.0)
+
+
+def test_the_median_ttft_error_skips_rows_without_a_measured_median() -> None:
+    """bench/transfer.py scores the median TTFT beside the means: over the rows that state
+    one, |predicted / measured - 1|, their median."""
+    from types import SimpleNamespace as NS
+
+    t = _transfer()
+
+    def score(pred: float | None, meas: float | None) -> NS:
+        return NS(prediction=NS(ttft_p50_ms=pred), stage=NS(ttft_p50_ms=meas))
+
+    got = t.ttft_p50_error([score(110.0, 100.0), score(50.0, 100.0), score(300.0, 200.0),
+                            score(80.0, None), score(None, 100.0)])
+    assert abs(got - 0.5) < 1e-12  # the median of 0.1, 0.5 and 0.5
+    assert t.ttft_p50_error([score(80.0, None)]) is None
