@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bstar.sim.block_manager import BlockManager
 from bstar.sim.scheduler import Scheduler, SchedulerConfig
@@ -66,28 +67,29 @@ def test_swap_keeps_computed_tokens() -> None:
     assert s.blocks.num_host_free == 99
 
 
+def _admitted_at(cfg: SchedulerConfig, arrive_after: int) -> int:
+    """The decode step at which request 1, queued after step `arrive_after` while request 0
+    decodes alone, gets in."""
+    reqs = Requests.new(np.array([4, 4]), np.array([80, 5]))
+    s = Scheduler(cfg, reqs, BlockManager(100, 4))
+    s.add(0)
+    step(s, 0.0)  # request 0's prompt
+    for k in range(1, 80):
+        if k == arrive_after:
+            s.add(1)
+        ids, _, _ = step(s, float(k))
+        if 1 in ids:
+            return k
+    raise AssertionError("never admitted")
+
+
 def test_continuous_decode_steps_open_the_queue_once_a_round() -> None:
     """SGLang's --num-continuous-decode-steps N: a batch that only decodes looks at the queue
     on the first step of each round of N, so a request that arrives mid-round waits for the
     round's end; N = 1 admits it at the next step."""
-    def admitted_at(n: int, arrive_after: int) -> int:
-        reqs = Requests.new(np.array([4, 4]), np.array([40, 5]))
-        s = Scheduler(SchedulerConfig(8, 64, decode_steps_per_schedule=n), reqs,
-                      BlockManager(100, 4))
-        s.add(0)
-        t = 0.0
-        step(s, t)  # request 0's prompt
-        for k in range(1, 40):
-            if k == arrive_after:
-                s.add(1)
-            ids, _, _ = step(s, float(k))
-            if 1 in ids:
-                return k
-        raise AssertionError("never admitted")
-
     for arrive in range(1, 9):
-        assert admitted_at(1, arrive) == arrive
-        at = admitted_at(4, arrive)
+        assert _admitted_at(SchedulerConfig(8, 64), arrive) == arrive
+        at = _admitted_at(SchedulerConfig(8, 64, decode_steps_per_schedule=4), arrive)
         # decode steps 1, 5, 9, ... open the queue (the first decode step opens a round)
         assert at >= arrive and (at - 1) % 4 == 0 and at - arrive < 4
 
@@ -96,29 +98,14 @@ def test_sglangs_receive_interval_opens_the_queue_every_n_decode_rounds() -> Non
     """SGLang's --scheduler-recv-interval R (SchedulerRecvSkipper): a batch that only decodes
     receives new requests every R rounds, and at once after any other step. With N continuous
     decode steps a round, the queue opens every N x R decode steps."""
-    def admitted_at(cfg: SchedulerConfig, arrive_after: int) -> int:
-        reqs = Requests.new(np.array([4, 4]), np.array([80, 5]))
-        s = Scheduler(cfg, reqs, BlockManager(100, 4))
-        s.add(0)
-        step(s, 0.0)  # request 0's prompt: the next decode step receives
-        for k in range(1, 80):
-            if k == arrive_after:
-                s.add(1)
-            ids, _, _ = step(s, float(k))
-            if 1 in ids:
-                return k
-        raise AssertionError("never admitted")
-
     assert SchedulerConfig(8, 64, decode_steps_per_schedule=2,
                            recv_interval=3).queue_interval_steps == 6
     for arrive in range(1, 25):
-        at = admitted_at(SchedulerConfig(8, 64, recv_interval=10), arrive)
+        at = _admitted_at(SchedulerConfig(8, 64, recv_interval=10), arrive)
         assert at >= arrive and (at - 1) % 10 == 0 and at - arrive < 10
-        at = admitted_at(SchedulerConfig(8, 64, decode_steps_per_schedule=2, recv_interval=3),
+        at = _admitted_at(SchedulerConfig(8, 64, decode_steps_per_schedule=2, recv_interval=3),
                          arrive)
         assert at >= arrive and (at - 1) % 6 == 0 and at - arrive < 6
-    import pytest
-
     from bstar.errors import BstarError
 
     with pytest.raises(BstarError, match="scheduler-recv-interval"):
@@ -126,41 +113,26 @@ def test_sglangs_receive_interval_opens_the_queue_every_n_decode_rounds() -> Non
 
 
 def test_decode_steps_per_schedule_is_checked() -> None:
-    import pytest
-
     from bstar.errors import BstarError
 
     with pytest.raises(BstarError, match="continuous-decode-steps"):
         SchedulerConfig(8, 64, decode_steps_per_schedule=0)
 
 
-def test_simulate_takes_sglangs_continuous_decode_steps(capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("flag, n", [("--num-continuous-decode-steps", 4),
+                                     ("--scheduler-recv-interval", 30)])
+def test_simulate_takes_sglangs_queue_flags(capsys, flag: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Both SGLang flags make a request that arrives mid-decode wait for the scheduler:
+    the round's end, or its next receive."""
     import json
 
     from bstar.cli import main
 
     ttft = {}
-    for n in (1, 4):
+    for k in (1, n):
         assert main(["simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", "5",
-                     "--num-requests", "60", "--num-continuous-decode-steps", str(n),
-                     "--json"]) == 0
-        ttft[n] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
-    assert ttft[4] > ttft[1]  # requests wait for the round's end
-
-
-def test_simulate_takes_sglangs_receive_interval(capsys) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    import pytest
-
-    from bstar.cli import main
-
-    ttft = {}
-    for n in (1, 30):
-        assert main(["simulate", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--rate", "5",
-                     "--num-requests", "60", "--scheduler-recv-interval", str(n),
-                     "--json"]) == 0
-        ttft[n] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
-    assert ttft[30] > ttft[1]  # requests wait for the scheduler to receive them
+                     "--num-requests", "60", flag, str(k), "--json"]) == 0
+        ttft[k] = json.loads(capsys.readouterr().out)["ttft_ms"]["mean"]
+    assert ttft[n] > ttft[1]
     with pytest.raises(SystemExit):
-        main(["simulate", "--model", "llama-3-8b", "--scheduler-recv-interval", "0"])
+        main(["simulate", "--model", "llama-3-8b", flag, "0"])
