@@ -77,6 +77,7 @@ from bstar.deployment import (  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import Stage, load_stages  # noqa: E402
+from bstar.validate_runs import ttft_median_error  # noqa: E402
 from bstar.validate_stages import (  # noqa: E402
     FIT_WINDOW_S,
     evaluate,
@@ -160,9 +161,8 @@ def _medians(summary: Any) -> dict[str, float | None]:
 
 def ttft_p50_error(scores: Sequence[Any]) -> float | None:
     """Median over the rows that state a median TTFT of |predicted / measured - 1| of it
-    (None: no row states one)."""
-    errs = [abs(s.prediction.ttft_p50_ms / s.stage.ttft_p50_ms - 1) for s in scores
-            if s.stage.ttft_p50_ms and s.prediction.ttft_p50_ms is not None]
+    (`bstar.validate_runs.ttft_median_error`; None: no row states one)."""
+    errs = [abs(e) for s in scores if (e := ttft_median_error(s)) is not None]
     return float(np.median(errs)) if errs else None
 
 

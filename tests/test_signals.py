@@ -86,10 +86,8 @@ def test_a_signal_while_the_event_loop_is_built_waits_until_it_is_whole(
         return loop
 
     with pytest.raises(Terminated), signals_as_interrupts():
-        _built_whole(factory)()
-        _signal_self(signal.SIGTERM, wait_s=0.05)  # not reached: raised as the mask lifts
+        _built_whole(factory)()  # raises as the mask lifts: the held signal is not lost
     assert len(built) == 1, "the signal cut the loop's construction short"
-    assert built[0].get_debug() in (True, False)  # whole: its attributes are all set
     built[0].close()
 
 

@@ -62,6 +62,15 @@ def tok_s_error(stage: Stage, predicted_tok_s: float) -> float | None:
     return predicted_tok_s / stage.output_tok_s - 1.0
 
 
+def ttft_median_error(score: Any) -> float | None:
+    """predicted / measured - 1 of a scored run's median TTFT (a `StageScore`); None where
+    the run states no median or the simulation gives none."""
+    measured, predicted = score.stage.ttft_p50_ms, score.prediction.ttft_p50_ms
+    if not measured or predicted is None:
+        return None
+    return predicted / measured - 1.0
+
+
 @dataclass
 class RunsValidation:
     """The load-stage validation of the runs, with output tok/s per GPU scored beside."""
@@ -98,12 +107,11 @@ def _add_tok_s(scores: dict[str, Any], gd: dict[str, Any]) -> None:
             sc = by_id.get(id(s))
             if sc is None or sd["predicted"].get(way) is None:
                 continue
-            if s.ttft_p50_ms:
+            if (e50 := ttft_median_error(sc)) is not None:
                 sd["measured"][TTFT_MEDIAN] = s.ttft_p50_ms
-                p50 = sc.prediction.ttft_p50_ms
-                sd["predicted"][way][TTFT_MEDIAN] = p50
-                sd["predicted"][way]["errors"][TTFT_MEDIAN] = p50 / s.ttft_p50_ms - 1.0
-                med[way].append(abs(p50 / s.ttft_p50_ms - 1.0))
+                sd["predicted"][way][TTFT_MEDIAN] = sc.prediction.ttft_p50_ms
+                sd["predicted"][way]["errors"][TTFT_MEDIAN] = e50
+                med[way].append(abs(e50))
             tok = sc.prediction.output_tok_s / s.num_gpus
             e = tok_s_error(s, sc.prediction.output_tok_s)
             sd["predicted"][way][TOK_S] = tok
