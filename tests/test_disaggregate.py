@@ -196,18 +196,88 @@ SHARED_ROW = {
 }
 
 
-def test_converter_maps_each_side_and_the_units() -> None:
+def _conv():  # bench/to_inferencex_disagg.py
     sys.path.insert(0, str(ROOT / "bench"))
     import to_inferencex_disagg as conv
 
+    return conv
+
+
+def _side(workers: int, dp_attn: bool, ep: int = 8) -> dict:
+    return {"num-worker": workers, "tp": 8, "ep": ep, "dp-attn": dp_attn}
+
+
+def _trt_recipe(decode_workers: int, decode_mbs: int, clients: str, mtp: int = 0) -> dict:
+    def side(adp: bool, mbs: int, mnt: int) -> dict:
+        return {"tensor_parallel_size": 8, "moe_expert_parallel_size": 8,
+                "enable_attention_dp": adp, "max_batch_size": mbs, "max_num_tokens": mnt,
+                "kv_cache_config": {"dtype": "fp8"}}
+
+    dec = side(False, decode_mbs, decode_mbs)
+    if mtp:
+        dec["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": mtp}
+    return {"resources": {"prefill_workers": 1, "decode_workers": decode_workers},
+            "backend": {"trtllm_config": {"prefill": side(True, 8, 8192), "decode": dec}},
+            "benchmark": {"concurrencies": clients}}
+
+
+def _sglang_recipe(draft_tokens: int | None = None) -> dict:
+    side = {"tp-size": 8, "dp-size": 1, "ep-size": 1, "max-running-requests": 256,
+            "max-prefill-tokens": 163840, "chunked-prefill-size": 32768}
+    dec = dict(side, **{"max-running-requests": 64})
+    if draft_tokens:
+        dec["speculative-num-draft-tokens"] = draft_tokens
+    return {"resources": {"prefill_workers": 1, "decode_workers": 9},
+            "backend": {"sglang_config": {"prefill": side, "decode": dec}},
+            "benchmark": {"concurrencies": "1x16x72"}}
+
+
+def _checkout(tmp: Path, trt_entries: list, recipes: dict) -> Path:
+    """A stand-in for an InferenceX checkout: the master config and the named recipes."""
+    import yaml
+
+    conv = _conv()
+    sg = [{"spec-decoding": m, "conc-list": [1, 16, 72], "recipe": f"sg-{m}.yaml",
+           "prefill": _side(1, False, 1), "decode": _side(9, False, 1)}
+          for m in ("none", "mtp")]
+    master = {"dsr1-fp8-h200-dynamo-trt": {"seq-len-configs": [
+                  {"isl": 1024, "osl": 1024, "search-space": trt_entries}]},
+              "dsr1-fp8-h200-dynamo-sglang": {"seq-len-configs": [
+                  {"isl": 1024, "osl": 1024, "search-space": sg}]}}
+    recipes = {"sg-none.yaml": _sglang_recipe(), "sg-mtp.yaml": _sglang_recipe(3), **recipes}
+    (tmp / conv.MASTER).parent.mkdir(parents=True)
+    (tmp / conv.MASTER).write_text(yaml.safe_dump(master))
+    (tmp / conv.RECIPES).mkdir(parents=True)
+    for name, body in recipes.items():
+        (tmp / conv.RECIPES / name).write_text(yaml.safe_dump(body))
+    return tmp
+
+
+def _trt_entry(recipe: str, label: int, decode_workers: int = 9, spec: str | None = None
+               ) -> dict:
+    e = {"conc-list": [label], "recipe": recipe, "prefill": _side(1, True),
+         "decode": _side(decode_workers, False)}
+    if spec:
+        e["spec-decoding"] = spec
+    return e
+
+
+def test_converter_reads_each_run_with_its_recipes_flags(tmp_path: Path) -> None:
+    conv = _conv()
+    # the master config labels the recipe c8; its client ran 72 users (the recipe's list)
+    co = _checkout(tmp_path, [_trt_entry("c8.yaml", 8), _trt_entry("c1.yaml", 1)],
+                   {"c8.yaml": _trt_recipe(9, 256, "72"), "c1.yaml": _trt_recipe(9, 1, "11")})
     agg = dict(SHARED_ROW, disagg="False")
-    rows = conv.convert([SHARED_ROW, agg])
-    assert len(rows) == 1
-    r = rows[0]
+    rows = conv.convert([SHARED_ROW, agg, dict(SHARED_ROW, conc="11")], co)
+    assert len(rows) == 2
+    r, low = rows
     assert (r["prefill_workers"], r["prefill_tp"], r["prefill_ep"], r["prefill_dp"]) \
         == (1, 8, 8, 8)
-    assert (r["decode_workers"], r["decode_dp"], r["decode_max_num_seqs"]) == (9, 1, 8)
-    assert r["prefill_max_num_batched_tokens"] == 8 * (1024 + 128)
+    # TensorRT-LLM's limits are per attention rank: the prefill worker's 8 ranks hold 8 x
+    assert (r["prefill_max_num_seqs"], r["prefill_max_num_batched_tokens"]) == (64, 65536)
+    assert (r["decode_workers"], r["decode_dp"], r["decode_max_num_seqs"]) == (9, 1, 256)
+    assert low["decode_max_num_seqs"] == 1  # 9 slots for 11 users: the cap binds
+    assert r["kv_cache_dtype"] == "fp8" and "c8.yaml" in r["source"]
     assert (r["prompt_len_min"], r["prompt_len_max"], r["num_prompts"]) == (819, 1024, 720)
     assert r["ttft_mean_ms"] == pytest.approx(881.2) and r["tpot_mean_ms"] == 16.26
     assert r["engine"] == "trt-llm" and r["kv_link"] == "ib-ndr"
@@ -215,9 +285,52 @@ def test_converter_maps_each_side_and_the_units() -> None:
     w = csv.DictWriter(buf, fieldnames=COLUMNS)
     w.writeheader()
     w.writerows(rows)
-    (run,) = disagg_runs_from_csv(buf.getvalue())
+    run, low_run = disagg_runs_from_csv(buf.getvalue())
     assert run.sides["decode"]["workers"] == 9 and run.prompt_tokens == 922
     assert run.has_dp_or_ep
+    # the cap read from the recipe is what makes two of the 11 users wait for a slot
+    p = score_disagg_runs([low_run])[0]
+    assert p.bound == "decode" and p.predicted_ttft_ms > 1000
+
+
+def test_converter_reads_sglangs_flags_and_the_mtp_drafts(tmp_path: Path) -> None:
+    conv = _conv()
+    co = _checkout(tmp_path, [_trt_entry("m.yaml", 16, spec="mtp")],
+                   {"m.yaml": _trt_recipe(9, 128, "144", mtp=3)})
+    sg = dict(SHARED_ROW, framework="dynamo-sglang", prefill_ep="1", decode_ep="1",
+              prefill_dp_attention="False", conc="16")
+    rows = conv.convert([sg, dict(sg, spec_method="mtp"),
+                         dict(SHARED_ROW, spec_method="mtp", conc="144")], co)
+    plain, spec, trt = rows
+    assert (plain["prefill_max_num_seqs"], plain["decode_max_num_seqs"]) == (256, 64)
+    # the step's budget: the smaller of --max-prefill-tokens and --chunked-prefill-size
+    assert plain["prefill_max_num_batched_tokens"] == 32768
+    assert plain["kv_cache_dtype"] == "" and "num_speculative_tokens" not in plain
+    assert spec["num_speculative_tokens"] == 2  # EAGLE top-k 1: 3 verified = 2 drafts + 1
+    assert trt["num_speculative_tokens"] == 3
+
+
+def test_converter_refuses_a_run_without_exactly_one_recipe(tmp_path: Path) -> None:
+    conv = _conv()
+    co = _checkout(tmp_path, [_trt_entry("a.yaml", 8), _trt_entry("b.yaml", 8),
+                              _trt_entry("w.yaml", 4, decode_workers=9)],
+                   {"a.yaml": _trt_recipe(9, 256, "72"), "b.yaml": _trt_recipe(9, 256, "72"),
+                    "w.yaml": _trt_recipe(7, 256, "36")})
+    with pytest.raises(conv.RecipeError, match="2 recipes match"):
+        conv.convert([SHARED_ROW], co)
+    with pytest.raises(conv.RecipeError, match="0 recipes match"):
+        conv.convert([dict(SHARED_ROW, conc="5")], co)
+    with pytest.raises(conv.RecipeError, match="decode_workers 7 in the recipe"):
+        conv.convert([dict(SHARED_ROW, conc="36")], co)
+    no_dp = _trt_recipe(9, 256, "36")
+    no_dp["backend"]["trtllm_config"]["prefill"]["enable_attention_dp"] = False
+    with pytest.raises(conv.RecipeError, match=r"prefill TP/EP/DP \(8, 8, 1\) in the recipe"):
+        conv.convert([dict(SHARED_ROW, conc="36", decode_num_workers="9")],
+                     _checkout(tmp_path / "d", [_trt_entry("d.yaml", 4)], {"d.yaml": no_dp}))
+    with pytest.raises(conv.RecipeError, match="has no drafter"):
+        conv.convert([dict(SHARED_ROW, conc="36", spec_method="mtp")],
+                     _checkout(tmp_path / "m", [_trt_entry("n.yaml", 4, spec="mtp")],
+                               {"n.yaml": _trt_recipe(9, 256, "36")}))
 
 
 def test_the_stored_table_reads_and_scores() -> None:
@@ -338,19 +451,9 @@ def test_mtp_runs_are_priced_at_the_other_runs_acceptance_leave_one_out() -> Non
     assert (s["mtp"]["runs"], s["without_mtp"]["runs"]) == (3, 1)
 
 
-def test_an_mtp_row_needs_its_draft_count_and_the_converter_states_it() -> None:
+def test_an_mtp_row_needs_its_draft_count() -> None:
     with pytest.raises(BstarError, match="num_speculative_tokens"):
         disagg_runs_from_csv(_table(_mtp_row(num_speculative_tokens="")))
-    sys.path.insert(0, str(ROOT / "bench"))
-    import to_inferencex_disagg as conv
-
-    sg = dict(SHARED_ROW, framework="dynamo-sglang", spec_method="mtp")
-    trt = dict(SHARED_ROW, spec_method="mtp")  # decode without attention DP
-    trt_dp = dict(trt, decode_dp_attention="True")
-    got = [r["num_speculative_tokens"] for r in conv.convert([sg, trt, trt_dp])]
-    assert got == [conv.SGLANG_MTP_TOKENS, conv.TRT_MTP_TOKENS[False],
-                   conv.TRT_MTP_TOKENS[True]]
-    assert "num_speculative_tokens" not in conv.convert([SHARED_ROW])[0]
 
 
 def test_plan_disaggregate_prices_a_speculative_decode_side() -> None:
