@@ -1,7 +1,7 @@
 """Fit the engine profiles' MoE and request terms to closed-loop runs (data/inferencemax/).
 
     python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME]
-        [--path ARCH:PATH [--also TERM,TERM]]
+        [--path ARCH:PATH [--also TERM,TERM]] [--ttft median]
 
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
@@ -16,7 +16,9 @@ over all its models and TP sizes: no per-model constant. The profile's own terms
 on the runs of its kernel path (`kernel_path` in engines.toml); `--path ARCH:PATH` fits an
 entry's kernel terms (moe_compute, moe_layer_s) on the runs that take that path
 (`[ENGINE.kernels."ARCH:PATH"]`), and with `--also` engine terms of that architecture
-with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths").
+with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths"). `--ttft median` fits
+the runs' measured TTFT medians in place of their means (`fit_stages(ttft="median")`: a
+benchmark without a warm-up carries its cold first requests in the mean).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from bstar.deployment import (  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import load_stages  # noqa: E402
+from bstar.validate_runs import ttft_median_error  # noqa: E402
 from bstar.validate_stages import (  # noqa: E402
     evaluate,
     fit_stages,
@@ -73,8 +76,10 @@ def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour,
              path: str | None = None) -> dict[str, float]:
     scores, _ = evaluate(runs, eff, behaviour=beh, kernel_path=path)
     scores = [s for s, r in zip(scores, runs, strict=True) if measured_state(r) == STEADY]
-    return {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
-            for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
+    out = {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
+           for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
+    p50 = [abs(e) for s in scores if (e := ttft_median_error(s)) is not None]
+    return out | ({"ttft_p50": float(np.median(p50))} if p50 else {})
 
 
 def tp_split(runs: list) -> list[tuple[str, int, float, float, float]]:
@@ -101,7 +106,8 @@ def run_path(run: Any) -> str:
     return stage_deployment(run).kernel_path
 
 
-def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> None:
+def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
+              ttft: str = "mean") -> None:
     """Fit the engine's kernel terms (deployment.fitted_kernel_fields) for kernel path `path`
     on the runs that take it, from the profile with the path's generic kernel terms, and the
     engine terms `also` (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print
@@ -116,12 +122,14 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = ()) -> No
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
     fit = (*fitted_kernel_fields(path), *also)
     before = _medians(runs, start, beh, path)
-    got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path)
+    got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path,
+                     ttft=ttft)
     if got is None:
         print(f"{eng} {path}: the runs cannot determine {', '.join(fit)}")
         return
     e, b = got
-    print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs): {_values(e, b, fit)}")
+    print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs, TTFT {ttft}s): "
+          f"{_values(e, b, fit)}")
     for name, m in (("before (generic kernel terms)", before),
                     ("after", _medians(runs, e, b, path))):
         print(f"  runs {name}: {_errors(m)}")
@@ -153,6 +161,11 @@ def main(argv: list[str]) -> int:
         i = argv.index("--also")
         also = tuple(argv[i + 1].split(","))
         argv = argv[:i] + argv[i + 2:]
+    ttft = "mean"
+    if "--ttft" in argv:
+        i = argv.index("--ttft")
+        ttft = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
     path = argv[0] if argv else str(ROOT / "data" / "inferencemax" / "runs.csv")
     by_engine: dict[str, list] = defaultdict(list)
     for r in load_runs(path):
@@ -162,7 +175,7 @@ def main(argv: list[str]) -> int:
         for eng, runs in sorted(by_engine.items()):
             mine = [r for r in runs if run_path(r) == entry]
             if mine:
-                fit_entry(mine, eng, entry, also)
+                fit_entry(mine, eng, entry, also, ttft)
         return 0
     for eng, runs in sorted(by_engine.items()):
         # The profile's own terms are fitted on the runs of its kernel path (its kernel
@@ -189,7 +202,7 @@ def main(argv: list[str]) -> int:
             start = prof
         before = {k: _medians(v, start, beh) for k, v in sets.items()}
         got = fit_stages([x for v in sets.values() for x in v], start, fit, iterations=4,
-                         behaviour=beh)
+                         behaviour=beh, ttft=ttft)
         if got is None:
             print(f"{eng}: the runs cannot determine {', '.join(fit)}")
             continue

@@ -14,7 +14,7 @@ import pytest
 
 from bstar import validate_stages as vs
 from bstar.cli import main
-from bstar.deployment import Efficiency
+from bstar.deployment import Efficiency, EngineBehaviour
 from bstar.errors import BstarError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +196,34 @@ def test_fit_recovers_an_engine_overhead() -> None:
     assert fitted is not None and fitted[0].overhead_s == pytest.approx(2e-3, rel=0.05)
     assert vs.fit_stages(rows[:1], Efficiency(), ("overhead_s", "bandwidth", "compute",
                                                      "decode_layer_s")) is None
+
+
+@pytest.mark.slow  # a few seconds on the 2-core machine
+def test_a_median_ttft_fit_is_not_pulled_by_cold_first_requests() -> None:
+    # The simulator at 50 ms a request beyond the steps makes the measurements; the mean TTFT
+    # then gains what cold first requests add (twice the steady mean), the median does not.
+    truth = EngineBehaviour(request_overhead_s=0.05)
+    rows = []
+    for rate in (2, 6):
+        s = stage(stage=f"r{rate}", rate_req_s=rate)
+        p = vs.simulate_stage(s, deployment=vs.stage_deployment(s).with_behaviour(truth),
+                              max_window_s=15)
+        rows.append(replace(s, e2e_mean_ms=p.e2e_mean_ms, ttft_mean_ms=2 * p.ttft_mean_ms,
+                            ttft_p50_ms=p.ttft_p50_ms, tpot_mean_ms=p.tpot_mean_ms))
+    clean = [replace(r, ttft_mean_ms=r.ttft_mean_ms / 2) for r in rows]
+
+    def fitted(data: list, ttft: str) -> float:
+        got = vs.fit_stages(data, Efficiency(), ("request_overhead_s",), max_window_s=15,
+                            behaviour=EngineBehaviour(request_overhead_s=0.01), ttft=ttft)
+        assert got is not None
+        return got[1].request_overhead_s
+
+    on_clean, on_median = fitted(clean, "mean"), fitted(rows, "median")
+    assert on_clean == pytest.approx(0.05, rel=0.15)
+    assert on_median == pytest.approx(on_clean, rel=0.02)  # the median: as if never cold
+    assert fitted(rows, "mean") > 2 * on_clean  # the cold requests' time on every request
+    with pytest.raises(BstarError, match="ttft must be one of mean, median"):
+        vs.fit_stages(rows, Efficiency(), ("overhead_s",), ttft="p90")
 
 
 # ---- the command ---------------------------------------------------------------------------

@@ -22,9 +22,11 @@ from bstar.deployment import (
     generic_kernel_terms,
     split_values,
 )
+from bstar.errors import BstarError
 from bstar.stages_table import Stage
 from bstar.validate_stages.simulate import (
     STEADY,
+    StagePrediction,
     graph_settings,
     measured_state,
     simulate_stage,
@@ -107,7 +109,7 @@ class PathFit:
 def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
                max_window_s: float = FIT_WINDOW_S, seed: int = 0,
                iterations: int = FIT_ITERATIONS, behaviour: EngineBehaviour | None = None,
-               kernel_path: str | None = None
+               kernel_path: str | None = None, ttft: str = "mean"
                ) -> tuple[Efficiency, EngineBehaviour] | None:
     """The parameters `fit` (fields of Efficiency or EngineBehaviour) fitted to the stages'
     measured E2E, TTFT and per-token means (the measured-steady stages), each stage simulated
@@ -124,9 +126,12 @@ def fit_stages(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str],
     bstar.calibrate.fit_efficiency (log space, robust, bounded) fits the parameters to the
     measurements through that surrogate; the simulation at the result is kept if its robust
     cost is lower (else the step is halved, twice at most); `iterations` times. About
-    (len(fit) + 2) x iterations simulations of each stage."""
+    (len(fit) + 2) x iterations simulations of each stage. `ttft="median"` fits the
+    measured TTFT medians in place of the means (a stage without one gives no TTFT): a run
+    whose first requests meet a cold server carries their seconds in its mean, which no
+    steady-state term should absorb (docs/transfer.md)."""
     got = _fit(stages, prior, fit, max_window_s, seed, iterations, behaviour,
-               kernel_path, by_path=False)
+               kernel_path, by_path=False, ttft=ttft)
     return None if got is None else (got.eff, got.behaviour)
 
 
@@ -149,6 +154,26 @@ def fit_stages_by_path(stages: Sequence[Stage], prior: Efficiency, fit: Sequence
                 by_path=True)
 
 
+TTFT_STATS = ("mean", "median")
+TTFT_MEDIAN = "ttft_p50_ms"
+
+
+def _measured(stage: Stage, ttft: str) -> dict[str, float]:
+    """The stage's measured means, with its TTFT median for the mean when `ttft` is
+    "median" (none when the stage has no median)."""
+    m = stage.measured()
+    if ttft == "median":
+        del m["ttft_mean_ms"]
+        if stage.ttft_p50_ms:
+            m[TTFT_MEDIAN] = stage.ttft_p50_ms
+    return m
+
+
+def _predicted(p: StagePrediction) -> dict[str, float]:
+    """A StagePrediction's means and its TTFT median, keyed as `_measured` keys them."""
+    return p.values() | {TTFT_MEDIAN: p.ttft_p50_ms}
+
+
 def _path_params(built: Sequence[Deployment], fit: Sequence[str]) -> list[str]:
     """The "FIELD@PATH" parameters a by-path fit of `fit`'s kernel terms has over the
     stages' deployments `built`."""
@@ -160,7 +185,7 @@ def _path_params(built: Sequence[Deployment], fit: Sequence[str]) -> list[str]:
 
 def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_window_s: float,
          seed: int, iterations: int, behaviour: EngineBehaviour | None,
-         kernel_path: str | None, by_path: bool) -> PathFit | None:
+         kernel_path: str | None, by_path: bool, ttft: str = "mean") -> PathFit | None:
     steady = [s for s in stages if measured_state(s) == STEADY]
     fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
                 or any(s.num_gpus > 1 for s in steady))
@@ -168,7 +193,9 @@ def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_win
     paths = [d.kernel_path for d in built]
     shared = tuple(k for k in fit if not by_path or k not in KERNEL_FIELDS)
     names = (*shared, *(_path_params(built, fit) if by_path else ()))
-    pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in s.measured().items()
+    if ttft not in TTFT_STATS:
+        raise BstarError(f"ttft must be one of {', '.join(TTFT_STATS)}, got {ttft!r}")
+    pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in _measured(s, ttft).items()
              if v > 0]
     if not names or len(pairs) < len(names) + 1:
         return None
@@ -195,9 +222,9 @@ def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_win
         e, b = _with_values(prior, behaviour,
                             {k: v for k, v in values.items() if not param_path(k)})
         todo = range(len(steady)) if rows is None else sorted(rows)
-        preds = {i: simulate_stage(steady[i], deployment=base[i].with_eff(
+        preds = {i: _predicted(simulate_stage(steady[i], deployment=base[i].with_eff(
             graph_settings(steady[i], row_eff(e, values, i))).with_behaviour(b),
-            max_window_s=max_window_s, seed=seed).values() for i in todo}
+            max_window_s=max_window_s, seed=seed)) for i in todo}
         y = np.array([preds[i][k] if i in preds else math.nan for i, k, _ in pairs])
         y = np.log(np.where(np.isfinite(y) & (y > 0), y, 1e9))
         if rows is not None and y_old is not None:
