@@ -31,9 +31,17 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    unknown = [a for a in argv if a.startswith("-") and a not in ("--json", "--simulate")]
+    paths = [a for a in argv if not a.startswith("-")]
+    if unknown or len(paths) > 1:
+        print(f"disagg_validate: unexpected {' '.join(unknown or paths[1:])}\n{__doc__}",
+              file=sys.stderr)
+        return 2
     as_json = "--json" in argv
     sim = "--simulate" in argv
-    paths = [a for a in argv if a not in ("--json", "--simulate")]
     scores = score_disagg_runs(load_disagg_runs(paths[0] if paths else DEFAULT), simulate=sim)
     s = summary(scores)
     if as_json:

@@ -509,3 +509,14 @@ def test_a_simulated_speculative_decode_side_gains_its_accepted_drafts() -> None
     # None accepted: one token a step at the speculative step's price (slower than plain).
     none_in = run(SpecConfig(2, 0.0, "mtp"))
     assert none_in == pytest.approx(step, rel=0.02) and none_in > run(None)
+
+
+def test_disagg_validate_takes_help_and_refuses_an_unknown_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import disagg_validate
+
+    assert disagg_validate.main(["--help"]) == 0
+    assert "--simulate" in capsys.readouterr().out
+    assert disagg_validate.main(["--bogus"]) == 2  # not read as a file name
+    assert "unexpected --bogus" in capsys.readouterr().err
