@@ -44,7 +44,7 @@ from bstar.deployment import (  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import load_stages  # noqa: E402
-from bstar.validate_runs import ttft_median_error  # noqa: E402
+from bstar.validate_runs import ttft_median_abs_error  # noqa: E402
 from bstar.validate_stages import (  # noqa: E402
     evaluate,
     fit_stages,
@@ -78,8 +78,8 @@ def _medians(runs: list, eff: Efficiency, beh: EngineBehaviour,
     scores = [s for s, r in zip(scores, runs, strict=True) if measured_state(r) == STEADY]
     out = {k: float(np.median([abs(s.errors[k]) for s in scores if k in s.errors]))
            for k in ("tpot_mean_ms", "ttft_mean_ms", "e2e_mean_ms")}
-    p50 = [abs(e) for s in scores if (e := ttft_median_error(s)) is not None]
-    return out | ({"ttft_p50": float(np.median(p50))} if p50 else {})
+    p50 = ttft_median_abs_error(scores)
+    return out | ({} if p50 is None else {"ttft_p50": p50})
 
 
 def tp_split(runs: list) -> list[tuple[str, int, float, float, float]]:

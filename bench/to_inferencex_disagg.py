@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from bstar.disagg_runs import COLUMNS  # noqa: E402
+from bstar.errors import BstarError  # noqa: E402
+from bstar.specs.precision import kv_dtype_for  # noqa: E402
 
 SOURCE = "vngcloud/InferenceX-app@7fe6d62 packages/app/cypress/fixtures/api/benchmarks.json"
 RECIPES_REPO = "SemiAnalysisAI/InferenceX"
@@ -55,7 +57,6 @@ RANGE_RATIO = 0.8  # --random-range-ratio of every run
 PROMPTS_PER_USER = 10  # --num-prompts = 10 x CONC
 ENGINES = {"dynamo-sglang": "sglang", "dynamo-trt": "trt-llm"}
 MODELS = {"dsr1": "deepseek-r1-0528"}
-KV_DTYPES = {"fp8": "fp8", "fp8_e4m3": "fp8", "auto": "", "bf16": "bf16", "bfloat16": "bf16"}
 
 
 class RecipeError(ValueError):
@@ -98,15 +99,14 @@ def concurrencies(recipe: dict[str, Any], entry: dict[str, Any]) -> list[int]:
     return [int(c) for c in str(stated).split("x")]
 
 
-def find_recipe(master: dict[str, Any], row: dict[str, str],
+def find_recipe(master: dict[str, Any], row: dict[str, str], sides: dict[str, Any],
                 checkout: Path) -> tuple[str, dict[str, Any]]:
     """The recipe (its path relative to RECIPES, and its contents) of the search-space entry
-    that served the row."""
+    that served the row, whose layout is `sides` (`_layout`)."""
     key = _config_key(row)
     if key not in master:
         raise RecipeError(f"{key}: not in {MASTER}")
     isl, osl, conc = int(row["isl"]), int(row["osl"]), int(row["conc"])
-    sides = {n: _layout(row, n) for n in ("prefill", "decode")}
     hits = []
     for slc in master[key].get("seq-len-configs", []):
         if (int(slc["isl"]), int(slc["osl"])) != (isl, osl):
@@ -140,10 +140,16 @@ def _check_layout(got: tuple[int, int, int], side: dict[str, Any], where: str) -
         raise RecipeError(f"{where} TP/EP/DP {got} in the recipe, {want} in the row")
 
 
-def _same(values: list[Any], what: str, where: str) -> Any:
-    if len(set(values)) != 1:
-        raise RecipeError(f"{where}: the two sides' {what} differ ({values})")
-    return values[0]
+def _kv_dtype(names: list[str], where: str) -> str:
+    """The sides' one KV cache dtype in bstar's names (`kv_dtype_for`; auto: blank, the
+    engine's default)."""
+    try:
+        got = {kv_dtype_for(n, default="", where=where) for n in names}
+    except BstarError as e:
+        raise RecipeError(str(e)) from None
+    if len(got) != 1:
+        raise RecipeError(f"{where}: the two sides' KV cache dtypes differ ({names})")
+    return got.pop()
 
 
 def trt_flags(recipe: dict[str, Any], sides: dict[str, dict[str, Any]],
@@ -159,9 +165,8 @@ def trt_flags(recipe: dict[str, Any], sides: dict[str, dict[str, Any]],
         out[f"{n}_max_num_seqs"] = int(c["max_batch_size"]) * dp
         if n == "prefill":
             out["prefill_max_num_batched_tokens"] = int(c["max_num_tokens"]) * dp
-    out["kv_cache_dtype"] = KV_DTYPES[_same(
-        [str(cfg[n].get("kv_cache_config", {}).get("dtype", "auto")) for n in cfg],
-        "KV cache dtypes", where)]
+    out["kv_cache_dtype"] = _kv_dtype(
+        [str(cfg[n].get("kv_cache_config", {}).get("dtype", "auto")) for n in cfg], where)
     spec = cfg["decode"].get("speculative_config")
     if spec:
         out["num_speculative_tokens"] = int(spec["num_nextn_predict_layers"])
@@ -183,19 +188,19 @@ def sglang_flags(recipe: dict[str, Any], sides: dict[str, dict[str, Any]],
             out["prefill_max_num_batched_tokens"] = min(
                 int(c["max-prefill-tokens"]), int(c.get("chunked-prefill-size",
                                                          c["max-prefill-tokens"])))
-    out["kv_cache_dtype"] = KV_DTYPES[_same(
-        [str(cfg[n].get("kv-cache-dtype", "auto")) for n in cfg], "KV cache dtypes", where)]
+    out["kv_cache_dtype"] = _kv_dtype(
+        [str(cfg[n].get("kv-cache-dtype", "auto")) for n in cfg], where)
     draft = cfg["decode"].get("speculative-num-draft-tokens")
     if draft is not None:
         out["num_speculative_tokens"] = int(draft) - 1
     return out
 
 
-def recipe_flags(row: dict[str, str], checkout: Path,
+def recipe_flags(row: dict[str, str], sides: dict[str, Any], checkout: Path,
                  master: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The recipe that served the row and the flags read from it (module docstring)."""
-    rel, recipe = find_recipe(master, row, checkout)
-    sides = {n: _layout(row, n) for n in ("prefill", "decode")}
+    """The recipe that served the row (of layout `sides`) and the flags read from it
+    (module docstring)."""
+    rel, recipe = find_recipe(master, row, sides, checkout)
     _check_resources(recipe, sides, rel)
     read = trt_flags if ENGINES[row["framework"]] == "trt-llm" else sglang_flags
     flags = read(recipe, sides, rel)
@@ -214,7 +219,7 @@ def convert(rows: list[dict[str, str]], checkout: Path) -> list[dict[str, Any]]:
         engine = ENGINES[r["framework"]]
         isl, osl, conc = int(r["isl"]), int(r["osl"]), int(r["conc"])
         sides = {n: _layout(r, n) for n in ("prefill", "decode")}
-        rel, flags = recipe_flags(r, checkout, master)
+        rel, flags = recipe_flags(r, sides, checkout, master)
         name = (f"{r['framework']}-{r['spec_method']}-{sides['prefill']['workers']}p"
                 f"{sides['decode']['workers']}d-isl{isl}-osl{osl}-c{conc}")
         row: dict[str, Any] = {

@@ -63,8 +63,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -77,7 +75,7 @@ from bstar.deployment import (  # noqa: E402
 from bstar.engines import get_engine  # noqa: E402
 from bstar.runs_table import load_runs  # noqa: E402
 from bstar.stages_table import Stage, load_stages  # noqa: E402
-from bstar.validate_runs import ttft_median_error  # noqa: E402
+from bstar.validate_runs import ttft_median_abs_error as ttft_p50_error  # noqa: E402
 from bstar.validate_stages import (  # noqa: E402
     FIT_WINDOW_S,
     evaluate,
@@ -157,13 +155,6 @@ def start_terms(engine: str, fit: Sequence[str]) -> tuple[Efficiency, EngineBeha
 
 def _medians(summary: Any) -> dict[str, float | None]:
     return {k: summary.median_abs[k] for k in QUANTITIES}
-
-
-def ttft_p50_error(scores: Sequence[Any]) -> float | None:
-    """Median over the rows that state a median TTFT of |predicted / measured - 1| of it
-    (`bstar.validate_runs.ttft_median_error`; None: no row states one)."""
-    errs = [abs(e) for s in scores if (e := ttft_median_error(s)) is not None]
-    return float(np.median(errs)) if errs else None
 
 
 def run_slice(sl: Slice, quick: bool) -> dict[str, Any]:

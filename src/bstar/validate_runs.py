@@ -71,6 +71,13 @@ def ttft_median_error(score: Any) -> float | None:
     return predicted / measured - 1.0
 
 
+def ttft_median_abs_error(scores: Sequence[Any]) -> float | None:
+    """The median over the runs that state a median TTFT of |`ttft_median_error`| (None: no
+    run states one)."""
+    errs = [abs(e) for s in scores if (e := ttft_median_error(s)) is not None]
+    return float(np.median(errs)) if errs else None
+
+
 @dataclass
 class RunsValidation:
     """The load-stage validation of the runs, with output tok/s per GPU scored beside."""

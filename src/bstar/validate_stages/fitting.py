@@ -186,6 +186,8 @@ def _path_params(built: Sequence[Deployment], fit: Sequence[str]) -> list[str]:
 def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_window_s: float,
          seed: int, iterations: int, behaviour: EngineBehaviour | None,
          kernel_path: str | None, by_path: bool, ttft: str = "mean") -> PathFit | None:
+    if ttft not in TTFT_STATS:
+        raise BstarError(f"ttft must be one of {', '.join(TTFT_STATS)}, got {ttft!r}")
     steady = [s for s in stages if measured_state(s) == STEADY]
     fit = tuple(k for k in dict.fromkeys(fit) if k != "allreduce_latency_s"
                 or any(s.num_gpus > 1 for s in steady))
@@ -193,8 +195,6 @@ def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_win
     paths = [d.kernel_path for d in built]
     shared = tuple(k for k in fit if not by_path or k not in KERNEL_FIELDS)
     names = (*shared, *(_path_params(built, fit) if by_path else ()))
-    if ttft not in TTFT_STATS:
-        raise BstarError(f"ttft must be one of {', '.join(TTFT_STATS)}, got {ttft!r}")
     pairs = [(i, k, v) for i, s in enumerate(steady) for k, v in _measured(s, ttft).items()
              if v > 0]
     if not names or len(pairs) < len(names) + 1:
