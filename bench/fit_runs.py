@@ -1,7 +1,7 @@
 """Fit the engine profiles' MoE and request terms to closed-loop runs (data/inferencemax/).
 
     python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME]
-        [--path ARCH:PATH [--also TERM,TERM]] [--ttft median]
+        [--path ARCH:PATH [--also TERM,TERM]] [--ttft median] [--terms TERM,TERM]
 
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
@@ -18,7 +18,10 @@ entry's kernel terms (moe_compute, moe_layer_s) on the runs that take that path
 (`[ENGINE.kernels."ARCH:PATH"]`), and with `--also` engine terms of that architecture
 with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths"). `--ttft median` fits
 the runs' measured TTFT medians in place of their means (`fit_stages(ttft="median")`: a
-benchmark without a warm-up carries its cold first requests in the mean).
+benchmark without a warm-up carries its cold first requests in the mean). Every fit starts
+from the bundled profile or entry and refines it; `--terms` refits only the terms named,
+the others kept as bundled (an 8-bit path's weight stream alone: docs/transfer.md, "The FP8
+weights' stream").
 """
 
 from __future__ import annotations
@@ -107,20 +110,28 @@ def run_path(run: Any) -> str:
 
 
 def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
-              ttft: str = "mean") -> None:
+              ttft: str = "mean", terms: tuple[str, ...] = ()) -> None:
     """Fit the engine's kernel terms (deployment.fitted_kernel_fields) for kernel path `path`
-    on the runs that take it, from the profile with the path's generic kernel terms, and the
-    engine terms `also` (an entry for the path's architecture, `[ENGINE.arch.ARCH]`); print
-    them and the medians."""
-    prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
-    start = replace(prof, **generic_kernel_terms(path))
+    on the runs that take it, from the profile's entry for the path (its generic kernel
+    terms where the entry names none), and the engine terms `also` (an entry for the path's
+    architecture, `[ENGINE.arch.ARCH]`); or only `terms`. Print them and the medians. The
+    8-bit weights' stream is fitted only when named (`--terms fp8_weight_stream`): fitted
+    with the floor, it trades against it (docs/transfer.md, "The FP8 weights' stream")."""
+    # From the entry's own terms (its path's generic ones where it has none): the fit
+    # refines the bundled entry, as four Gauss-Newton rounds from the generic start can stop
+    # short. The profile with its entry for the path's architecture over it (`for_gpu`), as
+    # `bstar validate` prices these runs: ROCm's SGLang has no per-request time of its own.
+    prof, beh, _, _ = get_engine(eng).for_gpu(path.split(":")[0], path)
+    start = replace(prof, **{k: v for k, v in generic_kernel_terms(path).items()
+                             if k not in dict(_entry_values(eng, path))})
     # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at their
     # fitting unit (1 ms a request, 1 s a cold start: bstar.calibrate's _SCALE)
     zero = {k: _SCALE[k] for k in also if k.endswith("_s")
             and getattr(start, k, getattr(beh, k, None)) == 0}
     start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
-    fit = (*fitted_kernel_fields(path), *also)
+    fit = terms or (*(k for k in fitted_kernel_fields(path) if k != "fp8_weight_stream"),
+                    *also)
     before = _medians(runs, start, beh, path)
     got = fit_stages(runs, start, fit, iterations=4, behaviour=beh, kernel_path=path,
                      ttft=ttft)
@@ -130,9 +141,17 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
     e, b = got
     print(f"{eng} [kernels.{path!r}] and [arch] ({len(runs)} runs, TTFT {ttft}s): "
           f"{_values(e, b, fit)}")
-    for name, m in (("before (generic kernel terms)", before),
+    for name, m in (("before (the entry)", before),
                     ("after", _medians(runs, e, b, path))):
         print(f"  runs {name}: {_errors(m)}")
+
+
+def _entry_values(eng: str, path: str) -> tuple[tuple[str, float], ...]:
+    """The kernel terms the profile's entry for `path` names (its own, on its home path)."""
+    prof = get_engine(eng)
+    if prof.kernel_path == path:
+        return tuple((k, v) for k, v in prof.values if k in fitted_kernel_fields(path))
+    return next((k.values for k in prof.kernels if k.path == path), ())
 
 
 def _values(e: Efficiency, b: EngineBehaviour, fit: tuple[str, ...]) -> str:
@@ -161,6 +180,11 @@ def main(argv: list[str]) -> int:
         i = argv.index("--also")
         also = tuple(argv[i + 1].split(","))
         argv = argv[:i] + argv[i + 2:]
+    terms: tuple[str, ...] = ()
+    if "--terms" in argv:  # refit only these terms of the bundled profile or entry
+        i = argv.index("--terms")
+        terms = tuple(argv[i + 1].split(","))
+        argv = argv[:i] + argv[i + 2:]
     ttft = "mean"
     if "--ttft" in argv:
         i = argv.index("--ttft")
@@ -175,7 +199,7 @@ def main(argv: list[str]) -> int:
         for eng, runs in sorted(by_engine.items()):
             mine = [r for r in runs if run_path(r) == entry]
             if mine:
-                fit_entry(mine, eng, entry, also, ttft)
+                fit_entry(mine, eng, entry, also, ttft, terms)
         return 0
     for eng, runs in sorted(by_engine.items()):
         # The profile's own terms are fitted on the runs of its kernel path (its kernel
@@ -190,16 +214,16 @@ def main(argv: list[str]) -> int:
                   f"(worst residual {worst:.1%})")
         prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
         fit = FIT.get(eng, FIT["vllm"])
-        start = replace(prof, moe_compute=1.0, moe_layer_s=0.0, prompt_token_s=0.0)
+        fit = terms or fit
+        # The bundled profile, refined: four Gauss-Newton rounds from a generic start stop
+        # short of its optimum (see fit_entry).
+        start = prof
         sets = {"runs": runs}
         if eng in ALSO:
-            # Eight terms on two data sets: four Gauss-Newton rounds from a generic start
-            # stop short of the profile's optimum, so this fit refines the bundled profile
-            # (run on its own output it moves nothing: docs/cost-model.md, "2026 models").
-            # A start with the front end idle stays there: its queue pays only once it
-            # holds most of the undivided prompt time.
+            # Eight terms on two data sets (run on its own output the fit moves nothing:
+            # docs/cost-model.md, "2026 models"). A start with the front end idle stays
+            # there: its queue pays only once it holds most of the undivided prompt time.
             sets[ALSO[eng].parent.name] = load_stages(ALSO[eng])
-            start = prof
         before = {k: _medians(v, start, beh) for k, v in sets.items()}
         got = fit_stages([x for v in sets.values() for x in v], start, fit, iterations=4,
                          behaviour=beh, ttft=ttft)

@@ -112,6 +112,33 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
                                     rel=1e-9)
 
 
+def test_the_8bit_stream_belongs_to_the_path_its_engine_fitted_it_on() -> None:
+    """The stream of 8-bit weights is a kernel term: SGLang's FP8 block-scaled kernels on
+    Hopper and CDNA3 fit their own (DeepSeek-R1's runs), a path whose entry does not name it
+    keeps the generic 0.75 (torch._scaled_mm on the repo's H200 harness), and a fit sets it
+    only on an 8-bit path's rows."""
+    from bstar.deployment import fitted_kernel_fields
+
+    assert "fp8_weight_stream" in KERNEL_FIELDS
+    generic = Efficiency().fp8_weight_stream
+    assert generic_kernel_terms("hopper:fp8-native")["fp8_weight_stream"] == generic
+    sglang = get_engine("sglang")
+    for gpu, path in (("h200", "hopper:fp8-native"), ("mi300x", "cdna3:fp8-native")):
+        fitted = sglang.for_path(path)[0].fp8_weight_stream
+        assert fitted != generic
+        assert _eff("deepseek-v3", gpu, "sglang").fp8_weight_stream == fitted
+    for engine in ("sglang", "trt-llm"):
+        # Ada's FP8 kernels have no entry: the generic stream, not Hopper's
+        assert _eff("deepseek-v3", "l40s", engine).fp8_weight_stream == generic
+    # TensorRT-LLM's entry for Hopper's FP8 path names no stream; vLLM fitted no 8-bit path
+    for engine in ("trt-llm", "vllm"):
+        assert _eff("deepseek-v3", "h200", engine).fp8_weight_stream == generic
+    assert "fp8_weight_stream" in fitted_kernel_fields("hopper:fp8-native")
+    assert "fp8_weight_stream" in fitted_kernel_fields("ampere:int8-dequant")
+    for path in ("hopper:fp4-dequant", "blackwell:fp4-native", "hopper:bf16"):
+        assert "fp8_weight_stream" not in fitted_kernel_fields(path)
+
+
 def test_a_cold_start_is_simulated_for_a_run_only() -> None:
     """vLLM's ROCm entry holds a cold start (the runs' first wave waits it): `bstar validate`
     simulates a run with it, while plan, simulate and search price a warm server."""

@@ -205,8 +205,10 @@ def split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
 # deployment on another path gets Efficiency's generic values for them (docs/cost-model.md,
 # "Kernel paths"). The stream of 4-bit weights is one of them: a dequantizing kernel
 # (Marlin, Triton) converts every weight in its main loop, a native one feeds the packed
-# format to the tensor cores.
-KERNEL_FIELDS = ("moe_compute", "moe_layer_s", "int4_weight_stream")
+# format to the tensor cores. So is the stream of 8-bit weights: the 0.75 default is
+# torch._scaled_mm's on the repo's H200 harness, where SGLang's FP8 block-scaled kernels
+# fit 0.83-0.84 on H200 and MI300X (docs/transfer.md, "The FP8 weights' stream").
+KERNEL_FIELDS = ("moe_compute", "moe_layer_s", "int4_weight_stream", "fp8_weight_stream")
 
 
 # A `Deployment.kernel_terms_path` no deployment takes: efficiencies whose kernel terms were
@@ -233,9 +235,13 @@ def generic_kernel_terms(path: str) -> dict[str, float]:
 def fitted_kernel_fields(path: str) -> tuple[str, ...]:
     """The KERNEL_FIELDS a fit of kernel path `path`'s rows determines: the 4-bit weights'
     stream only on a dequantizing 4-bit path (structural on a native FP4 one,
-    `generic_kernel_terms`; unused with 8- or 16-bit weights)."""
+    `generic_kernel_terms`; unused with 8- or 16-bit weights), the 8-bit weights' stream
+    only on an 8-bit path (FP8 or INT8, native or converted)."""
     dequant4 = path.endswith((":fp4-dequant", ":int4-dequant"))
-    return tuple(k for k in KERNEL_FIELDS if k != "int4_weight_stream" or dequant4)
+    eight = path.endswith((":fp8-native", ":fp8-dequant", ":int8-native", ":int8-dequant"))
+    return tuple(k for k in KERNEL_FIELDS
+                 if (k != "int4_weight_stream" or dequant4)
+                 and (k != "fp8_weight_stream" or eight))
 
 
 def kernel_path(gpu: GpuSpec, weight: Precision) -> str:

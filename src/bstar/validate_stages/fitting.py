@@ -144,7 +144,7 @@ def fit_stages_by_path(stages: Sequence[Stage], prior: Efficiency, fit: Sequence
     shared): `moe_compute@hopper:fp4-dequant`, `moe_layer_s@cdna3:fp4-dequant`, ... Each
     starts at its path's generic value (`generic_kernel_terms`), from the stages of that path
     only; a fused-MoE term only on a path with a mixture-of-experts model among them, and
-    the 4-bit stream only where `fitted_kernel_fields` says a fit determines it. A stage
+    a weight stream only where `fitted_kernel_fields` says a fit determines it. A stage
     then prices its path's fitted terms, and a stage on a path not fitted (`priced_by_path`
     on a row the result never saw) its path's generic ones. Without this, a fit over
     several paths with shared generic kernel terms puts the fused-MoE time it cannot
@@ -180,7 +180,7 @@ def _path_params(built: Sequence[Deployment], fit: Sequence[str]) -> list[str]:
     moe = {d.kernel_path for d in built if d.model.is_moe}
     return [f"{k}@{p}" for p in sorted({d.kernel_path for d in built})
             for k in fitted_kernel_fields(p)
-            if k in fit and (p in moe or k == "int4_weight_stream")]
+            if k in fit and (p in moe or k.endswith("_weight_stream"))]
 
 
 def _fit(stages: Sequence[Stage], prior: Efficiency, fit: Sequence[str], max_window_s: float,
