@@ -26,6 +26,7 @@ weights' stream").
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -121,9 +122,8 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
     # refines the bundled entry, as four Gauss-Newton rounds from the generic start can stop
     # short. The profile with its entry for the path's architecture over it (`for_gpu`), as
     # `bstar validate` prices these runs: ROCm's SGLang has no per-request time of its own.
-    prof, beh, _, _ = get_engine(eng).for_gpu(path.split(":")[0], path)
-    start = replace(prof, **{k: v for k, v in generic_kernel_terms(path).items()
-                             if k not in dict(_entry_values(eng, path))})
+    prof, beh, terms_path, _ = get_engine(eng).for_gpu(path.split(":")[0], path)
+    start = prof if terms_path == path else replace(prof, **generic_kernel_terms(path))
     # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at their
     # fitting unit (1 ms a request, 1 s a cold start: bstar.calibrate's _SCALE)
     zero = {k: _SCALE[k] for k in also if k.endswith("_s")
@@ -146,14 +146,6 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
         print(f"  runs {name}: {_errors(m)}")
 
 
-def _entry_values(eng: str, path: str) -> tuple[tuple[str, float], ...]:
-    """The kernel terms the profile's entry for `path` names (its own, on its home path)."""
-    prof = get_engine(eng)
-    if prof.kernel_path == path:
-        return tuple((k, v) for k, v in prof.values if k in fitted_kernel_fields(path))
-    return next((k.values for k in prof.kernels if k.path == path), ())
-
-
 def _values(e: Efficiency, b: EngineBehaviour, fit: tuple[str, ...]) -> str:
     """The fitted terms, each from the record that holds it."""
     return ", ".join(f"{k} = {getattr(e, k) if hasattr(e, k) else getattr(b, k):.4g}"
@@ -166,31 +158,20 @@ def _errors(medians: dict[str, float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    only = entry = None
-    if "--engine" in argv:
-        i = argv.index("--engine")
-        only = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    if "--path" in argv:
-        i = argv.index("--path")
-        entry = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    also: tuple[str, ...] = ()
-    if "--also" in argv:  # engine terms of the path's architecture, fitted with it
-        i = argv.index("--also")
-        also = tuple(argv[i + 1].split(","))
-        argv = argv[:i] + argv[i + 2:]
-    terms: tuple[str, ...] = ()
-    if "--terms" in argv:  # refit only these terms of the bundled profile or entry
-        i = argv.index("--terms")
-        terms = tuple(argv[i + 1].split(","))
-        argv = argv[:i] + argv[i + 2:]
-    ttft = "mean"
-    if "--ttft" in argv:
-        i = argv.index("--ttft")
-        ttft = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
-    path = argv[0] if argv else str(ROOT / "data" / "inferencemax" / "runs.csv")
+    p = argparse.ArgumentParser(description="Fit the engine profiles' terms to the runs "
+                                "(this module's docstring).")
+    p.add_argument("runs", nargs="?", default=str(ROOT / "data" / "inferencemax" / "runs.csv"))
+    p.add_argument("--engine", default=None, help="only this engine's runs")
+    p.add_argument("--path", default=None, help="fit the entry for this kernel path")
+    p.add_argument("--also", default="",
+                   help="engine terms of the path's architecture, fitted with it (T,T)")
+    p.add_argument("--terms", default="",
+                   help="refit only these terms of the bundled profile or entry (T,T)")
+    p.add_argument("--ttft", default="mean", choices=("mean", "median"))
+    args = p.parse_args(argv)
+    only, entry, ttft, path = args.engine, args.path, args.ttft, args.runs
+    also = tuple(t for t in args.also.split(",") if t)
+    terms = tuple(t for t in args.terms.split(",") if t)
     by_engine: dict[str, list] = defaultdict(list)
     for r in load_runs(path):
         if not r.dp_attention and only in (None, r.engine):
@@ -212,12 +193,10 @@ def main(argv: list[str]) -> int:
         for name, n, a, b, worst in split:
             print(f"  {name:28} {n} TP sizes: a {a * 1e3:6.1f} ms, b {b * 1e3:6.1f} ms "
                   f"(worst residual {worst:.1%})")
-        prof, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
-        fit = FIT.get(eng, FIT["vllm"])
-        fit = terms or fit
         # The bundled profile, refined: four Gauss-Newton rounds from a generic start stop
         # short of its optimum (see fit_entry).
-        start = prof
+        start, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
+        fit = terms or FIT.get(eng, FIT["vllm"])
         sets = {"runs": runs}
         if eng in ALSO:
             # Eight terms on two data sets (run on its own output the fit moves nothing:
