@@ -16,6 +16,7 @@ from bstar import validate_stages as vs
 from bstar.cli import main
 from bstar.deployment import Efficiency, EngineBehaviour
 from bstar.errors import BstarError
+from bstar.validate_stages.fitting import _gauss_newton
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "data" / "vllm-h100" / "stages.csv"
@@ -305,3 +306,28 @@ def test_constant_rate_ttft_does_not_lock_onto_the_step_time() -> None:
                               max_window_s=60).values()["ttft_mean_ms"]
             for ov in (0.800e-3, 0.825e-3)]
     assert abs(ttft[1] / ttft[0] - 1) < 0.03, ttft
+
+
+def test_a_request_term_is_fitted_on_its_ttft_when_the_closed_loop_thins_the_batch() -> None:
+    # A closed loop: a request's time outside the steps adds to its TTFT and thins the batch
+    # (the per-token time falls a little). The model's per-token time is 5% slower than
+    # measured, as a real profile's can be. Judged against that falling per-token time, the
+    # TTFT slopes were zeroed and the fit stayed at its start, 157 ms.
+    def means(overhead_s: float, users: int) -> dict[str, float]:
+        tpot = 10.0 * (1 - 0.02 * overhead_s * users / 16)
+        ttft = 30.0 + 1e3 * overhead_s
+        return {"ttft_mean_ms": ttft, "tpot_mean_ms": tpot, "e2e_mean_ms": ttft + 999 * tpot}
+
+    users = (4, 16, 64)
+    pairs = [(i, k, v * (0.95 if k == "tpot_mean_ms" else 1.0)) for i, c in enumerate(users)
+             for k, v in means(0.06, c).items()]
+
+    def simulate_at(values: dict[str, float], rows: object = None,
+                    y_old: object = None) -> np.ndarray:
+        return np.log([means(values["request_overhead_s"], users[i])[k] for i, k, _ in pairs])
+
+    start = EngineBehaviour(request_overhead_s=0.157)
+    got = _gauss_newton({"request_overhead_s": 0.157}, simulate_at,
+                        {"request_overhead_s": {0, 1, 2}}, pairs,
+                        np.log([v for *_, v in pairs]), Efficiency(), start, 4)
+    assert got["request_overhead_s"] == pytest.approx(0.06, rel=0.01)

@@ -13,6 +13,7 @@ import numpy as np
 
 from bstar.calibrate.params import param_field, param_path
 from bstar.deployment import (
+    BEHAVIOUR_FIELDS,
     GENERIC_PATH,
     KERNEL_FIELDS,
     Deployment,
@@ -58,13 +59,36 @@ def _value(e: Efficiency, b: EngineBehaviour, k: str) -> float:
     return float(getattr(e if hasattr(e, k) else b, k))
 
 
-def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]]) -> np.ndarray:
+TTFT_STATS = ("mean", "median")
+TTFT_MEDIAN = "ttft_p50_ms"
+
+
+def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]],
+              request_term: bool = False) -> np.ndarray:
     """A parameter that makes a step cost more makes every latency of a stage longer: a
     mean moving against its stage's per-token time (E2E when there is none) moves by the
     phase of arrivals against step ends, not by the parameter, and its slope is set to 0
-    (a 0.2 ms wobble of a 15 ms TTFT outweighed E2E's true slope in a robust fit)."""
+    (a 0.2 ms wobble of a 15 ms TTFT outweighed E2E's true slope in a robust fit).
+
+    A request's own time outside the steps (`request_term`: an EngineBehaviour field such
+    as request_overhead_s, front_token_s or cold_start_s) adds to its TTFT, and in a closed
+    loop it shortens the per-token time: fewer requests are in the steps at once (in an
+    open loop the batch, by Little's law, stays). There the reference is the TTFT (E2E
+    when there is none): a per-token time moving against it is that smaller batch, kept,
+    and one moving with it is the phase of arrivals, set to 0. Before, a TPOT that fell by
+    1% zeroed every TTFT slope of request_overhead_s, and the fit could not move it
+    (docs/transfer.md, "A request's time in the fit")."""
     out = slope.copy()
     ref: dict[int, float] = {}
+    if request_term:
+        for j, (i, k, _) in enumerate(pairs):
+            if k in ("ttft_mean_ms", TTFT_MEDIAN) or (k == "e2e_mean_ms" and i not in ref):
+                ref[i] = float(slope[j])
+        for j, (i, k, _) in enumerate(pairs):
+            if (out[j] * ref.get(i, 0.0) > 0) if k == "tpot_mean_ms" \
+                    else (out[j] * ref.get(i, 0.0) < 0):
+                out[j] = 0.0
+        return out
     for j, (i, k, _) in enumerate(pairs):
         if k == "tpot_mean_ms" or (k == "e2e_mean_ms" and i not in ref):
             ref[i] = float(slope[j])
@@ -152,10 +176,6 @@ def fit_stages_by_path(stages: Sequence[Stage], prior: Efficiency, fit: Sequence
     too (docs/transfer.md)."""
     return _fit(stages, prior, fit, max_window_s, seed, iterations, behaviour, None,
                 by_path=True)
-
-
-TTFT_STATS = ("mean", "median")
-TTFT_MEDIAN = "ttft_p50_ms"
 
 
 def _measured(stage: Stage, ttft: str) -> dict[str, float]:
@@ -272,7 +292,7 @@ def _gauss_newton(x: dict[str, float],
             if x[k] + h > _UPPER.get(field, math.inf):
                 h = -h
             slopes[k] = _monotone((simulate_at({**x, k: x[k] + h}, rows_of[k], y) - y) / h,
-                                  pairs)
+                                  pairs, field in BEHAVIOUR_FIELDS)
         x0, y0 = dict(x), y
 
         def surrogate(v: Mapping[str, float], x0: dict[str, float] = x0,
