@@ -241,7 +241,7 @@ its commit. A change that improves an in-sample cell and worsens a left-out cell
 than a point is a regression, whatever the in-sample figure says.
 
 Regenerate with `{cmd}` (from the repository root; it rewrites
-this page).
+this page up to its matrix and keeps the sections after it, written by hand).
 
 ## The matrix
 
@@ -251,6 +251,14 @@ machine with load average {avg} (1 / 5 / 15 min) on its {os.cpu_count()} cores.
 
 {table(results)}
 """
+
+
+def hand_written(old_page: str) -> str:
+    """The sections of the page after its matrix (from the first heading that follows "## The
+    matrix"): written by hand about earlier runs, kept when the matrix is regenerated."""
+    i = old_page.find("\n## The matrix")
+    j = old_page.find("\n## ", i + 1) if i >= 0 else -1
+    return old_page[j:] if j >= 0 else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(results))
     if not args.no_write and args.engine is None and args.runs == RUNS:  # the whole, only
-        PAGE.write_text(page(results, args.quick, minutes, load))
+        old = PAGE.read_text() if PAGE.exists() else ""
+        PAGE.write_text(page(results, args.quick, minutes, load) + hand_written(old))
     return 0
 
 

@@ -57,3 +57,12 @@ def test_the_median_ttft_error_skips_rows_without_a_measured_median() -> None:
                             score(80.0, None), score(None, 100.0)])
     assert abs(got - 0.5) < 1e-12  # the median of 0.1, 0.5 and 0.5
     assert t.ttft_p50_error([score(80.0, None)]) is None
+
+
+def test_a_regenerated_page_keeps_the_sections_written_after_its_matrix() -> None:
+    t = _transfer()
+    old = "# T\n\n## The matrix\n\n| a |\n\n## Reading this run\n\nBy hand.\n"
+    new = t.page([], False, 1.0, (0.0, 0.0, 0.0)) + t.hand_written(old)
+    assert new.endswith("\n## Reading this run\n\nBy hand.\n")
+    assert new.count("## The matrix") == 1
+    assert t.hand_written("# T\n\n## The matrix\n\n| a |\n") == ""
