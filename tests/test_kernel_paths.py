@@ -91,15 +91,22 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
     """A dequantizing kernel converts every 4-bit weight in its main loop (Efficiency's
     int4_weight_stream, a guess); on a native FP4 path the tensor cores read the format, so
     with no entry for that path the generic stream is the 16-bit weights' (issue 37: the
-    0.70 made TensorRT-LLM's gpt-oss on B200, which has no B200 entry, stream like Marlin)."""
+    0.70 made TensorRT-LLM's gpt-oss on B200, which has no B200 entry, stream like Marlin).
+    A dequantizing path keeps the guess unless its engine fitted its own (vLLM's Marlin
+    path has not; TensorRT-LLM's Triton path on Hopper has, on its gpt-oss runs)."""
     from bstar import step
+    from bstar.engines import get_engine
 
     assert generic_kernel_terms("hopper:fp4-dequant")["int4_weight_stream"] \
         == Efficiency().int4_weight_stream < 1.0
     assert generic_kernel_terms("blackwell:fp4-native")["int4_weight_stream"] == 1.0
-    for gpu, native in (("b200", True), ("h200", False)):
-        d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu, engine="trt-llm").build()
-        assert d.eff.int4_weight_stream == (1.0 if native else Efficiency().int4_weight_stream)
+    trt_hopper = get_engine("trt-llm").for_gpu("hopper", "hopper:fp4-dequant")[0]
+    assert Efficiency().int4_weight_stream < trt_hopper.int4_weight_stream <= 1.0
+    for gpu, engine, expected in (("b200", "trt-llm", 1.0),
+                                  ("h200", "vllm", Efficiency().int4_weight_stream),
+                                  ("h200", "trt-llm", trt_hopper.int4_weight_stream)):
+        d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu, engine=engine).build()
+        assert d.eff.int4_weight_stream == expected
         # the priced decode step reads the experts at that stream: at batch 64 on B200 the
         # 4-bit bytes take their datasheet time / bandwidth and nothing more
         w = step.shape(d).decode([64], 2048)
@@ -107,8 +114,7 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
         mem = float(step.price_parts(w, d.eff).memory_s[0])
         kv = float(w.kv_s[0]) / d.eff.kv_bandwidth
         sixteen = float(w.weight16_s[0]) / d.eff.bandwidth
-        stream = 1.0 if native else Efficiency().int4_weight_stream
-        assert mem == pytest.approx(quantized / (d.eff.bandwidth * stream) + sixteen + kv,
+        assert mem == pytest.approx(quantized / (d.eff.bandwidth * expected) + sixteen + kv,
                                     rel=1e-9)
 
 
