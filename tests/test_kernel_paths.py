@@ -107,8 +107,8 @@ def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
                                   ("h200", "trt-llm", trt_hopper.int4_weight_stream)):
         d = DeploymentOptions(model="gpt-oss-120b", gpu=gpu, engine=engine).build()
         assert d.eff.int4_weight_stream == expected
-        # the priced decode step reads the experts at that stream: at batch 64 on B200 the
-        # 4-bit bytes take their datasheet time / bandwidth and nothing more
+        # the priced decode step reads the experts at that stream: at batch 64 the 4-bit
+        # bytes take their datasheet time / (bandwidth x stream) and nothing more
         w = step.shape(d).decode([64], 2048)
         quantized = float((w.weight_s - w.weight16_s)[0])
         mem = float(step.price_parts(w, d.eff).memory_s[0])
