@@ -331,3 +331,35 @@ def test_a_request_term_is_fitted_on_its_ttft_when_the_closed_loop_thins_the_bat
                         {"request_overhead_s": {0, 1, 2}}, pairs,
                         np.log([v for *_, v in pairs]), Efficiency(), start, 4)
     assert got["request_overhead_s"] == pytest.approx(0.06, rel=0.01)
+
+
+def test_a_joint_fit_judges_its_request_terms_against_the_per_token_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The TTFT reference is for a fit of request terms alone. Fitted beside a step term, a
+    # request term is judged against the per-token time like the step terms: there the
+    # closed loops' TTFT moved the CPU time per step and worsened the left-out dense
+    # models (docs/transfer.md, "A request's time in a joint fit").
+    from bstar.validate_stages import fitting
+
+    seen: list[bool] = []
+    real = fitting._monotone
+
+    def spy(slope: np.ndarray, pairs: object, request_term: bool = False) -> np.ndarray:
+        seen.append(request_term)
+        return real(slope, pairs, request_term)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fitting, "_monotone", spy)
+    pairs = [(0, "ttft_mean_ms", 40.0), (0, "tpot_mean_ms", 10.0), (0, "e2e_mean_ms", 1e4)]
+
+    def simulate_at(values: dict[str, float], rows: object = None,
+                    y_old: object = None) -> np.ndarray:
+        ttft = 30.0 + 1e3 * values["request_overhead_s"] + 1e3 * values.get("overhead_s", 0)
+        tpot = 10.0 + 1e3 * values.get("overhead_s", 0)
+        return np.log([ttft, tpot, ttft + 999 * tpot])
+
+    for x, expect in (({"request_overhead_s": 0.02}, [True]),
+                      ({"request_overhead_s": 0.02, "overhead_s": 1e-3}, [False, False])):
+        seen.clear()
+        fitting._gauss_newton(x, simulate_at, {k: {0} for k in x}, pairs,
+                              np.log([v for *_, v in pairs]), Efficiency(), EngineBehaviour(), 1)
+        assert seen == expect, (x, seen)

@@ -77,7 +77,13 @@ def _monotone(slope: np.ndarray, pairs: Sequence[tuple[int, str, float]],
     when there is none): a per-token time moving against it is that smaller batch, kept,
     and one moving with it is the phase of arrivals, set to 0. Before, a TPOT that fell by
     1% zeroed every TTFT slope of request_overhead_s, and the fit could not move it
-    (docs/transfer.md, "A request's time in the fit")."""
+    (docs/transfer.md, "A request's time in the fit").
+
+    `_gauss_newton` asks for that reference only in a fit of request terms alone (the step
+    terms held). In a joint fit each request term's reference stays the per-token time, as
+    for a step term: there the closed loops' TTFT, through the request terms, moved the
+    CPU time per step (overhead_s 0.41 ms -> 0) and the left-out dense models' per-token
+    time 6 points worse (docs/transfer.md, "A request's time in a joint fit")."""
     out = slope.copy()
     ref: dict[int, float] = {}
     if request_term:
@@ -284,6 +290,9 @@ def _gauss_newton(x: dict[str, float],
 
     y = simulate_at(x)
     c = cost(y)
+    # A request term judged against its TTFT only where nothing but request terms is fitted
+    # (`_monotone`).
+    request_only = all(param_field(k) in BEHAVIOUR_FIELDS for k in names)
     for _ in range(iterations):
         slopes = {}
         for k in names:
@@ -292,7 +301,7 @@ def _gauss_newton(x: dict[str, float],
             if x[k] + h > _UPPER.get(field, math.inf):
                 h = -h
             slopes[k] = _monotone((simulate_at({**x, k: x[k] + h}, rows_of[k], y) - y) / h,
-                                  pairs, field in BEHAVIOUR_FIELDS)
+                                  pairs, request_only)
         x0, y0 = dict(x), y
 
         def surrogate(v: Mapping[str, float], x0: dict[str, float] = x0,
