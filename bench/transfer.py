@@ -246,11 +246,25 @@ this page up to its matrix and keeps the sections after it, written by hand).
 ## The matrix
 
 Printed by `{cmd}` on {date}, in {minutes:.0f} min, on a shared
-machine with load average {avg} (1 / 5 / 15 min) on its {os.cpu_count()} cores.
+machine with load average {avg} (1 / 5 / 15 min) on its {os.cpu_count()} cores
+({", ".join(f"{k} {v}" for k, v in versions().items())}).
 {textwrap.fill(QUICK_NOTE, 92) if quick else ""}
 
 {table(results)}
 """
+
+
+def versions() -> dict[str, str]:
+    """The interpreter's and the numerical libraries' versions: SGLang's GPU slices printed
+    different cells on two machines from the same code (docs/transfer.md, "A request's
+    time in a joint fit"), so a run says what it ran on."""
+    import platform
+
+    import numpy
+    import scipy
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__,
+            "scipy": scipy.__version__}
 
 
 def hand_written(old_page: str) -> str:
@@ -290,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     if args.json:
         print(json.dumps({"quick": args.quick, "minutes": minutes, "load": load,
-                          "slices": results}, indent=2))
+                          "versions": versions(), "slices": results}, indent=2))
     else:
         print(table(results))
     if not args.no_write and args.engine is None and args.runs == RUNS:  # the whole, only

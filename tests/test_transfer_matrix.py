@@ -66,3 +66,11 @@ def test_a_regenerated_page_keeps_the_sections_written_after_its_matrix() -> Non
     assert new.endswith("\n## Reading this run\n\nBy hand.\n")
     assert new.count("## The matrix") == 1
     assert t.hand_written("# T\n\n## The matrix\n\n| a |\n") == ""
+
+
+def test_the_page_says_which_numerical_libraries_printed_it() -> None:
+    import numpy
+    import scipy
+
+    text = _transfer().page([], False, 1.0, (0.0, 0.0, 0.0))
+    assert f"numpy {numpy.__version__}" in text and f"scipy {scipy.__version__}" in text
