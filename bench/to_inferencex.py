@@ -21,8 +21,9 @@ over 8 GPUs (tokens per second over the client's span / 8 agrees with `m_output_
 to 3%, / 64 would be 8x off), so the table gives the 8 GPUs the server used.
 
 Attention data parallel (`prefill_dp_attention` true, TensorRT-LLM's enable_attention_dp):
-every GPU is an attention rank of its own (attention TP 1): data_parallel = TP = 8, and the
-script gives each rank max_batch_size = CONC / TP.
+every GPU is an attention rank of its own (attention TP 1): data_parallel = TP = 8, the
+MTP script gives each rank max_batch_size = CONC / TP, and both scripts balance the ranks
+(attention_dp_config: enable_balance, timeout_iters 60, batching_wait_iters 0).
 
 The client draws each prompt and output length uniformly from the integers [int(0.8 L), L]
 and generates every output in full; at the scripts' commit it first sends 2 x CONC warm-up
@@ -69,14 +70,17 @@ def _flags(engine: str, conc: int, isl: int, osl: int, tp: int, dp: bool, mtp: i
     return TRT_DEFAULT_MAX_BATCH, tokens
 
 
-def _settings(engine: str) -> dict[str, Any]:
+def _settings(engine: str, dp: bool) -> dict[str, Any]:
     if engine == "sglang":  # --mem-fraction-static 0.82, --cuda-graph-max-bs 512 (or 256)
         return {"memory_fraction": 0.82, "cuda_graph_mode": "full_decode_only",
                 "stream_interval": 10}
     # kv_cache_config dtype fp8, free_gpu_memory_fraction 0.75; cuda_graph_config
-    # max_batch_size 128; stream_interval 10
+    # max_batch_size 128; stream_interval 10; with attention DP, attention_dp_config
+    # enable_balance true, timeout_iters 60, batching_wait_iters 0 (bstar.sim.adp)
     return {"memory_fraction": 0.75, "kv_cache_dtype": "fp8", "cuda_graph_mode":
-            "full_decode_only", "cuda_graph_max_tokens": 128, "stream_interval": 10}
+            "full_decode_only", "cuda_graph_max_tokens": 128, "stream_interval": 10,
+            **({"attention_dp_timeout_iters": 60, "attention_dp_batching_wait_iters": 0}
+               if dp else {})}
 
 
 def _ms(seconds: str) -> float:
@@ -98,7 +102,7 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         mtp = SGLANG_MTP_TOKENS if eng == "sglang" else TRT_MTP_TOKENS[dp]
     seqs, tokens = _flags(eng, conc, isl, osl, tp, dp, mtp)
     graph = 512 if eng == "sglang" and (isl, osl) == (1024, 1024) else 256
-    settings = _settings(eng)
+    settings = _settings(eng, dp)
     if eng == "sglang":
         settings["cuda_graph_max_tokens"] = graph
     return {

@@ -27,8 +27,10 @@ takes, engines' spellings too: fp8_e4m3, auto), `block_size` (KV block, tokens),
 --scheduler-recv-interval: decode rounds between two looks at the request queue) and
 `stream_interval` (tokens per stream chunk: the ITL's chunks; SGLang streams a request's
 first token at once, so it does not delay TTFT: `first_chunk_tokens` says when an engine's
-first chunk waits). docs/cost-model.md ("2026 models on real engines") says how the simulator
-honours each.
+first chunk waits), and TensorRT-LLM's attention-DP balance, `attention_dp_timeout_iters`
+and `attention_dp_batching_wait_iters` (its attention_dp_config with enable_balance; blank:
+no balance, TensorRT-LLM's default; bstar.sim.adp). docs/cost-model.md ("2026 models on
+real engines") says how the simulator honours each.
 
 Parallel layout (issue 38): `expert_parallel` (the experts split over that many GPUs, each
 holding whole experts; 1: tensor-parallel experts), `dp_attention` and `data_parallel`
@@ -67,7 +69,8 @@ COLUMNS = ("run", "model", "gpu", "num_gpus", "expert_parallel", "dp_attention",
            "e2e_median_ms", "e2e_p99_ms", "output_tok_s_per_gpu", "total_tok_s_per_gpu",
            "first_chunk_tokens", "memory_fraction", "kv_cache_dtype", "block_size",
            "cuda_graph_mode", "cuda_graph_max_tokens", "decode_steps_per_schedule",
-           "scheduler_recv_interval", "stream_interval", "source")
+           "scheduler_recv_interval", "stream_interval", "attention_dp_timeout_iters",
+           "attention_dp_batching_wait_iters", "source")
 # vLLM's CUDAGraphMode names (vllm/config/compilation.py), lower case; SGLang and
 # TensorRT-LLM capture full decode graphs up to a batch size: full_decode_only.
 CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise", "full_decode_only")
@@ -176,7 +179,11 @@ def _settings(r: dict[str, str], at: str) -> dict[str, Any]:
                                               maximum=1024) or 1,
             "scheduler_recv_interval": _int(r, "scheduler_recv_interval", at,
                                             maximum=1024) or 1,
-            "stream_interval": _int(r, "stream_interval", at, maximum=1 << 20) or 0}
+            "stream_interval": _int(r, "stream_interval", at, maximum=1 << 20) or 0,
+            "attention_dp_timeout_iters": _int(r, "attention_dp_timeout_iters", at,
+                                               minimum=0, maximum=1 << 20) or 0,
+            "attention_dp_batching_wait_iters": _int(r, "attention_dp_batching_wait_iters",
+                                                     at, minimum=0, maximum=1 << 20) or 0}
 
 
 def load_runs(path: str | Path) -> list[Stage]:

@@ -116,6 +116,10 @@ class Stage:
     decode_steps_per_schedule: int = 1
     scheduler_recv_interval: int = 1
     stream_interval: int = 0
+    # TensorRT-LLM's attention-DP balance (attention_dp_config with enable_balance:
+    # timeout_iters, batching_wait_iters; 0: no balance; bstar.sim.adp).
+    attention_dp_timeout_iters: int = 0
+    attention_dp_batching_wait_iters: int = 0
 
     @property
     def group(self) -> tuple[str, str]:

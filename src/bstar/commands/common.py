@@ -188,6 +188,17 @@ def positive_int(s: str) -> int:
     return v
 
 
+def non_negative_int(s: str) -> int:
+    """A count that may be 0 (off), at most 2**20."""
+    try:
+        v = _int_token(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if not 0 <= v <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be in 0..{1 << 20}, got {s}")
+    return v
+
+
 SEED_MAX = 2**63 - 1
 
 

@@ -15,6 +15,7 @@ from bstar.commands.common import (
     command_line,
     gib_amount,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     positive_int_list,
@@ -34,6 +35,11 @@ from bstar.commands.traffic_flags import (
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_deployment_arguments(p)
+    _add_scheduler_arguments(p)
+    _add_traffic_and_output_arguments(p)
+
+
+def _add_scheduler_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("scheduler (vLLM V1)")
     s.add_argument("--max-num-seqs", type=positive_int_list, default=None,
                    help="levels to simulate, comma-separated (default: what `vllm serve` "
@@ -51,11 +57,25 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
                    type=positive_int, default=1, metavar="N",
                    help="scheduling rounds of pure decode between two looks at the request "
                         "queue (SGLang --scheduler-recv-interval; default 1: every round)")
+    s.add_argument("--attention-dp-timeout-iters", dest="adp_timeout_iters",
+                   type=non_negative_int, default=0, metavar="N",
+                   help="TensorRT-LLM's attention-DP balance (attention_dp_config "
+                        "enable_balance, timeout_iters): new prompts wait until every "
+                        "data-parallel rank has one, at most N iterations (default 0: no "
+                        "balance, TensorRT-LLM's default; InferenceX's scripts: 60)")
+    s.add_argument("--attention-dp-batching-wait-iters", dest="adp_batching_wait_iters",
+                   type=non_negative_int, default=0, metavar="N",
+                   help="with the balance on, iterations a full round of prompts waits "
+                        "while every rank decodes (attention_dp_config batching_wait_iters; "
+                        "default 0)")
     s.add_argument("--preemption", choices=("recompute", "swap"), default="recompute",
                    help="what a preempted request loses: recompute (V1) drops its KV; swap "
                         "(V0) parks it in host memory (default recompute)")
     s.add_argument("--swap-space-gib", type=gib_amount, default=4.0,
                    help="host swap space per GPU for --preemption swap, GiB (default 4)")
+
+
+def _add_traffic_and_output_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("traffic")
     load = t.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, default=None,
@@ -146,6 +166,8 @@ def study_options(args: argparse.Namespace) -> Any:
         max_num_batched_tokens=args.max_num_batched_tokens, preemption=args.preemption,
         decode_steps_per_schedule=args.decode_steps_per_schedule,
         scheduler_recv_interval=args.scheduler_recv_interval,
+        adp_timeout_iters=args.adp_timeout_iters,
+        adp_batching_wait_iters=args.adp_batching_wait_iters,
         swap_space_gib=args.swap_space_gib, rate=args.rate, concurrency=args.concurrency,
         trace=args.trace, think_time_s=args.think_time_s, input_len=input_len,
         output_len=output_len, num_requests=args.num_requests, seed=args.seed,

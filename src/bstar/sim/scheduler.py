@@ -21,8 +21,9 @@ Why this file is three times nano-vllm's 92-line scheduler (issue 41): nano-vllm
 either prefills or decodes in a step and preempts by recompute only. This one follows vLLM
 V1, whose behaviour the simulator is checked against: chunked prefill inside one token
 budget, preemption by recompute or by swap, windowed layers that give blocks back as they
-go, admission through the prefix cache, the KV slots speculation reserves, and SGLang's
-decode rounds. The common step is vectorized over the batch, since it runs on every step,
+go, admission through the prefix cache, the KV slots speculation reserves, SGLang's
+decode rounds and TensorRT-LLM's attention-DP balance (bstar.sim.adp: each rank's own
+line). The common step is vectorized over the batch, since it runs on every step,
 so the block rules appear twice: in `schedule`'s array path and in
 `_schedule_with_preemption`'s walk, which must agree.
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bstar.errors import BstarError
+from bstar.sim.adp import AdpBalance
 from bstar.sim.block_manager import BlockManager, change_blocks
 from bstar.sim.sequence import (
     FloatArray,
@@ -66,6 +68,13 @@ class SchedulerConfig:
     # --scheduler-recv-interval: its SchedulerRecvSkipper adds 1 a decode round and receives
     # at the interval, and at once after any other step; 1: every round).
     recv_interval: int = 1
+    # Attention data-parallel ranks, and TensorRT-LLM's balance of them (its
+    # attention_dp_config: enable_balance with timeout_iters and batching_wait_iters;
+    # bstar.sim.adp): new prompts wait until every rank has one, at most the timeout's
+    # iterations. 0: no balance (every engine's default).
+    dp_ranks: int = 1
+    adp_timeout_iters: int = 0
+    adp_batching_wait_iters: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -78,6 +87,13 @@ class SchedulerConfig:
         if not 1 <= self.recv_interval <= 1024:
             raise BstarError("--scheduler-recv-interval must be in 1..1024, got "
                              f"{self.recv_interval}")
+        if self.dp_ranks < 1:
+            raise BstarError(f"attention data-parallel ranks must be at least 1, got "
+                             f"{self.dp_ranks}")
+        if not 0 <= self.adp_timeout_iters <= 1 << 20 \
+                or not 0 <= self.adp_batching_wait_iters <= 1 << 20:
+            raise BstarError("--attention-dp-timeout-iters and --attention-dp-batching-wait-"
+                             "iters must be in 0..1048576")
         if self.preemption not in PREEMPTION_MODES:
             raise BstarError(f"--preemption must be one of {', '.join(PREEMPTION_MODES)}, "
                              f"got {self.preemption!r}")
@@ -125,9 +141,15 @@ class Scheduler:
         # Pure decode steps since the queue was last looked at, or since the last step that
         # did more than decode (SchedulerConfig.queue_interval_steps).
         self.decode_round = 0
+        self.adp = AdpBalance(len(reqs), cfg.dp_ranks, cfg.max_num_seqs,
+                              cfg.adp_timeout_iters, cfg.adp_batching_wait_iters) \
+            if cfg.dp_ranks > 1 and cfg.adp_timeout_iters > 0 else None
 
     # ---- queue ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
+        if self.adp is not None:
+            active = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+            self.adp.assign(rid, np.concatenate([self.running[:self.num_running], active]))
         self.waiting.append(rid)
 
     @property
@@ -170,41 +192,83 @@ class Scheduler:
             comp = sched = ids
         swap_in = 0
         queue_open = self._queue_open(ids, comp, sched)
+        if self.adp is not None:
+            queue_open = self._adp_opens(ids, comp, sched) and queue_open
         if not preempted and self.waiting and queue_open:
-            new_ids: list[int] = []
-            new_comp: list[int] = []
-            new_sched: list[int] = []
-            prompt, gen, computed = r.prompt_tokens, r.num_generated, r.num_computed
-            while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
-                rid = self.waiting[0]
-                c = int(computed[rid])
-                if bm.caching:
-                    c, n, need_blocks = self._admit_cached(rid, c, budget)
-                    if need_blocks < 0:
-                        break
-                else:
-                    n = min(int(prompt[rid] + gen[rid]) - c, budget)
-                    need_blocks = int(bm.blocks_for(c + n + cfg.lookahead_tokens, c))
-                    if need_blocks > bm.num_free:
-                        break  # FCFS: the head blocks everyone behind it
-                    bm.allocate(need_blocks)
-                self.waiting.popleft()
-                r.num_blocks[rid] = need_blocks
-                if r.swapped[rid]:
-                    r.swapped[rid] = False
-                    bm.num_host_free += bm.blocks_for(c)
-                    swap_in += c
-                self.running[self.num_running] = rid
-                self.num_running += 1
-                new_ids.append(rid)
-                new_comp.append(c)
-                new_sched.append(n)
-                budget -= n
+            new_ids, new_comp, new_sched, swap_in = self._admit(ids, sched, budget)
             if new_ids:
                 ids = np.concatenate([ids, np.asarray(new_ids, dtype=np.int64)])
                 comp = np.concatenate([comp, np.asarray(new_comp, dtype=np.int64)])
                 sched = np.concatenate([sched, np.asarray(new_sched, dtype=np.int64)])
         return StepPlan(ids, comp, sched, preempted, swap_out, swap_in)
+
+    def _admit(self, ids: IntArray, sched: IntArray, budget: int
+               ) -> tuple[list[int], list[int], list[int], int]:
+        """WAITING requests in FCFS order while the budget lasts and fewer than max_num_seqs
+        run; the head of the queue blocks the rest when its blocks do not fit. With
+        attention-DP ranks balanced (bstar.sim.adp) each rank keeps its own line, its share
+        of the token budget and of max_num_seqs: a rank whose head does not fit stops its
+        line only. Returns the admitted ids, their computed and scheduled tokens, and the
+        tokens swapped back in."""
+        r, bm, cfg, adp = self.reqs, self.blocks, self.cfg, self.adp
+        prompt, gen, computed = r.prompt_tokens, r.num_generated, r.num_computed
+        new_ids: list[int] = []
+        new_comp: list[int] = []
+        new_sched: list[int] = []
+        swap_in = 0
+        if adp is not None:
+            tokens_left, seats_left = adp.room(ids, sched, self.running[:self.num_running],
+                                               cfg.max_num_batched_tokens)
+            stopped: set[int] = set()
+            passed: list[int] = []  # left in line: their rank's line stopped
+        while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
+            rid = self.waiting[0]
+            cap, k = budget, -1
+            if adp is not None:
+                k = int(adp.rank_of[rid])
+                if k in stopped or tokens_left[k] <= 0 or seats_left[k] <= 0:
+                    stopped.add(k)
+                    passed.append(self.waiting.popleft())
+                    if len(stopped) == adp.ranks:
+                        break
+                    continue
+                cap = min(budget, int(tokens_left[k]))
+            c = int(computed[rid])
+            if bm.caching:
+                c, n, need_blocks = self._admit_cached(rid, c, cap)
+                fits = need_blocks >= 0
+            else:
+                n = min(int(prompt[rid] + gen[rid]) - c, cap)
+                need_blocks = int(bm.blocks_for(c + n + cfg.lookahead_tokens, c))
+                fits = need_blocks <= bm.num_free
+                if fits:
+                    bm.allocate(need_blocks)
+            if not fits:
+                if adp is None:
+                    break  # FCFS: the head blocks everyone behind it
+                stopped.add(k)
+                passed.append(self.waiting.popleft())
+                if len(stopped) == adp.ranks:
+                    break
+                continue
+            self.waiting.popleft()
+            r.num_blocks[rid] = need_blocks
+            if r.swapped[rid]:
+                r.swapped[rid] = False
+                bm.num_host_free += bm.blocks_for(c)
+                swap_in += c
+            self.running[self.num_running] = rid
+            self.num_running += 1
+            new_ids.append(rid)
+            new_comp.append(c)
+            new_sched.append(n)
+            budget -= n
+            if adp is not None:
+                tokens_left[k] -= n
+                seats_left[k] -= 1
+        if adp is not None:
+            self.waiting.extendleft(reversed(passed))
+        return new_ids, new_comp, new_sched, swap_in
 
     def _running_need(self, comp: IntArray, sched: IntArray,
                       held: IntArray) -> tuple[IntArray, int, int]:
@@ -242,10 +306,23 @@ class Scheduler:
         self.decode_round += 1
         return (self.decode_round - 1) % n == 0
 
+    def _adp_opens(self, ids: IntArray, comp: IntArray, sched: IntArray) -> bool:
+        """One iteration of TensorRT-LLM's attention-DP balance (bstar.sim.adp) over this
+        step's running requests: those still in their prompt and those decoding."""
+        assert self.adp is not None
+        r = self.reqs
+        gen = r.num_generated[ids]
+        decoding = (comp + 1 == r.prompt_tokens[ids] + gen) & (gen > 0)
+        waiting = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+        return self.adp.opens(waiting, ids[~decoding], ids[decoding])
+
     def note_decode_steps(self, k: int) -> None:
         """`k` pure decode steps ran at once (the simulator's multi-step jump)."""
         if self.cfg.queue_interval_steps > 1:
             self.decode_round += k
+        if self.adp is not None:
+            waiting = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+            self.adp.jumped(k, waiting, self.running[:self.num_running])
 
     def _admit_cached(self, rid: int, computed: int, budget: int) -> tuple[int, int, int]:
         """Admission through the prefix cache: (computed tokens after its hits, tokens to

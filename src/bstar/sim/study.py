@@ -45,6 +45,10 @@ class StudyOptions:
     # --scheduler-recv-interval (SchedulerConfig.recv_interval).
     decode_steps_per_schedule: int = 1
     scheduler_recv_interval: int = 1
+    # TensorRT-LLM's attention-DP balance over the deployment's ranks (its
+    # attention_dp_config timeout_iters and batching_wait_iters; bstar.sim.adp); 0: none.
+    adp_timeout_iters: int = 0
+    adp_batching_wait_iters: int = 0
     # The price each level's energy per output token is costed at (bstar.energy).
     electricity_usd_per_kwh: float = DEFAULT_ELECTRICITY_USD_PER_KWH
 
@@ -138,9 +142,16 @@ def run_study(d: Deployment, o: StudyOptions) -> Study:
     if not 0 <= o.swap_space_gib * GiB <= MAX_MEMORY_BYTES:
         raise BstarError(f"--swap-space-gib must be between 0 and {MAX_MEMORY_BYTES // GiB} "
                          f"GiB, got {o.swap_space_gib:g}")
+    if (o.adp_timeout_iters or o.adp_batching_wait_iters) and d.data_parallel < 2:
+        raise BstarError("--attention-dp-timeout-iters and --attention-dp-batching-wait-iters "
+                         "balance attention data-parallel ranks: give --data-parallel-size "
+                         "(or --enable-dp-attention) too")
     cfg = SimConfig(SchedulerConfig(levels[0], tokens, o.preemption,
                                     decode_steps_per_schedule=o.decode_steps_per_schedule,
-                                    recv_interval=o.scheduler_recv_interval),
+                                    recv_interval=o.scheduler_recv_interval,
+                                    dp_ranks=d.data_parallel,
+                                    adp_timeout_iters=o.adp_timeout_iters,
+                                    adp_batching_wait_iters=o.adp_batching_wait_iters),
                     swap_space_bytes=round(o.swap_space_gib * GiB),
                     max_sim_time_s=o.max_sim_time_s, prefix_caching=o.prefix_caching,
                     speculative=o.speculative)

@@ -275,7 +275,11 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
         n, w = len(workload.prompt_tokens), workload
     cfg = SimConfig(SchedulerConfig(stage.max_num_seqs, stage.max_num_batched_tokens,
                                     decode_steps_per_schedule=stage.decode_steps_per_schedule,
-                                    recv_interval=stage.scheduler_recv_interval),
+                                    recv_interval=stage.scheduler_recv_interval,
+                                    dp_ranks=stage.data_parallel,
+                                    adp_timeout_iters=stage.attention_dp_timeout_iters,
+                                    adp_batching_wait_iters=(
+                                        stage.attention_dp_batching_wait_iters)),
                     speculative=stage_speculation(stage, d, seed),
                     cold_start_s=d.behaviour.cold_start_s)
     run = simulate(d, cfg, w)
