@@ -47,6 +47,7 @@ PROMPTS_PER_USER = 10  # --num-prompts = 10 x CONC
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trt": "trt-llm"}
 # The source's README names vLLM's version for the H200 runs only.
 VERSIONS = {("h200", "vllm"): "v0.11.0"}
+TRT_DEFAULT_MAX_BATCH = 2048  # trtllm-serve's --max_batch_size default
 GPUS = {"h200": "h200", "b200": "b200", "mi300x": "mi300x"}
 MI300X_SGLANG_MEMORY = 0.8  # dsr1_fp8_mi300x_docker.sh: --mem-fraction-static 0.8
 
@@ -70,7 +71,7 @@ def vllm_default_graph_tokens(max_num_seqs: int) -> int:
 
 
 def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int, model: str = "",
-           tp: int = 1) -> tuple[int, int]:
+           tp: int = 1, dp: bool = False) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the benchmark scripts give the engine."""
     if engine == "vllm":
         if gpu == "h200":  # --max-num-seqs CONC, max-num-batched-tokens 8192
@@ -87,13 +88,17 @@ def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int, model: str = ""
             return 128, 32768
         # MI300X: --chunked-prefill-size 196608, its --mem-fraction-static
         return sglang_default_running(model, gpu, tp, MI300X_SGLANG_MEMORY), 196608
-    # trtllm-serve: max_batch_size CONC; the scripts set no max_num_tokens, so TensorRT-LLM's
-    # default of 8192 tokens per step stands.
-    return conc, 8192
+    # TensorRT-LLM's limits are a rank's; the table's are the server's (every rank's).
+    ranks = tp if dp else 1
+    if model == "gpt-oss-120b":  # gptoss_fp4_h200_trt_slurm.sh: --max_batch_size CONC,
+        return conc * ranks, 20000 * ranks  # --max_num_tokens 20000
+    # dsr1_fp8_h200_trt_slurm.sh: no --max_batch_size (trtllm-serve's default, 2048), and
+    # --max_num_tokens (CONC + ISL + 64) rounded up to 64
+    return TRT_DEFAULT_MAX_BATCH * ranks, (conc + isl + 64 + 63) // 64 * 64 * ranks
 
 
-def _settings(gpu: str, engine: str, model: str, max_num_seqs: int, conc: int
-              ) -> dict[str, Any]:
+def _settings(gpu: str, engine: str, model: str, max_num_seqs: int, conc: int,
+              dp: bool = False) -> dict[str, Any]:
     """The server settings each GPU's script gives the engine (data/inferencemax/README.md);
     blank where the script leaves the engine's default."""
     s: dict[str, Any] = {}
@@ -120,7 +125,19 @@ def _settings(gpu: str, engine: str, model: str, max_num_seqs: int, conc: int
             s.update(memory_fraction=MI300X_SGLANG_MEMORY, cuda_graph_max_tokens=128,
                      decode_steps_per_schedule=4)
     elif engine == "trt" and model == "gpt-oss-120b":
-        s["memory_fraction"] = 0.85  # free_gpu_memory_fraction 0.85 (gpt-oss's script)
+        # gptoss_fp4_h200_trt_slurm.sh: free_gpu_memory_fraction 0.85, cuda_graph_config
+        # max_batch_size CONC (decode graphs), stream_interval 20
+        s.update(memory_fraction=0.85, cuda_graph_mode="full_decode_only",
+                 cuda_graph_max_tokens=conc, stream_interval=20)
+    elif engine == "trt":
+        # dsr1_fp8_h200_trt_slurm.sh: kv_cache_config dtype fp8, free_gpu_memory_fraction
+        # 0.75, cuda_graph_config max_batch_size 128 (decode graphs), stream_interval 10
+        s.update(memory_fraction=0.75, kv_cache_dtype="fp8", cuda_graph_mode="full_decode_only",
+                 cuda_graph_max_tokens=128, stream_interval=10)
+    if engine == "trt" and dp:
+        # dsr1_fp8_h200_trt_slurm.sh with attention DP: attention_dp_config enable_balance
+        # true, timeout_iters 60, batching_wait_iters 0 (bstar.sim.adp)
+        s.update(attention_dp_timeout_iters=60, attention_dp_batching_wait_iters=0)
     return s
 
 
@@ -136,8 +153,8 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
     eng, gpu = r["framework"], GPUS[r["hw"]]
     conc, isl, osl, tp = int(r["conc"]), int(r["isl"]), int(r["osl"]), int(r["tp"])
     model = get_model(r["model"]).name  # a bundled preset, by its Hugging Face repo
-    seqs, tokens = _flags(gpu, eng, conc, isl, osl, model, tp)
     dp = r["dp_attention"].lower() == "true"
+    seqs, tokens = _flags(gpu, eng, conc, isl, osl, model, tp, dp)
     return {
         "run": f"{gpu}-{model}-{ENGINES[eng]}-tp{tp}-ep{r['ep']}{'-dpa' if dp else ''}"
                f"-{isl // 1024}k{osl // 1024}k-c{conc}",
@@ -158,7 +175,7 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         "total_tok_s_per_gpu": round(float(r["tput_per_gpu"]), 4),
         # SGLang streams its tokens in chunks of --stream-interval and sends its first chunk
         # with the N-th token: the runs table reads it from stream_interval.
-        **_settings(gpu, eng, model, seqs, conc),
+        **_settings(gpu, eng, model, seqs, conc, dp),
         "source": SOURCE.format(file=r["file"]),
     }
 

@@ -323,3 +323,56 @@ def test_a_runs_table_is_read_through_safeio(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(BstarError, match=r"not a regular file|FIFO|fifo"):
         load_runs(fifo)
+
+
+# ---- TensorRT-LLM's rows as their scripts set them (issue 38; bstar.sim.adp) -------------
+def test_tables_carry_the_scripts_balance_and_limits() -> None:
+    runs = load_runs(TABLE)
+    (dpa,) = [r for r in runs if r.dp_attention]
+    assert (dpa.engine, dpa.attention_dp_timeout_iters,
+            dpa.attention_dp_batching_wait_iters) == ("trt-llm", 60, 0)
+    assert {r.attention_dp_timeout_iters for r in runs if not r.dp_attention} == {0}
+    # dsr1_fp8_h200_trt_slurm.sh: --max_num_tokens (CONC + ISL + 64) rounded up to 64 a
+    # rank, trtllm-serve's default max_batch_size, an FP8 KV cache; gpt-oss's script:
+    # --max_batch_size CONC, --max_num_tokens 20000
+    ds = [r for r in runs if r.engine == "trt-llm" and r.model == "deepseek-v3"]
+    for r in ds:
+        ranks = r.data_parallel
+        per_rank = (r.concurrency + int(r.prompt_len[-1][1]) + 127) // 64 * 64
+        assert r.max_num_batched_tokens == per_rank * ranks
+        assert r.max_num_seqs == 2048 * ranks and r.kv_cache_dtype == "fp8"
+    oss = [r for r in runs if r.engine == "trt-llm" and r.model == "gpt-oss-120b"]
+    assert {(r.max_num_batched_tokens, r.stream_interval) for r in oss} == {(20000, 20)}
+    assert all(r.max_num_seqs == r.concurrency for r in oss)
+    ix = load_runs(ROOT / "data" / "inferencex-h200" / "runs.csv")
+    assert {(r.engine, r.attention_dp_timeout_iters) for r in ix if r.dp_attention} \
+        == {("trt-llm", 60)}
+    # the converters write what the tables hold
+    row = _bench("to_inferencex")._settings("trt", True)
+    assert row["attention_dp_timeout_iters"] == 60
+    assert "attention_dp_timeout_iters" in COLUMNS
+
+
+def test_a_runs_table_refuses_a_negative_timeout() -> None:
+    text = TABLE.read_text()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    rows[0]["attention_dp_timeout_iters"] = "-3"
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerow(rows[0])
+    with pytest.raises(BstarError, match="attention_dp_timeout_iters"):
+        runs_from_csv(buf.getvalue())
+
+
+def test_the_measured_attention_dp_run_waits_as_the_gate_says() -> None:
+    """InferenceMAX's TensorRT-LLM run of DeepSeek-R1 with attention DP (8k prompts, 64
+    users) measured a median TTFT of 3.6 s; without the balance's gate bstar puts it at
+    0.35 s (3.0 s with it, `bstar validate data/inferencemax/runs.csv`)."""
+    (run,) = [r for r in load_runs(TABLE) if r.dp_attention]
+    gated = simulate_stage(run)
+    free = simulate_stage(replace(run, attention_dp_timeout_iters=0))
+    measured = run.ttft_p50_ms
+    assert measured is not None
+    assert free.ttft_p50_ms < 0.2 * measured
+    assert 0.5 * measured < gated.ttft_p50_ms < 2 * measured
