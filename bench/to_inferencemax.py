@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from bstar.engine_defaults import vllm_batch_defaults  # noqa: E402
+from bstar.engine_defaults import TRT_LLM_MAX_BATCH_SIZE, vllm_batch_defaults  # noqa: E402
 from bstar.runs_table import COLUMNS  # noqa: E402
 from bstar.specs.gpu import get_gpu  # noqa: E402
 from bstar.specs.presets import get_model  # noqa: E402
@@ -47,7 +47,6 @@ PROMPTS_PER_USER = 10  # --num-prompts = 10 x CONC
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trt": "trt-llm"}
 # The source's README names vLLM's version for the H200 runs only.
 VERSIONS = {("h200", "vllm"): "v0.11.0"}
-TRT_DEFAULT_MAX_BATCH = 2048  # trtllm-serve's --max_batch_size default
 GPUS = {"h200": "h200", "b200": "b200", "mi300x": "mi300x"}
 MI300X_SGLANG_MEMORY = 0.8  # dsr1_fp8_mi300x_docker.sh: --mem-fraction-static 0.8
 
@@ -94,7 +93,7 @@ def _flags(gpu: str, engine: str, conc: int, isl: int, osl: int, model: str = ""
         return conc * ranks, 20000 * ranks  # --max_num_tokens 20000
     # dsr1_fp8_h200_trt_slurm.sh: no --max_batch_size (trtllm-serve's default, 2048), and
     # --max_num_tokens (CONC + ISL + 64) rounded up to 64
-    return TRT_DEFAULT_MAX_BATCH * ranks, (conc + isl + 64 + 63) // 64 * 64 * ranks
+    return TRT_LLM_MAX_BATCH_SIZE * ranks, (conc + isl + 64 + 63) // 64 * 64 * ranks
 
 
 def _settings(gpu: str, engine: str, model: str, max_num_seqs: int, conc: int,

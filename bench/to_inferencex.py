@@ -41,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from bstar.engine_defaults import TRT_LLM_MAX_BATCH_SIZE  # noqa: E402
 from bstar.runs_table import COLUMNS  # noqa: E402
 
 SOURCE = "SemiAnalysis InferenceX dashboard API (benchmarks.json, hardware h200)"
@@ -53,7 +54,6 @@ MODEL = "deepseek-v3"  # DeepSeek-R1-0528: the deepseek-v3 preset's architecture
 SGLANG_MTP_TOKENS = 2
 # dsr1_fp8_h200_trt_mtp.sh: num_nextn_predict_layers 3, or 1 with attention DP
 TRT_MTP_TOKENS = {False: 3, True: 1}
-TRT_DEFAULT_MAX_BATCH = 2048  # trtllm-serve's --max_batch_size default (the non-MTP script)
 
 
 def _flags(engine: str, conc: int, isl: int, osl: int, tp: int, dp: bool, mtp: int
@@ -67,7 +67,7 @@ def _flags(engine: str, conc: int, isl: int, osl: int, tp: int, dp: bool, mtp: i
         ranks = tp if dp else 1  # the table's limits are the server's: every rank's
         return per_rank * ranks, tokens * ranks
     tokens = max(8192, (conc + isl + 64 + 63) // 64 * 64)
-    return TRT_DEFAULT_MAX_BATCH, tokens
+    return TRT_LLM_MAX_BATCH_SIZE, tokens  # the non-MTP script sets no max_batch_size
 
 
 def _settings(engine: str, dp: bool) -> dict[str, Any]:

@@ -127,6 +127,8 @@ def sglang_max_running_requests(kv_pool_tokens: int, context_len: int) -> int:
 # and SGLang's --mem-fraction-static are fractions of the whole GPU that weights, runtime and
 # pool fill together.
 TRT_LLM_FREE_GPU_MEMORY_FRACTION = 0.9
+# trtllm-serve's --max_batch_size default (a rank's, with attention data parallel).
+TRT_LLM_MAX_BATCH_SIZE = 2048
 
 
 def gpu_util_for_free_fraction(free_fraction: float, memory_bytes: int,

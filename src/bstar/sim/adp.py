@@ -20,9 +20,10 @@ timeout_iters 60 and batching_wait_iters 0 (data/inferencex-h200/README.md).
 
 A new request goes to the rank with the fewest active requests (TensorRT-LLM's request
 queue assigns new requests across ranks by their active counts; ties to the lowest rank)
-and stays there. Modelled: the gate on admitting waiting requests. Not modelled: the gate
+and stays there; each rank admits from its own line within its share of the step's token
+budget and of max_num_seqs (`room`; the scheduler's `_admit`). Not modelled: the gate
 holding a running prompt's later chunks (the scripts' max_num_tokens fits a whole prompt a
-rank), each rank's own token budget (the server's total is one budget here).
+rank).
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ class AdpBalance:
     def _per_rank(self, ids: IntArray) -> IntArray:
         return np.bincount(self.rank_of[ids], minlength=self.ranks)
 
+    def _every_rank_ready(self, ctx: IntArray, gen: IntArray) -> bool:
+        """Every rank has a prompt (`ctx` a rank) and room beside its decodes (`gen`)."""
+        return bool((ctx > 0).all()) and bool((gen < self.seqs_per_rank).all())
+
     def opens(self, waiting: IntArray, prefilling: IntArray, decoding: IntArray) -> bool:
         """One iteration of the gate: whether this step may admit waiting requests, given
         the requests waiting, the running ones still in their prompt and those decoding."""
         gen = self._per_rank(decoding)
         all_gen = bool((gen > 0).all())
-        ctx = self._per_rank(waiting) + self._per_rank(prefilling)
-        if bool((ctx > 0).all()) and bool((gen < self.seqs_per_rank).all()):
+        if self._every_rank_ready(self._per_rank(waiting) + self._per_rank(prefilling), gen):
             self.wait_count = 0
             if all_gen and self.batching_count < self.batching_wait:
                 self.batching_count += 1
@@ -91,10 +95,7 @@ class AdpBalance:
         """`k` pure decode iterations ran at once (the simulator's multi-step jump): nobody
         could be admitted in them, and each moved the counter as `opens` would."""
         gen = self._per_rank(decoding)
-        if bool((self._per_rank(waiting) > 0).all()) and bool(
-                (gen < self.seqs_per_rank).all()):
-            self.wait_count = 0
-        elif bool((gen > 0).all()):
+        if bool((gen > 0).all()) and not self._every_rank_ready(self._per_rank(waiting), gen):
             self.wait_count = (self.wait_count + k) % self.timeout
         else:
             self.wait_count = 0

@@ -148,9 +148,12 @@ class Scheduler:
     # ---- queue ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
         if self.adp is not None:
-            active = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
-            self.adp.assign(rid, np.concatenate([self.running[:self.num_running], active]))
+            self.adp.assign(rid, np.concatenate([self.running[:self.num_running],
+                                                 self._waiting_ids()]))
         self.waiting.append(rid)
+
+    def _waiting_ids(self) -> IntArray:
+        return np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
 
     @property
     def idle(self) -> bool:
@@ -224,20 +227,16 @@ class Scheduler:
         while self.waiting and budget > 0 and self.num_running < cfg.max_num_seqs:
             rid = self.waiting[0]
             cap, k = budget, -1
-            if adp is not None:
+            if adp is not None:  # a stopped or full rank's line takes nothing more
                 k = int(adp.rank_of[rid])
-                if k in stopped or tokens_left[k] <= 0 or seats_left[k] <= 0:
-                    stopped.add(k)
-                    passed.append(self.waiting.popleft())
-                    if len(stopped) == adp.ranks:
-                        break
-                    continue
-                cap = min(budget, int(tokens_left[k]))
-            c = int(computed[rid])
-            if bm.caching:
-                c, n, need_blocks = self._admit_cached(rid, c, cap)
+                cap = 0 if k in stopped or seats_left[k] <= 0 else min(budget,
+                                                                        int(tokens_left[k]))
+            fits = cap > 0
+            if fits and bm.caching:
+                c, n, need_blocks = self._admit_cached(rid, int(computed[rid]), cap)
                 fits = need_blocks >= 0
-            else:
+            elif fits:
+                c = int(computed[rid])
                 n = min(int(prompt[rid] + gen[rid]) - c, cap)
                 need_blocks = int(bm.blocks_for(c + n + cfg.lookahead_tokens, c))
                 fits = need_blocks <= bm.num_free
@@ -313,16 +312,14 @@ class Scheduler:
         r = self.reqs
         gen = r.num_generated[ids]
         decoding = (comp + 1 == r.prompt_tokens[ids] + gen) & (gen > 0)
-        waiting = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
-        return self.adp.opens(waiting, ids[~decoding], ids[decoding])
+        return self.adp.opens(self._waiting_ids(), ids[~decoding], ids[decoding])
 
     def note_decode_steps(self, k: int) -> None:
         """`k` pure decode steps ran at once (the simulator's multi-step jump)."""
         if self.cfg.queue_interval_steps > 1:
             self.decode_round += k
         if self.adp is not None:
-            waiting = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
-            self.adp.jumped(k, waiting, self.running[:self.num_running])
+            self.adp.jumped(k, self._waiting_ids(), self.running[:self.num_running])
 
     def _admit_cached(self, rid: int, computed: int, budget: int) -> tuple[int, int, int]:
         """Admission through the prefix cache: (computed tokens after its hits, tokens to
