@@ -26,9 +26,10 @@ MTP script gives each rank max_batch_size = CONC / TP, and both scripts balance 
 (attention_dp_config: enable_balance, timeout_iters 60, batching_wait_iters 0).
 
 The client draws each prompt and output length uniformly from the integers [int(0.8 L), L]
-and generates every output in full; at the scripts' commit it first sends 2 x CONC warm-up
-requests that are not counted (`warmup_prompts`; runs older than the warm-up are not told
-apart in the source, see the README).
+and generates every output in full. Since SemiAnalysisAI/InferenceX@d053ae24e (2026-01-21) it
+first sends 2 x CONC warm-up requests, waits for them and does not count them
+(`warmup_prompts`): a run dated after that day is read as warmed up, one dated before as
+started cold (a blank `warmup_prompts`; 9 of the 15 TensorRT-LLM runs, none of SGLang's).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ SOURCE = "SemiAnalysis InferenceX dashboard API (benchmarks.json, hardware h200)
 RANGE_RATIO = 0.8  # --random-range-ratio
 PROMPTS_PER_USER = 10  # --num-prompts = 10 x CONC
 WARMUP_PER_USER = 2  # benchmark_lib.sh: 2 x CONC warm-up requests, not counted
+# The warm-up came with SemiAnalysisAI/InferenceX@d053ae24e (2026-01-21 17:53 UTC, #480:
+# benchmark_lib.sh passes --num-warmups 2 x CONC): a run dated after that day warmed its
+# server up; one dated before it started cold.
+WARMUP_SINCE = "2026-01-22"
 ENGINES = {"sglang": "sglang", "trt": "trt-llm"}
 MODEL = "deepseek-v3"  # DeepSeek-R1-0528: the deepseek-v3 preset's architecture
 # dsr1_fp8_h200_mtp.sh: --speculative-num-steps 2, --speculative-num-draft-tokens 3, topk 1
@@ -113,7 +118,8 @@ def run_row(r: dict[str, str]) -> dict[str, Any]:
         "engine": ENGINES[eng], "engine_version": r["image"].rsplit(":", 1)[-1]
         if r["image"] else "", "dtype": r["precision"],
         "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "concurrency": conc,
-        "num_prompts": PROMPTS_PER_USER * conc, "warmup_prompts": WARMUP_PER_USER * conc,
+        "num_prompts": PROMPTS_PER_USER * conc,
+        "warmup_prompts": WARMUP_PER_USER * conc if r["date"] >= WARMUP_SINCE else "",
         "prompt_len_min": _low(isl), "prompt_len_max": isl,
         "output_len_min": _low(osl), "output_len_max": osl, "ignore_eos": "true",
         "spec_method": spec if mtp else "", "num_speculative_tokens": mtp or "",

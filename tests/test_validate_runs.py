@@ -8,6 +8,7 @@ import csv
 import importlib.util
 import io
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -376,3 +377,44 @@ def test_the_measured_attention_dp_run_waits_as_the_gate_says() -> None:
     assert measured is not None
     assert free.ttft_p50_ms < 0.2 * measured
     assert 0.5 * measured < gated.ttft_p50_ms < 2 * measured
+
+
+def test_a_warmed_up_run_starts_from_an_idle_warm_server() -> None:
+    """InferenceX's client sends 2 x CONC warm-up requests and waits for them before the run
+    (benchmark_serving gathers them): the run's requests start all at once on an idle server
+    that has paid any cold start. Only they are simulated, every one scored; a run without a
+    warm-up starts cold."""
+    from bstar.deployment import EngineBehaviour
+
+    cold = EngineBehaviour(cold_start_s=2.0)
+    (plain,) = runs_from_csv(_one_run(concurrency="4", num_prompts="40"))
+    (warm,) = runs_from_csv(_one_run(concurrency="4", num_prompts="40", warmup_prompts="8"))
+    assert (plain.warmed_up, warm.warmed_up) == (False, True)
+    assert plain.requests_sent == warm.requests_sent == 40
+    a, b = simulate_stage(plain, behaviour=cold), simulate_stage(warm, behaviour=cold)
+    assert a.requests == a.scored == b.requests == b.scored == 40
+    # the cold run's first wave (4 of 40) waits 2 s more: 0.2 s on the mean
+    assert 0.15 < (a.ttft_mean_ms - b.ttft_mean_ms) / 1e3 < 0.25
+    # the warm run's first wave is a burst of 4 prompts prefilled together: slower than the
+    # steady loop's single prompts, so its mean is above its median
+    assert b.ttft_mean_ms > b.ttft_p50_ms
+
+
+def test_inferencex_runs_are_warm_from_the_day_the_client_warmed_up() -> None:
+    """The warm-up came with InferenceX@d053ae24e (2026-01-21): runs dated after it are
+    warmed up, older ones started cold; the converter and the shipped table agree."""
+    runs = load_runs(ROOT / "data" / "inferencex-h200" / "runs.csv")
+    assert all(r.requests_sent == 10 * r.concurrency for r in runs)
+    dates = {r.stage: re.search(r"\d{4}-\d\d-\d\d", r.source).group() for r in runs}
+    assert all(r.warmed_up == (dates[r.stage] >= "2026-01-22") for r in runs)
+    warm = {(e, sum(r.warmed_up for r in runs if r.engine == e)) for e in ("sglang", "trt-llm")}
+    assert warm == {("sglang", 15), ("trt-llm", 6)}
+    conv = _bench("to_inferencex")
+    row = {"framework": "trt", "conc": "4", "isl": "1024", "osl": "1024", "prefill_tp": "8",
+           "prefill_ep": "1", "prefill_dp_attention": "False", "spec_method": "none",
+           "image": "", "precision": "fp8", "run_url": "u", "m_output_tput_per_gpu": "1",
+           "m_tput_per_gpu": "2"}
+    row |= {f"m_{s}_{m}": "0.1" for s in ("mean", "median", "p99")
+            for m in ("ttft", "tpot", "itl", "e2el")}
+    for date, warmup in (("2026-01-14", ""), ("2026-03-25", 8)):
+        assert conv.run_row({**row, "date": date})["warmup_prompts"] == warmup

@@ -37,7 +37,10 @@ holding whole experts; 1: tensor-parallel experts), `dp_attention` and `data_par
 (attention runs data parallel in that many ranks of num_gpus / data_parallel GPUs each; a
 true `dp_attention` with a blank `data_parallel` is num_gpus ranks, TensorRT-LLM's and
 SGLang's enable-dp-attention at attention TP 1). `warmup_prompts`: requests the client sends
-first and leaves out of the figures (InferenceX's 2 x CONC). Speculative decoding:
+first, waits for and leaves out of the figures (InferenceX's 2 x CONC; benchmark_serving
+gathers them before the run starts). They are not simulated: the run's `num_prompts` start
+as above, from an idle server, all `concurrency` users at once, and a warm one (no
+`cold_start_s`). Speculative decoding:
 `spec_method` (mtp, eagle, ngram; blank: none), `num_speculative_tokens` (draft tokens a
 step verifies) and `acceptance_rate` (a stated per-token acceptance; blank: `bstar
 validate` fits it, bstar.validate_runs).
@@ -113,7 +116,7 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
         settings = _settings(r, at)
         layout = _layout(r, at, ints["num_gpus"])
         warm = _int(r, "warmup_prompts", at, minimum=0) or 0
-        sent = ints["num_prompts"] + warm
+        sent = ints["num_prompts"]
         out.append(Stage(
             stage=r["run"] or at, model=r["model"], gpu=r["gpu"], num_gpus=ints["num_gpus"],
             engine=r["engine"], max_num_seqs=ints["max_num_seqs"],
@@ -130,7 +133,7 @@ def runs_from_csv(text: str, where: str = "table", base_dir: Path | None = None
             tpot_mean_ms=tpot, ttft_p50_ms=_float(r, "ttft_median_ms", at),
             output_tok_s=None if out_s is None else out_s * ints["num_gpus"],
             where=at, base_dir=str(base_dir) if base_dir else "",
-            output_len_min=ints["output_len_min"], warmup_fraction=warm / sent,
+            output_len_min=ints["output_len_min"], warmup_fraction=0.0, warmed_up=warm > 0,
             **layout,
             first_chunk_tokens=_int(r, "first_chunk_tokens", at) or 1, **settings))
     if not out:

@@ -89,6 +89,10 @@ class Stage:
     # parallel size and whether attention runs data parallel.
     output_len_min: int = 0
     warmup_fraction: float | None = None
+    # The client warmed the server up before the run's requests and waited for it (InferenceX's
+    # benchmark_serving gathers its --num-warmups requests first): the run starts with all
+    # its users at once on an idle server that has paid any cold start.
+    warmed_up: bool = False
     expert_parallel: int = 1
     dp_attention: bool = False
     # Attention data-parallel ranks (num_gpus / data_parallel GPUs each); speculative

@@ -281,7 +281,7 @@ def simulate_stage(stage: Stage, eff: Efficiency | None = None, *,
                                     adp_batching_wait_iters=(
                                         stage.attention_dp_batching_wait_iters)),
                     speculative=stage_speculation(stage, d, seed),
-                    cold_start_s=d.behaviour.cold_start_s)
+                    cold_start_s=0.0 if stage.warmed_up else d.behaviour.cold_start_s)
     run = simulate(d, cfg, w)
     r = run.requests
     warmup = WARMUP_FRACTION if stage.warmup_fraction is None else stage.warmup_fraction
