@@ -16,7 +16,9 @@ over all its models and TP sizes: no per-model constant. The profile's own terms
 on the runs of its kernel path (`kernel_path` in engines.toml); `--path ARCH:PATH` fits an
 entry's kernel terms (moe_compute, moe_layer_s) on the runs that take that path
 (`[ENGINE.kernels."ARCH:PATH"]`), and with `--also` engine terms of that architecture
-with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths"). `--ttft median` fits
+with them (`[ENGINE.arch.ARCH]`; docs/cost-model.md, "Kernel paths"), or, for a cold start
+that is the path's own, the entry's `behaviour` (`cold_start_s`: TensorRT-LLM's FP8 blocks
+on Hopper, docs/cost-model.md, "Checked on InferenceX"). `--ttft median` fits
 the runs' measured TTFT medians in place of their means (`fit_stages(ttft="median")`: a
 benchmark without a warm-up carries its cold first requests in the mean). Every fit starts
 from the bundled profile or entry and refines it; `--terms` refits only the terms named,

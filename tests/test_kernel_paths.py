@@ -167,6 +167,34 @@ def test_a_cold_start_is_simulated_for_a_run_only() -> None:
     assert cold.tpot_mean_ms == pytest.approx(warm.tpot_mean_ms, rel=0.02)
 
 
+def test_a_cold_start_belongs_to_its_kernel_path() -> None:
+    """TensorRT-LLM's DeepSeek-R1 entry (FP8 blocks on Hopper) holds a cold start; its
+    gpt-oss path on the same GPU, whose first wave waits far less, has none: an entry's
+    cold start prices its own path only."""
+    trt = get_engine("trt-llm")
+    fp8 = trt.for_gpu("hopper", "hopper:fp8-native")[1]
+    assert fp8.cold_start_s > 1.0
+    assert trt.for_gpu("hopper", "hopper:fp4-dequant")[1].cold_start_s == 0.0
+    assert trt.for_gpu("blackwell", "blackwell:fp8-native")[1].cold_start_s == 0.0
+    # the rest of the behaviour is the engine's
+    assert replace(fp8, cold_start_s=0.0) == trt.for_gpu("hopper", "hopper:fp4-dequant")[1]
+
+
+def test_a_kernel_entry_holds_no_other_behaviour_and_no_terms_it_does_not_name() -> None:
+    from bstar.engines import EngineProfile, _kernels
+
+    with pytest.raises(BstarError, match="only cold_start_s"):
+        _kernels("x", {"kernels": {"hopper:fp8-native": {
+            "basis": "guess", "source": "s", "behaviour": {"request_overhead_s": 0.1}}}})
+    # an entry with only a cold start on the profile's own path keeps the profile's terms
+    (k,) = _kernels("x", {"kernels": {"hopper:fp8-native": {
+        "basis": "guess", "source": "s", "behaviour": {"cold_start_s": 1.5}}}})
+    p = EngineProfile("x", "x", "guess", "s", (("moe_layer_s", 4e-5),),
+                      kernel_path="hopper:fp8-native", kernels=(k,))
+    eff, beh, path, _ = p.for_gpu("hopper", "hopper:fp8-native")
+    assert (eff.moe_layer_s, beh.cold_start_s, path) == (4e-5, 1.5, "hopper:fp8-native")
+
+
 def test_bstar_simulate_prices_a_warm_server(capsys) -> None:  # type: ignore[no-untyped-def]
     from bstar.cli import main
 

@@ -65,6 +65,9 @@ class EngineProfile:
             eff = replace(eff, **dict(a.values))
             beh = replace(beh, **{k: type(getattr(beh, k))(v) for k, v in a.behaviour_values})
             basis += f"; {arch}: {a.basis} ({a.source})"
+        k = next((k for k in self.kernels if k.path == path), None)
+        if k is not None and k.behaviour_values:  # the path's own first-use cost
+            beh = replace(beh, **dict(k.behaviour_values))
         return eff, beh, terms_path, basis
 
     def for_path(self, path: str) -> tuple[Efficiency, str, str]:
@@ -75,7 +78,7 @@ class EngineProfile:
         values: a term learned on one path never prices another)."""
         eff = self.efficiency()
         for k in self.kernels:
-            if k.path == path:  # the kernel terms it does not name: the path's generic ones
+            if k.path == path and k.values:  # the terms it does not name: the path's generic
                 return (replace(eff, **{**generic_kernel_terms(path), **dict(k.values)}), path,
                         f"{path}: {k.basis} ({k.source})")
         if not self.kernel_path or self.kernel_path == path:
@@ -99,12 +102,16 @@ class EngineProfile:
 
 @dataclass(frozen=True, slots=True)
 class KernelEntry:
-    """A profile's kernel terms for one kernel path (`[ENGINE.kernels."ARCH:PATH"]`)."""
+    """A profile's kernel terms for one kernel path (`[ENGINE.kernels."ARCH:PATH"]`), and
+    the cold start its kernels cost a server that has not run them yet (behaviour
+    `cold_start_s`: kernels compiled or tuned for each new shape on first use belong to the
+    path, not to the engine's other paths on the same GPU)."""
 
     path: str
     basis: str  # "fitted" (on which rows: `source`) or "guess" (what would pin it)
     source: str
     values: tuple[tuple[str, float], ...]
+    behaviour_values: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +149,17 @@ def _kernels(name: str, tab: dict) -> tuple[KernelEntry, ...]:
     out = []
     for path, k in tab.get("kernels", {}).items():
         at = f"engines.toml [{name}.kernels.{path!r}]"
-        vals = k.get("efficiency", {})
+        vals, beh = k.get("efficiency", {}), k.get("behaviour", {})
         if set(vals) - set(KERNEL_FIELDS):
             raise BstarError(f"{at}: only {', '.join(KERNEL_FIELDS)} belong to a kernel path")
+        if set(beh) - {"cold_start_s"}:
+            raise BstarError(f"{at}: of the behaviour, only cold_start_s belongs to a kernel "
+                             "path")
         if k.get("basis") not in ("fitted", "guess") or not k.get("source"):
             raise BstarError(f"{at}: needs basis 'fitted' or 'guess' and a source")
         out.append(KernelEntry(path, str(k["basis"]), str(k["source"]),
-                               tuple((a, float(v)) for a, v in vals.items())))
+                               tuple((a, float(v)) for a, v in vals.items()),
+                               tuple((a, float(v)) for a, v in beh.items())))
     return tuple(out)
 
 
