@@ -418,3 +418,21 @@ def test_inferencex_runs_are_warm_from_the_day_the_client_warmed_up() -> None:
             for m in ("ttft", "tpot", "itl", "e2el")}
     for date, warmup in (("2026-01-14", ""), ("2026-03-25", 8)):
         assert conv.run_row({**row, "date": date})["warmup_prompts"] == warmup
+
+
+def test_inferencex_kinds_are_read_from_the_run_names() -> None:
+    mod = _bench("inferencex_subsets")
+
+    def stage(run: str, tpot: float) -> dict:
+        return {"stage": run, "predicted": {"profile": {"errors": {
+            "tpot_mean_ms": tpot, "ttft_mean_ms": -tpot}}}}
+
+    v = {"groups": [{"stages": [stage("h200-deepseek-v3-sglang-tp8-ep1-1k1k-c4", 0.1),
+                                stage("h200-deepseek-v3-trt-llm-tp8-ep8-dpa-mtp-1k1k-c256", -0.3),
+                                stage("h200-deepseek-v3-trt-llm-tp8-ep8-1k1k-c8", 0.2)]}]}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in
+            mod.table(v).splitlines()[2:]}
+    assert rows["without MTP"] == ["2", "15.0%", "15.0%", "- |"]
+    assert rows["with EP 8 or attention DP"][:2] == ["2", "25.0%"]
+    assert rows["MTP (acceptance: the other MTP runs')"][:2] == ["1", "30.0%"]
+    assert rows["all"][:2] == ["3", "20.0%"]
