@@ -91,6 +91,41 @@ def test_a_signal_while_the_event_loop_is_built_waits_until_it_is_whole(
     built[0].close()
 
 
+def test_a_process_signal_while_the_loop_is_built_waits_though_other_threads_run(
+        default_disposition: None) -> None:
+    """A signal sent to the process (kill PID, as a supervisor or CI sends it) may be taken
+    by any thread that does not block it; Python then runs the handler in the main thread at
+    its next bytecode, mask or not. A demo with other threads running was cut mid-build
+    this way in a full run of the suite ("'_UnixSelectorEventLoop' object has no attribute
+    '_signal_handlers'"). The handler is held back at Python's level while the loop is
+    built."""
+    import asyncio
+    import os
+
+    from bstar.loadgen.worker import _built_whole
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)  # blocks no signal
+    other.start()
+    built: list[asyncio.AbstractEventLoop] = []
+
+    def factory() -> asyncio.AbstractEventLoop:
+        os.kill(os.getpid(), signal.SIGTERM)  # to the process: the other thread may take it
+        time.sleep(0.05)  # bytecode boundaries pass: an unheld handler runs here
+        loop = asyncio.new_event_loop()
+        built.append(loop)
+        return loop
+
+    try:
+        with pytest.raises(Terminated), signals_as_interrupts():
+            _built_whole(factory)()  # raises once the loop is whole: the signal is not lost
+    finally:
+        stop.set()
+        other.join()
+    assert len(built) == 1, "the signal cut the loop's construction short"
+    built[0].close()
+
+
 def test_run_loop_runs_its_coroutine_to_the_end() -> None:
     from bstar.loadgen.worker import run_loop
 

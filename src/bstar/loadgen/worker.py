@@ -41,19 +41,41 @@ _INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def _built_whole(factory: Callable[[], asyncio.AbstractEventLoop]
                  ) -> Callable[[], asyncio.AbstractEventLoop]:
-    """`factory` with Ctrl-C, SIGTERM and SIGHUP held back while it runs (they arrive the
-    moment it returns). A signal whose handler raises (KeyboardInterrupt, the sweep's
-    Terminated) inside the loop's constructor left a half-built loop whose `__del__` printed
-    a traceback ("'_UnixSelectorEventLoop' object has no attribute '_debug'"): a demo
-    signalled between two levels did so in CI. Only the main thread holds signals back."""
+    """`factory` with Ctrl-C, SIGTERM and SIGHUP held back while it runs: their Python
+    handlers only note them, and run once the loop is whole. A signal whose handler raises
+    (KeyboardInterrupt, the sweep's Terminated) inside the loop's constructor left a
+    half-built loop whose `__del__` printed a traceback ("'_UnixSelectorEventLoop' object has
+    no attribute '_debug'"): a demo signalled between two levels did so in CI. The thread's
+    signal mask, tried first, does not hold a signal sent to the process: any thread that
+    does not block it takes it, and Python runs the handler in the main thread at its next
+    bytecode ('_signal_handlers' missing, in a full run of the suite on 2026-12-07). So the
+    handlers are held at Python's level. A loop whose signal's handler raises once it is
+    whole is closed. Only the main thread sets handlers."""
     def make() -> asyncio.AbstractEventLoop:
         if threading.current_thread() is not threading.main_thread():
             return factory()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+        noted: list[tuple[int, Any]] = []
+
+        def note(signum: int, frame: Any) -> None:
+            noted.append((signum, frame))
+
+        old = {sig: h for sig in _INTERRUPTS if callable(h := signal.getsignal(sig))}
+        for sig in old:
+            signal.signal(sig, note)
+        loop: asyncio.AbstractEventLoop | None = None
         try:
-            return factory()
+            loop = factory()
+            return loop
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            try:
+                for signum, frame in noted:  # each handler, once the loop is whole
+                    old[signum](signum, frame)
+            except BaseException:
+                if loop is not None:
+                    loop.close()
+                raise
     return make
 
 
