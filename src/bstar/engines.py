@@ -52,6 +52,9 @@ class EngineProfile:
     def arch_entry(self, arch: str) -> ArchEntry | None:
         return next((a for a in self.archs if a.arch == arch), None)
 
+    def kernel_entry(self, path: str) -> KernelEntry | None:
+        return next((k for k in self.kernels if k.path == path), None)
+
     def for_gpu(self, arch: str, path: str
                 ) -> tuple[Efficiency, EngineBehaviour, str, str]:
         """(efficiencies, behaviour, the path their kernel terms belong to, the basis in
@@ -65,7 +68,7 @@ class EngineProfile:
             eff = replace(eff, **dict(a.values))
             beh = replace(beh, **{k: type(getattr(beh, k))(v) for k, v in a.behaviour_values})
             basis += f"; {arch}: {a.basis} ({a.source})"
-        k = next((k for k in self.kernels if k.path == path), None)
+        k = self.kernel_entry(path)
         if k is not None and k.behaviour_values:  # the path's own first-use cost
             beh = replace(beh, **dict(k.behaviour_values))
         return eff, beh, terms_path, basis
@@ -77,10 +80,10 @@ class EngineProfile:
         `path`, else the profile's (which the Deployment then replaces by the generic
         values: a term learned on one path never prices another)."""
         eff = self.efficiency()
-        for k in self.kernels:
-            if k.path == path and k.values:  # the terms it does not name: the path's generic
-                return (replace(eff, **{**generic_kernel_terms(path), **dict(k.values)}), path,
-                        f"{path}: {k.basis} ({k.source})")
+        k = self.kernel_entry(path)
+        if k is not None and k.values:  # the terms it does not name: the path's generic ones
+            return (replace(eff, **{**generic_kernel_terms(path), **dict(k.values)}), path,
+                    f"{path}: {k.basis} ({k.source})")
         if not self.kernel_path or self.kernel_path == path:
             return eff, self.kernel_path, f"{path}: the {self.name} profile's own"
         return eff, self.kernel_path, (
