@@ -2,6 +2,7 @@
 
     python bench/fit_runs.py [data/inferencemax/runs.csv] [--engine NAME]
         [--path ARCH:PATH [--also TERM,TERM]] [--ttft median] [--terms TERM,TERM]
+        [--start TERM=VALUE,TERM=VALUE]
 
 Per engine of the table (vllm, sglang, trt-llm), `bstar.validate_stages.fit_stages` fits, from
 the bundled profile, the terms of FIT[engine] to the runs' measured TPOT, TTFT and E2E means
@@ -23,7 +24,9 @@ the runs' measured TTFT medians in place of their means (`fit_stages(ttft="media
 benchmark without a warm-up carries its cold first requests in the mean). Every fit starts
 from the bundled profile or entry and refines it; `--terms` refits only the terms named,
 the others kept as bundled (an 8-bit path's weight stream alone: docs/transfer.md, "The FP8
-weights' stream").
+weights' stream"). `--start` begins the fit from the values given in place of the
+bundled ones: Gauss-Newton from a far start can stop where its first step raises the cost
+(B200's vLLM front end, `[vllm.arch.blackwell]`: docs/transfer.md, "B200's vLLM front end").
 """
 
 from __future__ import annotations
@@ -112,8 +115,19 @@ def run_path(run: Any) -> str:
     return stage_deployment(run).kernel_path
 
 
+def with_start(e: Efficiency, b: EngineBehaviour, start: dict[str, float]
+               ) -> tuple[Efficiency, EngineBehaviour]:
+    """`e` and `b` with the `--start` values, each in the record that holds it."""
+    unknown = [k for k in start if not hasattr(e, k) and not hasattr(b, k)]
+    if unknown:
+        raise SystemExit(f"--start: unknown term(s) {', '.join(unknown)}")
+    return (replace(e, **{k: v for k, v in start.items() if hasattr(e, k)}),
+            replace(b, **{k: v for k, v in start.items() if not hasattr(e, k)}))
+
+
 def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
-              ttft: str = "mean", terms: tuple[str, ...] = ()) -> None:
+              ttft: str = "mean", terms: tuple[str, ...] = (),
+              start_at: dict[str, float] | None = None) -> None:
     """Fit the engine's kernel terms (deployment.fitted_kernel_fields) for kernel path `path`
     on the runs that take it, from the profile's entry for the path (its generic kernel
     terms where the entry names none), and the engine terms `also` (an entry for the path's
@@ -124,7 +138,8 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
     # refines the bundled entry, as four Gauss-Newton rounds from the generic start can stop
     # short. The profile with its entry for the path's architecture over it (`for_gpu`), as
     # `bstar validate` prices these runs: ROCm's SGLang has no per-request time of its own.
-    prof, beh, terms_path, _ = get_engine(eng).for_gpu(path.split(":")[0], path)
+    mla = all(stage_deployment(r).model.is_mla for r in runs)
+    prof, beh, terms_path, _ = get_engine(eng).for_gpu(path.split(":")[0], path, mla=mla)
     start = prof if terms_path == path else replace(prof, **generic_kernel_terms(path))
     # a term at 0 has no slope for the fit's 10% steps: the ones `also` fits start at their
     # fitting unit (1 ms a request, 1 s a cold start: bstar.calibrate's _SCALE)
@@ -132,6 +147,7 @@ def fit_entry(runs: list, eng: str, path: str, also: tuple[str, ...] = (),
             and getattr(start, k, getattr(beh, k, None)) == 0}
     start = replace(start, **{k: v for k, v in zero.items() if hasattr(start, k)})
     beh = replace(beh, **{k: v for k, v in zero.items() if not hasattr(prof, k)})
+    start, beh = with_start(start, beh, start_at or {})
     fit = terms or (*(k for k in fitted_kernel_fields(path) if k != "fp8_weight_stream"),
                     *also)
     before = _medians(runs, start, beh, path)
@@ -170,7 +186,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--terms", default="",
                    help="refit only these terms of the bundled profile or entry (T,T)")
     p.add_argument("--ttft", default="mean", choices=("mean", "median"))
+    p.add_argument("--start", default="",
+                   help="begin the fit from these values, not the bundled ones (T=V,T=V)")
     args = p.parse_args(argv)
+    try:
+        start_at = {k: float(v) for k, v in (t.split("=", 1) for t in args.start.split(",")
+                                             if t)}
+    except ValueError:
+        p.error(f"--start takes TERM=VALUE,TERM=VALUE, got {args.start!r}")
     only, entry, ttft, path = args.engine, args.path, args.ttft, args.runs
     also = tuple(t for t in args.also.split(",") if t)
     terms = tuple(t for t in args.terms.split(",") if t)
@@ -182,7 +205,7 @@ def main(argv: list[str]) -> int:
         for eng, runs in sorted(by_engine.items()):
             mine = [r for r in runs if run_path(r) == entry]
             if mine:
-                fit_entry(mine, eng, entry, also, ttft, terms)
+                fit_entry(mine, eng, entry, also, ttft, terms, start_at)
         return 0
     for eng, runs in sorted(by_engine.items()):
         # The profile's own terms are fitted on the runs of its kernel path (its kernel
@@ -197,7 +220,8 @@ def main(argv: list[str]) -> int:
                   f"(worst residual {worst:.1%})")
         # The bundled profile, refined: four Gauss-Newton rounds from a generic start stop
         # short of its optimum (see fit_entry).
-        start, beh = get_engine(eng).efficiency(), get_engine(eng).behaviour()
+        start, beh = with_start(get_engine(eng).efficiency(), get_engine(eng).behaviour(),
+                                start_at)
         fit = terms or FIT.get(eng, FIT["vllm"])
         sets = {"runs": runs}
         if eng in ALSO:

@@ -87,6 +87,78 @@ def test_an_entry_prices_its_own_path_and_a_calibration_its_own_gpu(tmp_path) ->
     assert (d.eff.moe_compute, d.eff.moe_layer_s) == (0.4, 3e-5)
 
 
+def test_vllms_blackwell_entry_prices_b200s_front_end_and_no_other_gpus() -> None:
+    # [vllm.arch.blackwell]: B200's build spends less per prompt token, more per request;
+    # an architecture entry, so it prices every model on Blackwell and nothing on Hopper
+    vllm = get_engine("vllm")
+    a = vllm.arch_entry("blackwell")
+    assert a is not None and a.basis == "fitted" and "bench/fit_runs.py" in a.source
+    beh, eff = dict(a.behaviour_values), dict(a.values)
+    for model in ("gpt-oss-120b", "llama-3-8b"):
+        b200 = DeploymentOptions(model=model, gpu="b200").build()
+        assert b200.behaviour.front_token_s == beh["front_token_s"] \
+            < vllm.behaviour().front_token_s
+        assert b200.behaviour.request_overhead_s == beh["request_overhead_s"] \
+            > vllm.behaviour().request_overhead_s
+        assert b200.eff.prompt_token_s == eff["prompt_token_s"] < vllm.efficiency().prompt_token_s
+        h200 = DeploymentOptions(model=model, gpu="h200").build()
+        assert (h200.behaviour, h200.eff.prompt_token_s) \
+            == (vllm.behaviour(), vllm.efficiency().prompt_token_s)
+
+
+def test_sglangs_mla_entry_prices_an_mla_prompts_attention_on_blackwell_only() -> None:
+    sglang = get_engine("sglang")
+    rate = dict(sglang.arch_entry("blackwell:mla").values)["attention_compute"]
+    b200 = DeploymentOptions(model="deepseek-v3", gpu="b200", engine="sglang").build()
+    h200 = DeploymentOptions(model="deepseek-v3", gpu="h200", engine="sglang").build()
+    assert b200.eff.attention_compute == rate < h200.eff.attention_compute \
+        == sglang.efficiency().attention_compute
+    # after the architecture's own entry: its time per request still prices DeepSeek-R1
+    assert b200.behaviour.request_overhead_s == dict(
+        sglang.arch_entry("blackwell").behaviour_values)["request_overhead_s"]
+    # a model without MLA runs other attention kernels: the architecture's entry only
+    llama = DeploymentOptions(model="llama-3-70b", gpu="b200", engine="sglang",
+                              num_gpus=8).build()
+    assert llama.eff.attention_compute == sglang.efficiency().attention_compute
+    assert llama.behaviour.request_overhead_s == b200.behaviour.request_overhead_s
+    # it prices a prompt's attention: an 8k prefill slows by more than 8x a 1k one does
+    from bstar.roofline import prefill_s
+
+    at_h200_rate = b200.with_eff(replace(b200.eff, attention_compute=h200.eff.attention_compute))
+    extra = {n: prefill_s(b200, n) - prefill_s(at_h200_rate, n) for n in (1024, 8192)}
+    assert extra[8192] > 8 * extra[1024] > 0
+
+
+def test_an_architecture_entry_names_an_architecture_or_its_mla_kernels() -> None:
+    from bstar.engines import _archs
+
+    entry = {"basis": "guess", "source": "s", "efficiency": {"attention_compute": 0.1}}
+    (a,) = _archs("sglang", {"arch": {"blackwell:mla": entry}})
+    assert a.arch == "blackwell:mla"
+    with pytest.raises(BstarError, match="ARCH or ARCH:mla"):
+        _archs("sglang", {"arch": {"blackwell:gqa": entry}})
+
+
+def test_fit_runs_start_values_are_read_into_the_record_that_holds_each() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "fit_runs.py"
+    spec = importlib.util.spec_from_file_location("fit_runs", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    vllm = get_engine("vllm")
+    e, b = mod.with_start(vllm.efficiency(), vllm.behaviour(),
+                          {"prompt_token_s": 4e-6, "request_overhead_s": 0.015})
+    assert (e.prompt_token_s, b.request_overhead_s) == (4e-6, 0.015)
+    assert e.moe_layer_s == vllm.efficiency().moe_layer_s
+    with pytest.raises(SystemExit, match="unknown term"):
+        mod.with_start(e, b, {"no_such_term": 1.0})
+    with pytest.raises(SystemExit):  # argparse's error: a value that is not a number
+        mod.main(["--start", "prompt_token_s=fast"])
+
+
 def test_a_native_fp4_path_streams_its_weights_at_the_16bit_rate() -> None:
     """A dequantizing kernel converts every 4-bit weight in its main loop (Efficiency's
     int4_weight_stream, a guess); on a native FP4 path the tensor cores read the format, so

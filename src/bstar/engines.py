@@ -50,24 +50,32 @@ class EngineProfile:
     archs: tuple[ArchEntry, ...] = ()
 
     def arch_entry(self, arch: str) -> ArchEntry | None:
+        """The entry for `arch` itself ("blackwell"), or for one attention kind on it
+        ("blackwell:mla")."""
         return next((a for a in self.archs if a.arch == arch), None)
+
+    def arch_entries(self, arch: str, mla: bool = False) -> tuple[ArchEntry, ...]:
+        """The entries that price a deployment on `arch`: the architecture's own, then its
+        entry for multi-head latent attention where the model has it (`mla`)."""
+        keys = (arch, f"{arch}:mla") if mla else (arch,)
+        return tuple(a for k in keys if (a := self.arch_entry(k)) is not None)
 
     def kernel_entry(self, path: str) -> KernelEntry | None:
         return next((k for k in self.kernels if k.path == path), None)
 
-    def for_gpu(self, arch: str, path: str
+    def for_gpu(self, arch: str, path: str, mla: bool = False
                 ) -> tuple[Efficiency, EngineBehaviour, str, str]:
         """(efficiencies, behaviour, the path their kernel terms belong to, the basis in
         words) for a deployment on a GPU of architecture `arch` whose linears take kernel
-        path `path`: the profile's terms, with its entry for `arch` over them where it has
-        one, and the kernel terms of `for_path`."""
+        path `path`: the profile's terms, with its entries for `arch` over them where it has
+        them (`arch_entries`: the MLA one only for a model with multi-head latent attention,
+        `mla`), and the kernel terms of `for_path`."""
         eff, terms_path, basis = self.for_path(path)
         beh = self.behaviour()
-        a = self.arch_entry(arch)
-        if a is not None:
+        for a in self.arch_entries(arch, mla):
             eff = replace(eff, **dict(a.values))
             beh = replace(beh, **{k: type(getattr(beh, k))(v) for k, v in a.behaviour_values})
-            basis += f"; {arch}: {a.basis} ({a.source})"
+            basis += f"; {a.arch}: {a.basis} ({a.source})"
         k = self.kernel_entry(path)
         if k is not None and k.behaviour_values:  # the path's own first-use cost
             beh = replace(beh, **dict(k.behaviour_values))
@@ -121,9 +129,11 @@ class KernelEntry:
 class ArchEntry:
     """A profile's engine terms on one architecture (`[ENGINE.arch.ARCH]`): where the
     engine's build for that platform differs (another CPU path, other graphs, another
-    front end) and data show it; each with its basis."""
+    front end) and data show it; each with its basis. `[ENGINE.arch."ARCH:mla"]` holds
+    terms of that build's multi-head latent attention kernels (another attention backend)
+    and prices MLA models only, after the architecture's own entry."""
 
-    arch: str
+    arch: str  # "blackwell", or "blackwell:mla"
     basis: str
     source: str
     values: tuple[tuple[str, float], ...]  # Efficiency fields (no kernel terms)
@@ -135,6 +145,8 @@ def _archs(name: str, tab: dict) -> tuple[ArchEntry, ...]:
     for arch, a in tab.get("arch", {}).items():
         at = f"engines.toml [{name}.arch.{arch}]"
         vals, beh = a.get("efficiency", {}), a.get("behaviour", {})
+        if ":" in arch and arch.split(":", 1)[1] != "mla":
+            raise BstarError(f"{at}: an architecture entry is ARCH or ARCH:mla")
         if set(vals) & set(KERNEL_FIELDS):
             raise BstarError(f"{at}: kernel terms belong to a kernel path ([{name}.kernels])")
         unknown = (set(vals) - set(EFFICIENCY_FIELDS)) | (set(beh) - set(BEHAVIOUR_FIELDS))

@@ -231,7 +231,8 @@ def assemble(model: ModelSpec, gpu: GpuSpec, *, num_gpus: int = 1, weight_dtype:
     ep = engine_profiles().get(engine) if engine and engine != "ideal" else None
     if ep is not None:
         e_gpu, b_gpu, terms_path, _ = ep.for_gpu(
-            gpu.arch, kernel_path(gpu, get_precision(weight or model.default_dtype)))
+            gpu.arch, kernel_path(gpu, get_precision(weight or model.default_dtype)),
+            mla=model.is_mla)
         eff = e_gpu if eff is None else _entries_over(eff, ep.efficiency(), e_gpu)
         behaviour = b_gpu if behaviour is None else _entries_over(behaviour, ep.behaviour(),
                                                                   b_gpu)

@@ -210,7 +210,7 @@ def _engine_dict(d: Deployment) -> dict[str, str] | None:
     if p is None:
         return None
     path = d.kernel_path
-    kernel_basis = p.for_gpu(d.gpu.arch, path)[3]
+    kernel_basis = p.for_gpu(d.gpu.arch, path, mla=d.model.is_mla)[3]
     if not d.kernel_terms_path and p.kernel_path and p.kernel_path != path:
         kernel_basis = f"{path}: calibrated (a profile's own kernel terms)"
     return {"name": p.name, "title": p.title, "basis": p.basis, "source": p.source,
